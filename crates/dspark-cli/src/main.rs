@@ -1,0 +1,44 @@
+//! `dspark`: fast exact decoding of Qwen3 models with DSpark speculative drafts.
+//!
+//! Subcommands: `generate` (greedy decoding, streaming text or one JSON object) and `info`
+//! (what a checkpoint folder holds). Errors print as one line and exit non-zero; nothing here
+//! panics on user input.
+
+mod generate;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "dspark", version, about = "Qwen3 inference with DSpark speculative decoding (greedy, lossless)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Greedy generation from a prompt.
+    Generate(generate::GenerateArgs),
+    /// Summarise and check a checkpoint folder without loading its weights.
+    Info {
+        /// HF-layout model folder (config.json + safetensors).
+        dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => generate::run(args),
+        Command::Info { dir } => dspark_model::info::Info::of_dir(&dir).map(|i| print!("{i}")).map_err(Into::into),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! End-to-end tests of the `dspark` binary: the golden continuation through `generate
+//! --json`, the `info` summary (snapshot), and bad input — every case must end with a one-line
+//! error naming the problem and a non-zero exit, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    repo().join("fixtures").join(name)
+}
+
+fn dspark(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dspark")).args(args).output().expect("run dspark")
+}
+
+fn golden_ids(name: &str, key: &str) -> Vec<u64> {
+    let text = std::fs::read_to_string(repo().join(format!("fixtures/golden/{name}.json"))).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v[key].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+fn csv(ids: &[u64]) -> String {
+    ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// Runs `dspark` expecting failure; returns stderr after checking it is one `error:` line.
+fn expect_error(args: &[&str]) -> String {
+    let out = dspark(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "expected failure for {args:?}, got success");
+    assert!(!stderr.contains("panicked"), "panic for {args:?}: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "not one line for {args:?}: {stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    stderr
+}
+
+#[test]
+fn generate_json_reproduces_the_golden_continuation() {
+    for name in ["qwen3-tiny-f32", "qwen3-tiny-sharded", "qwen3-tiny-bf16", "qwen3-tiny-tied"] {
+        let prompt = csv(&golden_ids(name, "prompt_ids"));
+        let dir = fixture(name);
+        let out = dspark(&[
+            "generate", "--target", dir.to_str().unwrap(), "--prompt-ids", &prompt,
+            "--max-tokens", "64", "--device", "cpu", "--json",
+        ]);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+        let tokens: Vec<u64> = v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        assert_eq!(tokens, golden_ids(name, "continuation"), "{name}");
+        assert_eq!(v["stats"]["generated_tokens"], 64);
+        assert_eq!(v["stats"]["stop_reason"], "max_tokens");
+        assert!(v["text"].is_string(), "{name}: fixture has a tokenizer, so text is decoded");
+    }
+}
+
+#[test]
+fn generate_text_mode_streams_and_reports() {
+    let dir = fixture("qwen3-tiny-f32");
+    let out = dspark(&["generate", "--target", dir.to_str().unwrap(), "--prompt", "def fib(n):", "--chat", "--max-tokens", "8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("generated") && stderr.contains("tok/s"), "{stderr}");
+    assert!(!out.stdout.is_empty());
+}
+
+#[test]
+fn info_summary() {
+    for name in ["qwen3-tiny-f32", "qwen3-tiny-sharded", "qwen3-tiny-tied"] {
+        let out = dspark(&["info", fixture(name).to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        insta::assert_snapshot!(name, String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+/// Copies a fixture into a temp dir so a test can break it.
+fn broken_copy(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
+    }
+    tmp
+}
+
+/// Rewrites a safetensors header through `edit`, keeping the data section as it is.
+fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut header);
+    let mut h = header.to_string().into_bytes();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(path, out).unwrap();
+}
+
+fn gen_args(dir: &Path) -> Vec<String> {
+    ["generate", "--target", dir.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-tokens", "4", "--json"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn expect_generate_error(dir: &Path) -> String {
+    let args = gen_args(dir);
+    let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    expect_error(&refs)
+}
+
+#[test]
+fn truncated_safetensors() {
+    let tmp = broken_copy("qwen3-tiny-f32");
+    let p = tmp.path().join("model.safetensors");
+    let len = std::fs::metadata(&p).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len - 100).unwrap();
+    let e = expect_generate_error(tmp.path());
+    assert!(e.contains("model.safetensors") && e.contains("truncated"), "{e}");
+}
+
+#[test]
+fn header_offsets_that_lie() {
+    let tmp = broken_copy("qwen3-tiny-f32");
+    let p = tmp.path().join("model.safetensors");
+    edit_header(&p, |h| {
+        let offs = h["model.norm.weight"]["data_offsets"].as_array_mut().unwrap();
+        let end = offs[1].as_u64().unwrap();
+        offs[1] = serde_json::json!(end + 4);
+    });
+    let e = expect_generate_error(tmp.path());
+    assert!(e.contains("model.norm.weight") && e.contains("data_offsets"), "{e}");
+}
+
+#[test]
+fn config_without_num_hidden_layers() {
+    let tmp = broken_copy("qwen3-tiny-f32");
+    let p = tmp.path().join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    cfg.as_object_mut().unwrap().remove("num_hidden_layers");
+    std::fs::write(&p, cfg.to_string()).unwrap();
+    let e = expect_generate_error(tmp.path());
+    assert!(e.contains("config.json") && e.contains("num_hidden_layers"), "{e}");
+    let e = expect_error(&["info", tmp.path().to_str().unwrap()]);
+    assert!(e.contains("num_hidden_layers"), "{e}");
+}
+
+#[test]
+fn tensor_of_the_wrong_dtype() {
+    let tmp = broken_copy("qwen3-tiny-f32");
+    let p = tmp.path().join("model.safetensors");
+    edit_header(&p, |h| h["model.layers.1.mlp.up_proj.weight"]["dtype"] = serde_json::json!("I32"));
+    let e = expect_generate_error(tmp.path());
+    assert!(e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("I32"), "{e}");
+}
+
+#[test]
+fn tensor_of_the_wrong_shape_or_missing() {
+    let tmp = broken_copy("qwen3-tiny-f32");
+    let p = tmp.path().join("model.safetensors");
+    edit_header(&p, |h| {
+        h.as_object_mut().unwrap().remove("model.layers.2.self_attn.k_norm.weight");
+    });
+    let e = expect_generate_error(tmp.path());
+    assert!(e.contains("model.layers.2.self_attn.k_norm.weight") && e.contains("missing"), "{e}");
+}
+
+#[test]
+fn prompt_longer_than_the_context() {
+    let dir = fixture("qwen3-tiny-f32");
+    let ids = csv(&(0..300).map(|i| i % 200 + 10).collect::<Vec<u64>>());
+    let e = expect_error(&["generate", "--target", dir.to_str().unwrap(), "--prompt-ids", &ids, "--json"]);
+    assert!(e.contains("max_position_embeddings"), "{e}");
+}
+
+#[test]
+fn token_id_outside_the_vocabulary() {
+    let dir = fixture("qwen3-tiny-f32");
+    let e = expect_error(&["generate", "--target", dir.to_str().unwrap(), "--prompt-ids", "1,99999", "--json"]);
+    assert!(e.contains("99999") && e.contains("vocab"), "{e}");
+}
+
+#[test]
+fn missing_folder_and_unsupported_options() {
+    let e = expect_error(&["generate", "--target", "/nonexistent/model", "--prompt-ids", "1", "--json"]);
+    assert!(e.contains("/nonexistent/model"), "{e}");
+    let dir = fixture("qwen3-tiny-f32");
+    let d = dir.to_str().unwrap();
+    let e = expect_error(&["generate", "--target", d, "--prompt-ids", "1", "--device", "cuda"]);
+    assert!(e.contains("cuda"), "{e}");
+}

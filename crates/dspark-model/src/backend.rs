@@ -1,0 +1,60 @@
+//! The target-model interface the decoding loops drive.
+//!
+//! A target holds a KV cache of `len()` committed positions. [`TargetModel::forward`] runs new
+//! tokens at positions `len() .. len() + n` in one pass — prefill (n = prompt length), decode
+//! (n = 1) and speculative verify (n = k + 1) are the same call — appends them to the cache,
+//! and returns logits plus the captured layer outputs the DSpark draft consumes.
+//! [`TargetModel::truncate`] rolls the cache back after a partly rejected verify.
+//!
+//! The loops in `dspark-spec` see only this trait, so the CPU reference and the CUDA backend
+//! are interchangeable under them (Architecture Invariant: spec never names a backend).
+
+use crate::config::Qwen3Config;
+use crate::error::Result;
+
+/// Which rows of a forward pass need logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    /// Every processed position (verify).
+    All,
+    /// Only the last processed position (prefill, plain decode).
+    Last,
+}
+
+/// Output of one forward pass.
+#[derive(Clone, Debug, Default)]
+pub struct Forward {
+    /// `[rows, vocab]` row-major logits, in f32.
+    pub logits: Vec<f32>,
+    /// Number of logit rows (all processed tokens, or 1 for [`LogitRows::Last`]).
+    pub rows: usize,
+    /// `[tokens, T · hidden]`: for every processed token, the outputs of the captured layers in
+    /// the order given to [`TargetModel::set_capture`]. Empty when nothing is captured.
+    pub captured: Vec<f32>,
+}
+
+impl Forward {
+    /// Logits of row `r`.
+    pub fn row(&self, r: usize, vocab: usize) -> &[f32] {
+        &self.logits[r * vocab..(r + 1) * vocab]
+    }
+}
+
+/// A Qwen3 target with a KV cache.
+pub trait TargetModel {
+    fn config(&self) -> &Qwen3Config;
+    /// Positions currently in the KV cache.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Most positions the cache can hold.
+    fn max_len(&self) -> usize;
+    /// Keeps positions `0..len` and drops the rest. `len` beyond the current length is an error.
+    fn truncate(&mut self, len: usize) -> Result<()>;
+    /// Chooses which decoder layers' outputs (residual stream after the layer, before the final
+    /// norm) every later forward returns in [`Forward::captured`].
+    fn set_capture(&mut self, layers: &[usize]) -> Result<()>;
+    /// Runs `tokens` at positions `len()..len() + tokens.len()` and appends them to the cache.
+    fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward>;
+}

@@ -1,0 +1,254 @@
+//! The Qwen3 decoder on the CPU reference path.
+//!
+//! Math per layer (pre-norm, as transformers' `Qwen3DecoderLayer`):
+//!
+//! ```text
+//! u = RMSNorm_in(x)
+//! q = RoPE(q_norm(heads(Wq u)))   k = RoPE(k_norm(heads(Wk u)))   v = heads(Wv u)
+//! x = x + Wo · attention(q, K_cache ∪ k, V_cache ∪ v)              (causal, GQA)
+//! x = x + down(silu(gate(RMSNorm_post(x))) ⊙ up(RMSNorm_post(x)))
+//! ```
+//!
+//! then `logits = lm_head(RMSNorm_final(x))`, where `lm_head` is the embedding matrix when
+//! `tie_word_embeddings` is set. Every weight is widened to f32 at load and every op runs in
+//! f32, whatever the on-disk dtype; this path is the engine's oracle, so it favours plain code
+//! over speed, except that projections go through the multithreaded `gemm` in
+//! `dspark_kernels::cpu::matmul` so that real checkpoints remain usable.
+
+use crate::backend::{Forward, LogitRows, TargetModel};
+use crate::config::Qwen3Config;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::safetensors::Checkpoint;
+use dspark_kernels::cpu::activation::swiglu_inplace;
+use dspark_kernels::cpu::attention::{attention, AttnShape, Mask};
+use dspark_kernels::cpu::matmul::linear;
+use dspark_kernels::cpu::rmsnorm::{rmsnorm, rmsnorm_inplace};
+use dspark_kernels::cpu::rope::{inv_freq, rope_inplace};
+use std::path::Path;
+
+/// Weights of one decoder layer, f32, PyTorch `[out, in]` layout.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub input_layernorm: Vec<f32>,
+    pub q_proj: Vec<f32>,
+    pub k_proj: Vec<f32>,
+    pub v_proj: Vec<f32>,
+    pub o_proj: Vec<f32>,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+    pub post_attention_layernorm: Vec<f32>,
+    pub gate_proj: Vec<f32>,
+    pub up_proj: Vec<f32>,
+    pub down_proj: Vec<f32>,
+}
+
+/// All weights of a Qwen3 causal LM.
+#[derive(Clone, Debug)]
+pub struct Qwen3Weights {
+    pub embed_tokens: Vec<f32>,
+    pub layers: Vec<LayerWeights>,
+    pub norm: Vec<f32>,
+    /// `None` when the output projection is tied to `embed_tokens`.
+    pub lm_head: Option<Vec<f32>>,
+}
+
+/// Every tensor `Qwen3ForCausalLM` reads, with its shape, in load order.
+pub fn expected_tensors(cfg: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
+    let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+    let (q, kv, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+    for l in 0..cfg.num_hidden_layers {
+        for (name, shape) in [
+            ("input_layernorm", vec![h]),
+            ("self_attn.q_proj", vec![q, h]),
+            ("self_attn.k_proj", vec![kv, h]),
+            ("self_attn.v_proj", vec![kv, h]),
+            ("self_attn.o_proj", vec![h, q]),
+            ("self_attn.q_norm", vec![hd]),
+            ("self_attn.k_norm", vec![hd]),
+            ("post_attention_layernorm", vec![h]),
+            ("mlp.gate_proj", vec![i, h]),
+            ("mlp.up_proj", vec![i, h]),
+            ("mlp.down_proj", vec![h, i]),
+        ] {
+            out.push((format!("model.layers.{l}.{name}.weight"), shape));
+        }
+    }
+    out.push(("model.norm.weight".to_string(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![v, h]));
+    }
+    out
+}
+
+impl Qwen3Weights {
+    /// Loads every tensor of [`expected_tensors`] from `ck`, checking names, shapes and dtypes.
+    pub fn load(cfg: &Qwen3Config, ck: &Checkpoint) -> Result<Qwen3Weights> {
+        let mut tensors = expected_tensors(cfg)
+            .into_iter()
+            .map(|(name, shape)| ck.f32(&name, &shape))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter();
+        // The iterator yields tensors in the order `expected_tensors` lists them.
+        let mut next = move || tensors.next().unwrap_or_default();
+        let embed_tokens = next();
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|_| LayerWeights {
+                input_layernorm: next(),
+                q_proj: next(),
+                k_proj: next(),
+                v_proj: next(),
+                o_proj: next(),
+                q_norm: next(),
+                k_norm: next(),
+                post_attention_layernorm: next(),
+                gate_proj: next(),
+                up_proj: next(),
+                down_proj: next(),
+            })
+            .collect();
+        let norm = next();
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(next()) };
+        Ok(Qwen3Weights { embed_tokens, layers, norm, lm_head })
+    }
+}
+
+/// A Qwen3 target computed on the CPU in f32.
+pub struct CpuQwen3 {
+    cfg: Qwen3Config,
+    w: Qwen3Weights,
+    inv_freq: Vec<f32>,
+    kv: KvCache,
+    capture: Vec<usize>,
+}
+
+impl CpuQwen3 {
+    /// Loads `config.json` and the safetensors weights from an HF model folder.
+    pub fn load(dir: &Path) -> Result<CpuQwen3> {
+        let cfg = Qwen3Config::from_dir(dir)?;
+        let ck = Checkpoint::open_dir(dir)?;
+        let w = Qwen3Weights::load(&cfg, &ck)?;
+        Ok(Self::new(cfg, w))
+    }
+
+    pub fn new(cfg: Qwen3Config, w: Qwen3Weights) -> CpuQwen3 {
+        let inv_freq = inv_freq(cfg.rope_theta as f32, cfg.head_dim);
+        let kv = KvCache::new(cfg.num_hidden_layers, cfg.kv_dim());
+        CpuQwen3 { cfg, w, inv_freq, kv, capture: Vec::new() }
+    }
+
+    pub fn weights(&self) -> &Qwen3Weights {
+        &self.w
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::Request("forward called with no tokens".into()));
+        }
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(Error::Request(format!(
+                "token id {bad} is outside the vocabulary (vocab_size = {})",
+                self.cfg.vocab_size
+            )));
+        }
+        let end = self.kv.len() + tokens.len();
+        if end > self.max_len() {
+            return Err(Error::Request(format!(
+                "sequence of {end} positions exceeds max_position_embeddings = {}",
+                self.cfg.max_position_embeddings
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl TargetModel for CpuQwen3 {
+    fn config(&self) -> &Qwen3Config {
+        &self.cfg
+    }
+
+    fn len(&self) -> usize {
+        self.kv.len()
+    }
+
+    fn max_len(&self) -> usize {
+        self.cfg.max_position_embeddings
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.kv.len() {
+            return Err(Error::Request(format!("cannot truncate a {}-position cache to {len}", self.kv.len())));
+        }
+        self.kv.truncate(len);
+        Ok(())
+    }
+
+    fn set_capture(&mut self, layers: &[usize]) -> Result<()> {
+        if let Some(&bad) = layers.iter().find(|&&l| l >= self.cfg.num_hidden_layers) {
+            return Err(Error::Request(format!(
+                "cannot capture layer {bad}: the model has {} layers",
+                self.cfg.num_hidden_layers
+            )));
+        }
+        self.capture = layers.to_vec();
+        Ok(())
+    }
+
+    fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward> {
+        self.check_tokens(tokens)?;
+        let c = &self.cfg;
+        let (n, h, eps) = (tokens.len(), c.hidden_size, c.rms_norm_eps as f32);
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let first_pos = self.kv.len();
+        let positions: Vec<usize> = (first_pos..first_pos + n).collect();
+        let t = self.capture.len();
+        let mut captured = vec![0f32; n * t * h];
+
+        let mut x: Vec<f32> = Vec::with_capacity(n * h);
+        for &tok in tokens {
+            x.extend_from_slice(&self.w.embed_tokens[tok as usize * h..][..h]);
+        }
+
+        for (l, lw) in self.w.layers.iter().enumerate() {
+            let u = rmsnorm(&x, &lw.input_layernorm, eps);
+            let mut q = linear(&u, &lw.q_proj, n, h, c.q_dim());
+            let mut k = linear(&u, &lw.k_proj, n, h, c.kv_dim());
+            let v = linear(&u, &lw.v_proj, n, h, c.kv_dim());
+            rmsnorm_inplace(&mut q, &lw.q_norm, eps);
+            rmsnorm_inplace(&mut k, &lw.k_norm, eps);
+            rope_inplace(&mut q, &positions, nh, &self.inv_freq);
+            rope_inplace(&mut k, &positions, nkv, &self.inv_freq);
+            self.kv.append(l, &k, &v);
+            let (kc, vc) = self.kv.layer(l);
+            let shape = AttnShape { rows: n, kv_len: first_pos + n, n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+            let o = attention(&q, kc, vc, shape, Mask::Causal { first_pos });
+            let attn_out = linear(&o, &lw.o_proj, n, c.q_dim(), h);
+            x.iter_mut().zip(&attn_out).for_each(|(a, b)| *a += b);
+
+            let u = rmsnorm(&x, &lw.post_attention_layernorm, eps);
+            let mut g = linear(&u, &lw.gate_proj, n, h, c.intermediate_size);
+            let up = linear(&u, &lw.up_proj, n, h, c.intermediate_size);
+            swiglu_inplace(&mut g, &up);
+            let mlp_out = linear(&g, &lw.down_proj, n, c.intermediate_size, h);
+            x.iter_mut().zip(&mlp_out).for_each(|(a, b)| *a += b);
+
+            for (slot, _) in self.capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
+                for r in 0..n {
+                    captured[(r * t + slot) * h..][..h].copy_from_slice(&x[r * h..][..h]);
+                }
+            }
+        }
+        self.kv.commit(n);
+
+        let first_row = match rows {
+            LogitRows::All => 0,
+            LogitRows::Last => n - 1,
+        };
+        let out_rows = n - first_row;
+        let hn = rmsnorm(&x[first_row * h..], &self.w.norm, eps);
+        let head = self.w.lm_head.as_ref().unwrap_or(&self.w.embed_tokens);
+        let logits = linear(&hn, head, out_rows, h, c.vocab_size);
+        Ok(Forward { logits, rows: out_rows, captured })
+    }
+}
