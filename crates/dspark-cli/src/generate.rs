@@ -64,7 +64,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
             let tok = tokenizer.as_ref().with_context(|| {
-                format!("--prompt needs {}; use --prompt-ids for a model without a tokenizer", dir.join("tokenizer.json").display())
+                format!(
+                    "--prompt needs {}; use --prompt-ids for a model without a tokenizer",
+                    dir.join("tokenizer.json").display()
+                )
             })?;
             let text = if args.chat { chat_prompt(text) } else { text.clone() };
             tok.encode(&text)?
@@ -94,7 +97,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 
 /// Greedy decoding that prints each token's text as soon as it is complete (ids, space
 /// separated, when the model has no tokenizer).
-fn stream_text(target: &mut CpuQwen3, prompt: &[u32], opts: &GenerateOptions, tok: Option<&Tokenizer>) -> Result<Generation> {
+fn stream_text(
+    target: &mut CpuQwen3,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    tok: Option<&Tokenizer>,
+) -> Result<Generation> {
     let mut out = std::io::stdout().lock();
     let mut stream = tok.map(|t| t.stream());
     let mut failure: Option<anyhow::Error> = None;

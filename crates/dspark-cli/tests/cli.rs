@@ -44,8 +44,16 @@ fn generate_json_reproduces_the_golden_continuation() {
         let prompt = csv(&golden_ids(name, "prompt_ids"));
         let dir = fixture(name);
         let out = dspark(&[
-            "generate", "--target", dir.to_str().unwrap(), "--prompt-ids", &prompt,
-            "--max-tokens", "64", "--device", "cpu", "--json",
+            "generate",
+            "--target",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            &prompt,
+            "--max-tokens",
+            "64",
+            "--device",
+            "cpu",
+            "--json",
         ]);
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
@@ -60,7 +68,16 @@ fn generate_json_reproduces_the_golden_continuation() {
 #[test]
 fn generate_text_mode_streams_and_reports() {
     let dir = fixture("qwen3-tiny-f32");
-    let out = dspark(&["generate", "--target", dir.to_str().unwrap(), "--prompt", "def fib(n):", "--chat", "--max-tokens", "8"]);
+    let out = dspark(&[
+        "generate",
+        "--target",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "def fib(n):",
+        "--chat",
+        "--max-tokens",
+        "8",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("generated") && stderr.contains("tok/s"), "{stderr}");

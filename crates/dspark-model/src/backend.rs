@@ -58,3 +58,33 @@ pub trait TargetModel {
     /// Runs `tokens` at positions `len()..len() + tokens.len()` and appends them to the cache.
     fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward>;
 }
+
+/// What a drafter proposes for one block.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Proposal {
+    /// Draft tokens `d_1 .. d_B` for positions `p+1 .. p+B`.
+    pub tokens: Vec<u32>,
+    /// Prefix survival `a_s` (probability that drafts `1..=s+1` are all accepted) from the
+    /// confidence head, when the draft has one.
+    pub survival: Option<Vec<f32>>,
+}
+
+/// A block drafter fed by the target's tapped hidden states (DSPARK.md §2, §4).
+///
+/// The drafter keeps its own context of committed positions `0 .. context_len()`; the loop
+/// appends the tapped features of newly committed positions, then asks for a block whose anchor
+/// sits at position `context_len()`.
+pub trait Drafter {
+    /// Draft tokens per block (B).
+    fn block_size(&self) -> usize;
+    /// Target layers whose outputs the drafter consumes, in feature order.
+    fn target_layer_ids(&self) -> &[usize];
+    /// Committed positions in the drafter's context.
+    fn context_len(&self) -> usize;
+    /// Forgets all context.
+    fn reset(&mut self);
+    /// Appends `[n, T · hidden]` features for the next `n` committed positions.
+    fn append_context(&mut self, features: &[f32]) -> Result<()>;
+    /// Proposes `B` tokens following `anchor`, which sits at position `context_len()`.
+    fn propose(&mut self, anchor: u32) -> Result<Proposal>;
+}

@@ -160,7 +160,8 @@ mod tests {
 
     #[test]
     fn both_rope_spellings() {
-        let a = parse(&format!(r#"{{{BASE}, "rope_parameters": {{"rope_theta": 5000.0, "rope_type": "default"}}}}"#)).unwrap();
+        let a = parse(&format!(r#"{{{BASE}, "rope_parameters": {{"rope_theta": 5000.0, "rope_type": "default"}}}}"#))
+            .unwrap();
         let b = parse(&format!(r#"{{{BASE}, "rope_theta": 5000}}"#)).unwrap();
         assert_eq!((a.rope_theta, b.rope_theta), (5000.0, 5000.0));
     }

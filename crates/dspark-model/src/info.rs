@@ -54,7 +54,12 @@ impl fmt::Display for Info {
         writeln!(
             f,
             "  layers {}, hidden {}, intermediate {}, heads {} (kv {}), head_dim {}",
-            c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim
         )?;
         writeln!(
             f,
@@ -65,7 +70,12 @@ impl fmt::Display for Info {
             c.rms_norm_eps,
             if c.tie_word_embeddings { "yes" } else { "no" }
         )?;
-        writeln!(f, "  declared dtype: {}, eos ids: {:?}", c.declared_dtype.as_deref().unwrap_or("-"), c.eos_token_ids)?;
+        writeln!(
+            f,
+            "  declared dtype: {}, eos ids: {:?}",
+            c.declared_dtype.as_deref().unwrap_or("-"),
+            c.eos_token_ids
+        )?;
         writeln!(
             f,
             "weights: {} file(s), {} tensors, {} parameters, all required tensors present",

@@ -22,8 +22,8 @@ impl JsonObject {
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<JsonObject> {
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| Error::Json { path: path.to_path_buf(), msg: e.to_string() })?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| Error::Json { path: path.to_path_buf(), msg: e.to_string() })?;
         match value {
             Value::Object(map) => Ok(JsonObject { path: path.to_path_buf(), map }),
             _ => Err(Error::Json { path: path.to_path_buf(), msg: "expected a JSON object".into() }),
@@ -68,30 +68,21 @@ impl JsonObject {
     pub fn opt_f64(&self, field: &str) -> Result<Option<f64>> {
         match self.get(field) {
             None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected a number, got {v}"))),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.err(field, format!("expected a number, got {v}"))),
         }
     }
 
     pub fn opt_bool(&self, field: &str) -> Result<Option<bool>> {
         match self.get(field) {
             None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected true or false, got {v}"))),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.err(field, format!("expected true or false, got {v}"))),
         }
     }
 
     pub fn opt_str(&self, field: &str) -> Result<Option<&str>> {
         match self.get(field) {
             None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected a string, got {v}"))),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.err(field, format!("expected a string, got {v}"))),
         }
     }
 

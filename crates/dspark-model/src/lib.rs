@@ -7,19 +7,26 @@
 //!   of chosen decoder layers' outputs.
 //! * [`backend`] is the interface the speculative loop drives, so the same loop runs on the CPU
 //!   reference and, later, on CUDA.
+//! * [`draft_config`], [`dspark`], [`markov`] and [`speculators`] are the DSpark draft: its
+//!   config in both packagings, the CPU backbone with its context cache, and the sequential heads.
 //! * [`tokenizer`] wraps HF `tokenizer.json` and Qwen3's chat format.
 //! * [`info`] summarises a checkpoint folder for `dspark info`.
 
 pub mod backend;
 pub mod config;
+pub mod draft_config;
+pub mod dspark;
 pub mod error;
 pub mod info;
 pub mod json;
 pub mod kv_cache;
+pub mod markov;
 pub mod qwen3;
 pub mod safetensors;
+pub mod speculators;
+pub mod testing;
 pub mod tokenizer;
 
-pub use backend::{Forward, LogitRows, TargetModel};
+pub use backend::{Drafter, Forward, LogitRows, Proposal, TargetModel};
 pub use config::Qwen3Config;
 pub use error::{Error, Result};

@@ -53,26 +53,33 @@ pub struct Qwen3Weights {
     pub lm_head: Option<Vec<f32>>,
 }
 
+/// The tensors of one decoder layer (name suffix after the layer prefix, shape), in the order
+/// [`LayerWeights::from_tensors`] takes them. The DSpark draft's layers use the same names.
+pub fn layer_tensors(cfg: &Qwen3Config) -> Vec<(&'static str, Vec<usize>)> {
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let (q, kv, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+    vec![
+        ("input_layernorm.weight", vec![h]),
+        ("self_attn.q_proj.weight", vec![q, h]),
+        ("self_attn.k_proj.weight", vec![kv, h]),
+        ("self_attn.v_proj.weight", vec![kv, h]),
+        ("self_attn.o_proj.weight", vec![h, q]),
+        ("self_attn.q_norm.weight", vec![hd]),
+        ("self_attn.k_norm.weight", vec![hd]),
+        ("post_attention_layernorm.weight", vec![h]),
+        ("mlp.gate_proj.weight", vec![i, h]),
+        ("mlp.up_proj.weight", vec![i, h]),
+        ("mlp.down_proj.weight", vec![h, i]),
+    ]
+}
+
 /// Every tensor `Qwen3ForCausalLM` reads, with its shape, in load order.
 pub fn expected_tensors(cfg: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
-    let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-    let (q, kv, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
     let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
     for l in 0..cfg.num_hidden_layers {
-        for (name, shape) in [
-            ("input_layernorm", vec![h]),
-            ("self_attn.q_proj", vec![q, h]),
-            ("self_attn.k_proj", vec![kv, h]),
-            ("self_attn.v_proj", vec![kv, h]),
-            ("self_attn.o_proj", vec![h, q]),
-            ("self_attn.q_norm", vec![hd]),
-            ("self_attn.k_norm", vec![hd]),
-            ("post_attention_layernorm", vec![h]),
-            ("mlp.gate_proj", vec![i, h]),
-            ("mlp.up_proj", vec![i, h]),
-            ("mlp.down_proj", vec![h, i]),
-        ] {
-            out.push((format!("model.layers.{l}.{name}.weight"), shape));
+        for (name, shape) in layer_tensors(cfg) {
+            out.push((format!("model.layers.{l}.{name}"), shape));
         }
     }
     out.push(("model.norm.weight".to_string(), vec![h]));
@@ -82,34 +89,78 @@ pub fn expected_tensors(cfg: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
     out
 }
 
+impl LayerWeights {
+    /// Loads the layer under `prefix` (e.g. `model.layers.3.`), checking every tensor.
+    pub fn load(cfg: &Qwen3Config, ck: &Checkpoint, prefix: &str) -> Result<LayerWeights> {
+        let mut t = layer_tensors(cfg)
+            .into_iter()
+            .map(|(name, shape)| ck.f32(&format!("{prefix}{name}"), &shape))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter();
+        // `layer_tensors` lists the fields in declaration order.
+        let mut next = move || t.next().unwrap_or_default();
+        Ok(LayerWeights {
+            input_layernorm: next(),
+            q_proj: next(),
+            k_proj: next(),
+            v_proj: next(),
+            o_proj: next(),
+            q_norm: next(),
+            k_norm: next(),
+            post_attention_layernorm: next(),
+            gate_proj: next(),
+            up_proj: next(),
+            down_proj: next(),
+        })
+    }
+
+    /// First half of a decoder layer: `u = RMSNorm_in(x)`, then q, k (per-head norm + RoPE at
+    /// `positions`) and v. Returns `(q, k, v)`, each `[rows, heads, head_dim]`.
+    pub fn attention_inputs(
+        &self,
+        cfg: &Qwen3Config,
+        x: &[f32],
+        positions: &[usize],
+        inv_freq: &[f32],
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (n, h, eps) = (positions.len(), cfg.hidden_size, cfg.rms_norm_eps as f32);
+        let u = rmsnorm(x, &self.input_layernorm, eps);
+        let mut q = linear(&u, &self.q_proj, n, h, cfg.q_dim());
+        let mut k = linear(&u, &self.k_proj, n, h, cfg.kv_dim());
+        let v = linear(&u, &self.v_proj, n, h, cfg.kv_dim());
+        rmsnorm_inplace(&mut q, &self.q_norm, eps);
+        rmsnorm_inplace(&mut k, &self.k_norm, eps);
+        rope_inplace(&mut q, positions, cfg.num_attention_heads, inv_freq);
+        rope_inplace(&mut k, positions, cfg.num_key_value_heads, inv_freq);
+        (q, k, v)
+    }
+
+    /// Second half: `x += Wo·o`, then `x += down(silu(gate(u)) ⊙ up(u))` with
+    /// `u = RMSNorm_post(x)`. `o` is the attention output `[rows, heads · head_dim]`.
+    pub fn finish(&self, cfg: &Qwen3Config, x: &mut [f32], o: &[f32]) {
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps as f32);
+        let n = x.len() / h;
+        let attn_out = linear(o, &self.o_proj, n, cfg.q_dim(), h);
+        x.iter_mut().zip(&attn_out).for_each(|(a, b)| *a += b);
+        let u = rmsnorm(x, &self.post_attention_layernorm, eps);
+        let mut g = linear(&u, &self.gate_proj, n, h, cfg.intermediate_size);
+        let up = linear(&u, &self.up_proj, n, h, cfg.intermediate_size);
+        swiglu_inplace(&mut g, &up);
+        let mlp_out = linear(&g, &self.down_proj, n, cfg.intermediate_size, h);
+        x.iter_mut().zip(&mlp_out).for_each(|(a, b)| *a += b);
+    }
+}
+
 impl Qwen3Weights {
     /// Loads every tensor of [`expected_tensors`] from `ck`, checking names, shapes and dtypes.
     pub fn load(cfg: &Qwen3Config, ck: &Checkpoint) -> Result<Qwen3Weights> {
-        let mut tensors = expected_tensors(cfg)
-            .into_iter()
-            .map(|(name, shape)| ck.f32(&name, &shape))
-            .collect::<Result<Vec<_>>>()?
-            .into_iter();
-        // The iterator yields tensors in the order `expected_tensors` lists them.
-        let mut next = move || tensors.next().unwrap_or_default();
-        let embed_tokens = next();
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let embed_tokens = ck.f32("model.embed_tokens.weight", &[v, h])?;
         let layers = (0..cfg.num_hidden_layers)
-            .map(|_| LayerWeights {
-                input_layernorm: next(),
-                q_proj: next(),
-                k_proj: next(),
-                v_proj: next(),
-                o_proj: next(),
-                q_norm: next(),
-                k_norm: next(),
-                post_attention_layernorm: next(),
-                gate_proj: next(),
-                up_proj: next(),
-                down_proj: next(),
-            })
-            .collect();
-        let norm = next();
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(next()) };
+            .map(|l| LayerWeights::load(cfg, ck, &format!("model.layers.{l}.")))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = ck.f32("model.norm.weight", &[h])?;
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(ck.f32("lm_head.weight", &[v, h])?) };
         Ok(Qwen3Weights { embed_tokens, layers, norm, lm_head })
     }
 }
@@ -211,27 +262,12 @@ impl TargetModel for CpuQwen3 {
         }
 
         for (l, lw) in self.w.layers.iter().enumerate() {
-            let u = rmsnorm(&x, &lw.input_layernorm, eps);
-            let mut q = linear(&u, &lw.q_proj, n, h, c.q_dim());
-            let mut k = linear(&u, &lw.k_proj, n, h, c.kv_dim());
-            let v = linear(&u, &lw.v_proj, n, h, c.kv_dim());
-            rmsnorm_inplace(&mut q, &lw.q_norm, eps);
-            rmsnorm_inplace(&mut k, &lw.k_norm, eps);
-            rope_inplace(&mut q, &positions, nh, &self.inv_freq);
-            rope_inplace(&mut k, &positions, nkv, &self.inv_freq);
+            let (q, k, v) = lw.attention_inputs(c, &x, &positions, &self.inv_freq);
             self.kv.append(l, &k, &v);
             let (kc, vc) = self.kv.layer(l);
             let shape = AttnShape { rows: n, kv_len: first_pos + n, n_heads: nh, n_kv_heads: nkv, head_dim: hd };
             let o = attention(&q, kc, vc, shape, Mask::Causal { first_pos });
-            let attn_out = linear(&o, &lw.o_proj, n, c.q_dim(), h);
-            x.iter_mut().zip(&attn_out).for_each(|(a, b)| *a += b);
-
-            let u = rmsnorm(&x, &lw.post_attention_layernorm, eps);
-            let mut g = linear(&u, &lw.gate_proj, n, h, c.intermediate_size);
-            let up = linear(&u, &lw.up_proj, n, h, c.intermediate_size);
-            swiglu_inplace(&mut g, &up);
-            let mlp_out = linear(&g, &lw.down_proj, n, c.intermediate_size, h);
-            x.iter_mut().zip(&mlp_out).for_each(|(a, b)| *a += b);
+            lw.finish(c, &mut x, &o);
 
             for (slot, _) in self.capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
                 for r in 0..n {

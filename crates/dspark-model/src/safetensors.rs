@@ -82,9 +82,8 @@ impl Checkpoint {
         let mut names: Vec<String> = Vec::new();
         let mut claimed: Vec<(String, String)> = Vec::new();
         for (tensor, file) in &map.map {
-            let file = file
-                .as_str()
-                .ok_or_else(|| j.err("weight_map", format!("entry `{tensor}` is not a file name")))?;
+            let file =
+                file.as_str().ok_or_else(|| j.err("weight_map", format!("entry `{tensor}` is not a file name")))?;
             if file.contains('/') || file.contains('\\') {
                 return Err(j.err("weight_map", format!("entry `{tensor}` names a path outside the folder: {file}")));
             }
@@ -109,7 +108,9 @@ impl Checkpoint {
                         format!("index says {file} but it is in {}", ck.files[t.file].path.display()),
                     ))
                 }
-                None => return Err(Error::tensor(index, &tensor, format!("listed in the index but missing from {file}"))),
+                None => {
+                    return Err(Error::tensor(index, &tensor, format!("listed in the index but missing from {file}")))
+                }
             }
         }
         Ok(ck)
@@ -155,10 +156,7 @@ impl Checkpoint {
 
     /// Checks that `name` exists with exactly `shape` and a supported dtype, without reading it.
     pub fn check(&self, name: &str, shape: &[usize]) -> Result<(&TensorInfo, DType)> {
-        let t = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| Error::tensor(self.describe(), name, "missing"))?;
+        let t = self.tensors.get(name).ok_or_else(|| Error::tensor(self.describe(), name, "missing"))?;
         let path = &self.files[t.file].path;
         if t.shape != shape {
             return Err(Error::tensor(path, name, format!("shape {:?}, expected {:?}", t.shape, shape)));

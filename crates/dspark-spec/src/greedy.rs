@@ -72,5 +72,5 @@ pub fn greedy<T: TargetModel + ?Sized>(
         }
     };
     let decode = if tokens.len() > 1 { decode_start.elapsed() } else { Duration::ZERO };
-    Ok(Generation { tokens, stop, prompt_tokens: prompt.len(), prefill, decode })
+    Ok(Generation { tokens, stop, prompt_tokens: prompt.len(), prefill, decode, spec: None })
 }

@@ -1,11 +1,16 @@
 //! Decoding loops, generic over [`dspark_model::TargetModel`].
 //!
 //! [`greedy`] is plain greedy decoding: the baseline every speculative result must equal token
-//! for token (Architecture Invariant: speculative output == plain greedy output). The loops
-//! never name a backend; the CLI picks one and hands it in.
+//! for token (Architecture Invariant: speculative output == plain greedy output).
+//! [`speculative`] is the DSpark loop, with [`verify_len`] choosing how many drafts to check.
+//! The loops never name a backend; the CLI picks one and hands it in.
 
 pub mod greedy;
+pub mod speculative;
 pub mod stats;
+pub mod verify_len;
 
 pub use greedy::{greedy, GenerateOptions};
-pub use stats::{Generation, StopReason};
+pub use speculative::speculative;
+pub use stats::{Generation, SpecStats, StopReason};
+pub use verify_len::{CostTable, VerifyLen};

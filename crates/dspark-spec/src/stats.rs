@@ -26,6 +26,52 @@ pub struct Generation {
     pub prefill: Duration,
     /// Time from the first generated token to the last.
     pub decode: Duration,
+    /// Per-round statistics of speculative decoding (`None` for plain greedy).
+    pub spec: Option<SpecStats>,
+}
+
+/// Per-round record of speculative decoding.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SpecStats {
+    /// Drafts proposed per block (B).
+    pub block_size: usize,
+    /// Drafts verified in each round (k).
+    pub verified: Vec<usize>,
+    /// Drafts accepted in each round (m ≤ k).
+    pub accepted: Vec<usize>,
+}
+
+impl SpecStats {
+    pub fn new(block_size: usize) -> SpecStats {
+        SpecStats { block_size, verified: Vec::new(), accepted: Vec::new() }
+    }
+
+    pub fn record(&mut self, verified: usize, accepted: usize) {
+        self.verified.push(verified);
+        self.accepted.push(accepted);
+    }
+
+    pub fn rounds(&self) -> usize {
+        self.accepted.len()
+    }
+
+    /// Mean tokens committed per round, m + 1 (the paper's acceptance length τ, which counts
+    /// the correction / bonus token).
+    pub fn mean_accepted_length(&self) -> f64 {
+        if self.accepted.is_empty() {
+            return 0.0;
+        }
+        self.accepted.iter().map(|&m| (m + 1) as f64).sum::<f64>() / self.accepted.len() as f64
+    }
+
+    /// `histogram[m]` = rounds that accepted exactly m drafts, m = 0 ..= B.
+    pub fn accepted_histogram(&self) -> Vec<usize> {
+        let mut h = vec![0; self.block_size + 1];
+        for &m in &self.accepted {
+            h[m.min(self.block_size)] += 1;
+        }
+        h
+    }
 }
 
 impl Generation {

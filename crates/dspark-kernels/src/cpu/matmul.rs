@@ -32,11 +32,8 @@ pub fn linear_into(y: &mut [f32], x: &[f32], w: &[f32], rows: usize, d_in: usize
         return;
     }
     // Small products are not worth waking the thread pool for.
-    let parallelism = if rows * d_in * d_out >= 1 << 18 {
-        gemm::Parallelism::Rayon(0)
-    } else {
-        gemm::Parallelism::None
-    };
+    let parallelism =
+        if rows * d_in * d_out >= 1 << 18 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
     // SAFETY: the strides below describe exactly the slices checked above:
     // dst is [rows, d_out] row-major, lhs is [rows, d_in] row-major, and rhs is Wᵀ, i.e. the
     // element (k, j) lives at w[j * d_in + k]. `read_dst` is false, so `y` is only written.

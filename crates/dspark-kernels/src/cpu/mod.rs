@@ -36,10 +36,7 @@ pub(crate) mod testutil {
     pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
         assert_eq!(got.len(), want.len());
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-        let diff = got
-            .iter()
-            .zip(want)
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let diff = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         diff / scale
     }
 }

@@ -14,9 +14,7 @@
 
 /// `inv_freq[i] = 1 / θ^(2i/d)` for `i < d/2`.
 pub fn inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
-    (0..head_dim / 2)
-        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
-        .collect()
+    (0..head_dim / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect()
 }
 
 /// Rotates every head of every row in place. `x` is `[rows, heads, head_dim]`; row `r` sits at

@@ -1,0 +1,326 @@
+//! The DSpark draft on the CPU reference path (DSPARK.md §2).
+//!
+//! The draft is a stack of Qwen3 decoder layers whose attention sees two things: a projected
+//! copy of the target's hidden states for every committed position (the *context*), and the
+//! block being drafted. For committed position j with tapped target features `F_j` (the
+//! outputs of the `target_layer_ids` layers, concatenated):
+//!
+//! ```text
+//! c_j = RMSNorm_hidden_norm(fc · F_j)                       (once, shared by all layers)
+//! K_ctx,ℓ(j) = RoPE_j(k_norm(Wk,ℓ c_j)),  V_ctx,ℓ(j) = Wv,ℓ c_j   (cached, append-only)
+//! ```
+//!
+//! The block input is `embed([anchor, mask × (B−1)])` at positions `p .. p+B−1`, where `p` is
+//! the anchor's position and the context holds exactly positions `0 .. p−1`. Each layer runs the
+//! normal Qwen3 block on it, with attention over `[K_ctx ; K_blk]` and **no mask** (every slot
+//! sees all context and all slots). The block's own K/V are discarded after the pass. Slot `s`
+//! of `lm_head(RMSNorm_norm(x))` predicts the token at position `p + s + 1`; the Markov chain
+//! in [`crate::markov`] then picks the tokens left to right.
+
+use crate::backend::{Drafter, Proposal};
+use crate::config::Qwen3Config;
+use crate::draft_config::{DraftConfig, MarkovKind, Packaging};
+use crate::error::{Error, Result};
+use crate::markov::{greedy_chain, prefix_survival, Chain, ConfidenceHead, MarkovHead, MarkovVariant};
+use crate::qwen3::{layer_tensors, LayerWeights, Qwen3Weights};
+use crate::safetensors::Checkpoint;
+use dspark_kernels::cpu::attention::{attention, AttnShape, Mask};
+use dspark_kernels::cpu::matmul::linear;
+use dspark_kernels::cpu::rmsnorm::{rmsnorm, rmsnorm_inplace};
+use dspark_kernels::cpu::rope::inv_freq;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// All draft weights, f32.
+#[derive(Clone, Debug)]
+pub struct DraftWeights {
+    /// `[V, H]`: the draft's own copy, or the target's when the draft file has none.
+    pub embed_tokens: Vec<f32>,
+    /// `[V, H]`: likewise.
+    pub lm_head: Vec<f32>,
+    /// `[H, T·H]`.
+    pub fc: Vec<f32>,
+    pub hidden_norm: Vec<f32>,
+    pub layers: Vec<LayerWeights>,
+    pub norm: Vec<f32>,
+    pub markov: Option<MarkovHead>,
+    pub confidence: Option<ConfidenceHead>,
+}
+
+/// Every tensor a draft of this config must hold (name, shape), besides the optional
+/// `embed_tokens` / `lm_head` copies. Names are as on disk (no `model.` prefix).
+pub fn draft_tensors(cfg: &DraftConfig) -> Vec<(String, Vec<usize>)> {
+    let l = &cfg.layer;
+    let (h, v, r) = (l.hidden_size, l.vocab_size, cfg.markov_rank);
+    let mut out = vec![
+        ("fc.weight".to_string(), vec![h, cfg.num_taps() * h]),
+        ("hidden_norm.weight".to_string(), vec![h]),
+        ("norm.weight".to_string(), vec![h]),
+    ];
+    for i in 0..l.num_hidden_layers {
+        for (name, shape) in layer_tensors(l) {
+            out.push((format!("layers.{i}.{name}"), shape));
+        }
+    }
+    if r > 0 {
+        out.push(("markov_head.markov_w1.weight".into(), vec![v, r]));
+        out.push(("markov_head.markov_w2.weight".into(), vec![v, r]));
+        match cfg.markov_kind {
+            MarkovKind::Vanilla => {}
+            MarkovKind::Gated => {
+                out.push(("markov_head.gate_proj.weight".into(), vec![r, h + r]));
+                out.push(("markov_head.gate_proj.bias".into(), vec![r]));
+            }
+            MarkovKind::Rnn => {
+                out.push(("markov_head.joint_proj.weight".into(), vec![3 * r, 2 * r + h]));
+                out.push(("markov_head.joint_proj.bias".into(), vec![3 * r]));
+            }
+        }
+    }
+    if cfg.confidence_head {
+        out.push(("confidence_head.proj.weight".into(), vec![1, cfg.confidence_in()]));
+    }
+    out
+}
+
+impl DraftWeights {
+    /// Loads a draft checkpoint. Every tensor the config implies must be present with its
+    /// shape, and every tensor present must be one the config implies: a partly matching draft
+    /// would run with near-zero acceptance and no error (DSPARK.md §1.7), so it is refused.
+    /// `embed_tokens` / `lm_head` are taken from the draft when present, else from `target`.
+    pub fn load(cfg: &DraftConfig, ck: &Checkpoint, target: &Qwen3Weights) -> Result<DraftWeights> {
+        let l = &cfg.layer;
+        let (h, v, r) = (l.hidden_size, l.vocab_size, cfg.markov_rank);
+        let required = draft_tensors(cfg);
+        let mut allowed: BTreeMap<String, ()> = required.iter().map(|(n, _)| (n.clone(), ())).collect();
+        for optional in ["embed_tokens.weight", "lm_head.weight", "confidence_head.proj.bias"] {
+            allowed.insert(optional.to_string(), ());
+        }
+        if let Some(extra) = ck.tensors.keys().find(|n| !allowed.contains_key(*n)) {
+            return Err(Error::tensor(
+                ck.path_of(extra),
+                extra,
+                format!(
+                    "unexpected in a draft with markov_rank {r}, markov_head_type {:?}, confidence head {} (wrong config or wrong checkpoint?)",
+                    cfg.markov_kind, cfg.confidence_head
+                ),
+            ));
+        }
+        for (name, shape) in &required {
+            ck.check(name, shape)?;
+        }
+        let own = |name: &str| -> Result<Option<Vec<f32>>> {
+            if ck.contains(name) {
+                Ok(Some(ck.f32(name, &[v, h])?))
+            } else {
+                Ok(None)
+            }
+        };
+        let embed_tokens = own("embed_tokens.weight")?.unwrap_or_else(|| target.embed_tokens.clone());
+        let lm_head = match own("lm_head.weight")? {
+            Some(w) => w,
+            None => target.lm_head.clone().unwrap_or_else(|| target.embed_tokens.clone()),
+        };
+        let markov = if r > 0 {
+            let variant = match cfg.markov_kind {
+                MarkovKind::Vanilla => MarkovVariant::Vanilla,
+                MarkovKind::Gated => MarkovVariant::Gated {
+                    weight: ck.f32("markov_head.gate_proj.weight", &[r, h + r])?,
+                    bias: ck.f32("markov_head.gate_proj.bias", &[r])?,
+                },
+                MarkovKind::Rnn => MarkovVariant::Rnn {
+                    weight: ck.f32("markov_head.joint_proj.weight", &[3 * r, 2 * r + h])?,
+                    bias: ck.f32("markov_head.joint_proj.bias", &[3 * r])?,
+                },
+            };
+            Some(MarkovHead {
+                rank: r,
+                w1: ck.f32("markov_head.markov_w1.weight", &[v, r])?,
+                w2: ck.f32("markov_head.markov_w2.weight", &[v, r])?,
+                variant,
+            })
+        } else {
+            None
+        };
+        let confidence = if cfg.confidence_head {
+            let bias = if ck.contains("confidence_head.proj.bias") {
+                ck.f32("confidence_head.proj.bias", &[1])?[0]
+            } else {
+                0.0
+            };
+            Some(ConfidenceHead {
+                weight: ck.f32("confidence_head.proj.weight", &[1, cfg.confidence_in()])?,
+                bias,
+                with_markov: cfg.confidence_with_markov,
+            })
+        } else {
+            None
+        };
+        Ok(DraftWeights {
+            embed_tokens,
+            lm_head,
+            fc: ck.f32("fc.weight", &[h, cfg.num_taps() * h])?,
+            hidden_norm: ck.f32("hidden_norm.weight", &[h])?,
+            layers: (0..l.num_hidden_layers)
+                .map(|i| LayerWeights::load(l, ck, &format!("layers.{i}.")))
+                .collect::<Result<Vec<_>>>()?,
+            norm: ck.f32("norm.weight", &[h])?,
+            markov,
+            confidence,
+        })
+    }
+}
+
+/// The draft backbone's output for one block, before the sequential chain.
+#[derive(Clone, Debug)]
+pub struct BlockOutput {
+    /// `[B, H]` after the draft's final norm.
+    pub hidden: Vec<f32>,
+    /// `[B, V]` = `lm_head · hidden`.
+    pub base_logits: Vec<f32>,
+}
+
+/// A DSpark draft computed on the CPU in f32, with its append-only context cache.
+pub struct CpuDraft {
+    cfg: DraftConfig,
+    w: DraftWeights,
+    inv_freq: Vec<f32>,
+    /// Per layer, context keys / values `[position, kv_heads, head_dim]`.
+    ctx_k: Vec<Vec<f32>>,
+    ctx_v: Vec<Vec<f32>>,
+    ctx_len: usize,
+}
+
+impl CpuDraft {
+    /// Loads a draft folder (native or speculators packaging) and checks it against the target.
+    pub fn load(dir: &Path, target_cfg: &Qwen3Config, target: &Qwen3Weights) -> Result<CpuDraft> {
+        let cfg = DraftConfig::from_dir(dir)?;
+        cfg.validate_against(target_cfg)?;
+        let ck = Checkpoint::open_dir(dir)?;
+        let w = DraftWeights::load(&cfg, &ck, target)?;
+        Ok(Self::new(cfg, w))
+    }
+
+    pub fn new(cfg: DraftConfig, w: DraftWeights) -> CpuDraft {
+        let inv_freq = inv_freq(cfg.layer.rope_theta as f32, cfg.layer.head_dim);
+        let n = cfg.layer.num_hidden_layers;
+        CpuDraft { cfg, w, inv_freq, ctx_k: vec![Vec::new(); n], ctx_v: vec![Vec::new(); n], ctx_len: 0 }
+    }
+
+    pub fn config(&self) -> &DraftConfig {
+        &self.cfg
+    }
+
+    /// The parallel pass over the block `[anchor, mask × (B−1)]` at positions
+    /// `ctx_len .. ctx_len + B`.
+    pub fn block(&self, anchor: u32) -> Result<BlockOutput> {
+        let l = &self.cfg.layer;
+        let (b, h, v) = (self.cfg.block_size, l.hidden_size, l.vocab_size);
+        if anchor as usize >= v {
+            return Err(Error::Request(format!("anchor token {anchor} is outside the vocabulary ({v})")));
+        }
+        let p = self.ctx_len;
+        let positions: Vec<usize> = (p..p + b).collect();
+        let mut x = Vec::with_capacity(b * h);
+        for s in 0..b {
+            let id = if s == 0 { anchor } else { self.cfg.mask_token_id } as usize;
+            x.extend_from_slice(&self.w.embed_tokens[id * h..][..h]);
+        }
+        let kv_row = l.kv_dim();
+        for (i, lw) in self.w.layers.iter().enumerate() {
+            let (q, k, vv) = lw.attention_inputs(l, &x, &positions, &self.inv_freq);
+            let mut keys = Vec::with_capacity((p + b) * kv_row);
+            keys.extend_from_slice(&self.ctx_k[i]);
+            keys.extend_from_slice(&k);
+            let mut values = Vec::with_capacity((p + b) * kv_row);
+            values.extend_from_slice(&self.ctx_v[i]);
+            values.extend_from_slice(&vv);
+            let shape = AttnShape {
+                rows: b,
+                kv_len: p + b,
+                n_heads: l.num_attention_heads,
+                n_kv_heads: l.num_key_value_heads,
+                head_dim: l.head_dim,
+            };
+            let o = attention(&q, &keys, &values, shape, Mask::None);
+            lw.finish(l, &mut x, &o);
+        }
+        let hidden = rmsnorm(&x, &self.w.norm, l.rms_norm_eps as f32);
+        let base_logits = linear(&hidden, &self.w.lm_head, b, h, v);
+        Ok(BlockOutput { hidden, base_logits })
+    }
+
+    /// Backbone pass plus the greedy Markov chain and confidence head.
+    pub fn propose_detailed(&self, anchor: u32) -> Result<(BlockOutput, Chain)> {
+        let out = self.block(anchor)?;
+        let chain = greedy_chain(
+            &out.base_logits,
+            &out.hidden,
+            self.cfg.block_size,
+            anchor,
+            self.w.markov.as_ref(),
+            self.w.confidence.as_ref(),
+        );
+        Ok((out, chain))
+    }
+
+    /// Packaging the draft was loaded from.
+    pub fn packaging(&self) -> Packaging {
+        self.cfg.packaging
+    }
+}
+
+impl Drafter for CpuDraft {
+    fn block_size(&self) -> usize {
+        self.cfg.block_size
+    }
+
+    fn target_layer_ids(&self) -> &[usize] {
+        &self.cfg.target_layer_ids
+    }
+
+    fn context_len(&self) -> usize {
+        self.ctx_len
+    }
+
+    fn reset(&mut self) {
+        self.ctx_k.iter_mut().chain(self.ctx_v.iter_mut()).for_each(Vec::clear);
+        self.ctx_len = 0;
+    }
+
+    fn append_context(&mut self, features: &[f32]) -> Result<()> {
+        let l = &self.cfg.layer;
+        let (h, t) = (l.hidden_size, self.cfg.num_taps());
+        if features.len() % (t * h) != 0 {
+            return Err(Error::Request(format!(
+                "draft context features of length {} are not whole rows of {t}×{h}",
+                features.len()
+            )));
+        }
+        let n = features.len() / (t * h);
+        if n == 0 {
+            return Ok(());
+        }
+        let mut c = linear(features, &self.w.fc, n, t * h, h);
+        rmsnorm_inplace(&mut c, &self.w.hidden_norm, l.rms_norm_eps as f32);
+        let positions: Vec<usize> = (self.ctx_len..self.ctx_len + n).collect();
+        for (i, lw) in self.w.layers.iter().enumerate() {
+            // Context rows go straight into k/v: no input_layernorm (DSPARK.md §2.2).
+            let mut k = linear(&c, &lw.k_proj, n, h, l.kv_dim());
+            let v = linear(&c, &lw.v_proj, n, h, l.kv_dim());
+            rmsnorm_inplace(&mut k, &lw.k_norm, l.rms_norm_eps as f32);
+            dspark_kernels::cpu::rope::rope_inplace(&mut k, &positions, l.num_key_value_heads, &self.inv_freq);
+            self.ctx_k[i].extend_from_slice(&k);
+            self.ctx_v[i].extend_from_slice(&v);
+        }
+        self.ctx_len += n;
+        Ok(())
+    }
+
+    fn propose(&mut self, anchor: u32) -> Result<Proposal> {
+        let (_, chain) = self.propose_detailed(anchor)?;
+        let survival =
+            if chain.confidence_logits.is_empty() { None } else { Some(prefix_survival(&chain.confidence_logits)) };
+        Ok(Proposal { tokens: chain.tokens, survival })
+    }
+}

