@@ -36,6 +36,8 @@ commands:
   fetch-test-data        download the pinned test inputs into .test-data/ (idempotent)
   test [cargo args..]    fetch-test-data, then `cargo test --workspace [cargo args..]`
   fixtures               regenerate fixtures: `bash fixtures/gen/run.sh`
+  soak [cases]           release run of the lossless property (default 10000 cases);
+                         record the result in docs/soak.md
   help                   print this message
 ";
 
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Some("fetch-test-data") if rest.is_empty() => fetch_test_data().map(|()| 0),
         Some("test") => fetch_test_data().and_then(|()| cargo_test(&rest)),
         Some("fixtures") if rest.is_empty() => fixtures(),
+        Some("soak") if rest.len() <= 1 => soak(rest.first().and_then(|c| c.to_str()).unwrap_or("10000")),
         Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
             Ok(0)
@@ -182,6 +185,28 @@ fn cargo_test(extra: &[OsString]) -> Result<i32> {
         .current_dir(workspace_root())
         .status()
         .context("running `cargo test`")?;
+    Ok(status.code().unwrap_or(1))
+}
+
+/// The lossless property (speculative == plain greedy) over many random target/draft pairs,
+/// in release mode. The case count goes to proptest through `PROPTEST_CASES`.
+fn soak(cases: &str) -> Result<i32> {
+    if cases.parse::<u64>().is_err() {
+        bail!("soak: expected a case count, got {cases:?}");
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let start = std::time::Instant::now();
+    let status = Command::new(cargo)
+        .args(["test", "--release", "-p", "dspark-spec", "--test", "lossless", "lossless_property"])
+        .env("PROPTEST_CASES", cases)
+        .current_dir(workspace_root())
+        .status()
+        .context("running the lossless soak")?;
+    println!(
+        "soak: {cases} cases, {}, {:.0} s",
+        if status.success() { "passed" } else { "FAILED" },
+        start.elapsed().as_secs_f64()
+    );
     Ok(status.code().unwrap_or(1))
 }
 

@@ -10,9 +10,11 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use dspark_model::dspark::CpuDraft;
 use dspark_model::qwen3::CpuQwen3;
 use dspark_model::tokenizer::{chat_prompt, eos_ids, Tokenizer};
-use dspark_spec::{greedy, GenerateOptions, Generation};
+use dspark_model::{Drafter, TargetModel};
+use dspark_spec::{greedy, speculative, CostTable, GenerateOptions, Generation, VerifyLen};
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
@@ -46,17 +48,22 @@ pub struct GenerateArgs {
     /// Where to run; defaults to CUDA when a GPU is present, else the CPU.
     #[arg(long, value_enum)]
     device: Option<Device>,
+    /// Drafts to verify per round: a number (capped at the draft's block size), or `auto` to
+    /// choose per round from the confidence head and a start-up cost table. Default: the whole
+    /// block.
+    #[arg(long)]
+    verify_len: Option<String>,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    if args.draft.is_some() {
-        bail!("--draft is not supported yet: DSpark speculative decoding is not implemented in this build");
-    }
     if args.device == Some(Device::Cuda) {
         bail!("--device cuda is not supported yet: this build has only the CPU reference backend");
+    }
+    if args.verify_len.is_some() && args.draft.is_none() {
+        bail!("--verify-len needs --draft");
     }
     let dir = &args.target;
     let tokenizer = Tokenizer::from_dir(dir)?;
@@ -75,41 +82,27 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         (None, None) => bail!("give --prompt or --prompt-ids"),
     };
     let mut target = CpuQwen3::load(dir)?;
-    let eos = eos_ids(dir, &dspark_model::TargetModel::config(&target).eos_token_ids)?;
-    let opts = GenerateOptions { max_tokens: args.max_tokens, eos_token_ids: eos };
-
-    let gen = if args.json {
-        greedy(&mut target, &prompt, &opts, |_| {})?
-    } else {
-        stream_text(&mut target, &prompt, &opts, tokenizer.as_ref())?
-    };
-    let text = match &tokenizer {
-        Some(t) => Some(t.decode(&gen.tokens)?),
+    let mut draft = match &args.draft {
+        Some(d) => Some(CpuDraft::load(d, target.config(), target.weights())?),
         None => None,
     };
-    if args.json {
-        println!("{}", json!({ "tokens": gen.tokens, "text": text, "stats": stats_json(&gen) }));
-    } else {
-        eprintln!("{}", stats_line(&gen));
-    }
-    Ok(())
-}
+    let verify_len = match &draft {
+        Some(d) => Some(parse_verify_len(args.verify_len.as_deref(), d, &mut target)?),
+        None => None,
+    };
+    let eos = eos_ids(dir, &target.config().eos_token_ids)?;
+    let opts = GenerateOptions { max_tokens: args.max_tokens, eos_token_ids: eos };
 
-/// Greedy decoding that prints each token's text as soon as it is complete (ids, space
-/// separated, when the model has no tokenizer).
-fn stream_text(
-    target: &mut CpuQwen3,
-    prompt: &[u32],
-    opts: &GenerateOptions,
-    tok: Option<&Tokenizer>,
-) -> Result<Generation> {
     let mut out = std::io::stdout().lock();
-    let mut stream = tok.map(|t| t.stream());
+    let mut stream = if args.json { None } else { Some(tokenizer.as_ref().map(|t| t.stream())) };
     let mut failure: Option<anyhow::Error> = None;
-    let gen = greedy(target, prompt, opts, |id| {
+    // Text mode prints each token's text as soon as it is complete (ids, space separated, when
+    // the model has no tokenizer); JSON mode prints nothing until the end.
+    let on_token = |id: u32| {
         let piece = match stream.as_mut() {
-            Some(s) => s.push(id).map_err(anyhow::Error::from),
-            None => Ok(format!("{id} ")),
+            None => return,
+            Some(Some(s)) => s.push(id).map_err(anyhow::Error::from),
+            Some(None) => Ok(format!("{id} ")),
         };
         match piece {
             Ok(p) => {
@@ -118,19 +111,44 @@ fn stream_text(
             }
             Err(e) => failure = failure.take().or(Some(e)),
         }
-    })?;
-    if let Some(s) = stream.as_mut() {
+    };
+    let gen = match (&mut draft, &verify_len) {
+        (Some(d), Some(v)) => speculative(&mut target, d, &prompt, &opts, v, on_token)?,
+        _ => greedy(&mut target, &prompt, &opts, on_token)?,
+    };
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if let Some(Some(s)) = stream.as_mut() {
         let _ = out.write_all(s.finish()?.as_bytes());
     }
-    let _ = writeln!(out);
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(gen),
+    let text = match &tokenizer {
+        Some(t) => Some(t.decode(&gen.tokens)?),
+        None => None,
+    };
+    if args.json {
+        let _ = writeln!(out, "{}", json!({ "tokens": gen.tokens, "text": text, "stats": stats_json(&gen) }));
+    } else {
+        let _ = writeln!(out);
+        eprintln!("{}", stats_line(&gen));
+    }
+    Ok(())
+}
+
+/// `--verify-len`: absent → the whole block; a number; or `auto` (measures the cost table now).
+fn parse_verify_len(arg: Option<&str>, draft: &CpuDraft, target: &mut CpuQwen3) -> Result<VerifyLen> {
+    match arg {
+        None => Ok(VerifyLen::Fixed(draft.block_size())),
+        Some("auto") => Ok(VerifyLen::Auto(CostTable::measure(target, draft.block_size() + 1, 3)?)),
+        Some(n) => n
+            .parse::<usize>()
+            .map(VerifyLen::Fixed)
+            .map_err(|_| anyhow::anyhow!("--verify-len: expected a number or `auto`, got {n:?}")),
     }
 }
 
 fn stats_json(g: &Generation) -> serde_json::Value {
-    json!({
+    let mut v = json!({
         "prompt_tokens": g.prompt_tokens,
         "generated_tokens": g.tokens.len(),
         "stop_reason": g.stop,
@@ -138,12 +156,27 @@ fn stats_json(g: &Generation) -> serde_json::Value {
         "decode_ms": g.decode.as_secs_f64() * 1e3,
         "tokens_per_second": g.decode_tokens_per_second(),
         "device": "cpu",
-    })
+    });
+    if let Some(s) = &g.spec {
+        v["speculative"] = json!({
+            "block_size": s.block_size,
+            "rounds": s.rounds(),
+            "mean_accepted_length": s.mean_accepted_length(),
+            "accepted_histogram": s.accepted_histogram(),
+            "verified_per_round": s.verified,
+            "accepted_per_round": s.accepted,
+        });
+    }
+    v
 }
 
 fn stats_line(g: &Generation) -> String {
+    let spec = match &g.spec {
+        Some(s) => format!("; {} rounds, mean accepted length {:.2}", s.rounds(), s.mean_accepted_length()),
+        None => String::new(),
+    };
     format!(
-        "[{} prompt tokens, {} generated, stop: {:?}; prefill {:.1} ms, decode {:.1} tok/s on cpu]",
+        "[{} prompt tokens, {} generated, stop: {:?}; prefill {:.1} ms, decode {:.1} tok/s on cpu{spec}]",
         g.prompt_tokens,
         g.tokens.len(),
         g.stop,
