@@ -83,32 +83,51 @@ pub fn draft_tensors(cfg: &DraftConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
+/// The tensors a draft may hold besides [`draft_tensors`].
+pub const OPTIONAL_TENSORS: [&str; 3] = ["embed_tokens.weight", "lm_head.weight", "confidence_head.proj.bias"];
+
+/// Checks a draft checkpoint against its config without reading weights. Every tensor the
+/// config implies must be present with its shape and a supported dtype, and every tensor present
+/// must be one the config implies: a partly matching draft would run with near-zero acceptance
+/// and no error (DSPARK.md §1.7), so it is refused.
+pub fn check_tensors(cfg: &DraftConfig, ck: &Checkpoint) -> Result<()> {
+    let (h, v) = (cfg.layer.hidden_size, cfg.layer.vocab_size);
+    let required = draft_tensors(cfg);
+    let mut allowed: BTreeMap<&str, ()> = required.iter().map(|(n, _)| (n.as_str(), ())).collect();
+    for optional in OPTIONAL_TENSORS {
+        allowed.insert(optional, ());
+    }
+    if let Some(extra) = ck.tensors.keys().find(|n| !allowed.contains_key(n.as_str())) {
+        return Err(Error::tensor(
+            ck.path_of(extra),
+            extra,
+            format!(
+                "unexpected in a draft with markov_rank {}, markov_head_type {:?}, confidence head {} (wrong config or wrong checkpoint?)",
+                cfg.markov_rank, cfg.markov_kind, cfg.confidence_head
+            ),
+        ));
+    }
+    for (name, shape) in &required {
+        ck.check(name, shape)?;
+    }
+    for name in ["embed_tokens.weight", "lm_head.weight"] {
+        if ck.contains(name) {
+            ck.check(name, &[v, h])?;
+        }
+    }
+    if ck.contains("confidence_head.proj.bias") {
+        ck.check("confidence_head.proj.bias", &[1])?;
+    }
+    Ok(())
+}
+
 impl DraftWeights {
-    /// Loads a draft checkpoint. Every tensor the config implies must be present with its
-    /// shape, and every tensor present must be one the config implies: a partly matching draft
-    /// would run with near-zero acceptance and no error (DSPARK.md §1.7), so it is refused.
-    /// `embed_tokens` / `lm_head` are taken from the draft when present, else from `target`.
+    /// Loads a draft checkpoint after [`check_tensors`]. `embed_tokens` / `lm_head` are taken
+    /// from the draft when present, else from `target`.
     pub fn load(cfg: &DraftConfig, ck: &Checkpoint, target: &Qwen3Weights) -> Result<DraftWeights> {
         let l = &cfg.layer;
         let (h, v, r) = (l.hidden_size, l.vocab_size, cfg.markov_rank);
-        let required = draft_tensors(cfg);
-        let mut allowed: BTreeMap<String, ()> = required.iter().map(|(n, _)| (n.clone(), ())).collect();
-        for optional in ["embed_tokens.weight", "lm_head.weight", "confidence_head.proj.bias"] {
-            allowed.insert(optional.to_string(), ());
-        }
-        if let Some(extra) = ck.tensors.keys().find(|n| !allowed.contains_key(*n)) {
-            return Err(Error::tensor(
-                ck.path_of(extra),
-                extra,
-                format!(
-                    "unexpected in a draft with markov_rank {r}, markov_head_type {:?}, confidence head {} (wrong config or wrong checkpoint?)",
-                    cfg.markov_kind, cfg.confidence_head
-                ),
-            ));
-        }
-        for (name, shape) in &required {
-            ck.check(name, shape)?;
-        }
+        check_tensors(cfg, ck)?;
         let own = |name: &str| -> Result<Option<Vec<f32>>> {
             if ck.contains(name) {
                 Ok(Some(ck.f32(name, &[v, h])?))

@@ -6,17 +6,27 @@
 //! are listed as extra rather than rejected (HF exports sometimes carry a tied `lm_head`).
 
 use crate::config::Qwen3Config;
+use crate::draft_config::{DraftConfig, Packaging};
+use crate::dspark::check_tensors;
 use crate::error::Result;
+use crate::json::JsonObject;
 use crate::qwen3::expected_tensors;
 use crate::safetensors::Checkpoint;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 
+/// What kind of checkpoint a folder holds.
+#[derive(Debug)]
+pub enum Model {
+    Target(Qwen3Config),
+    Draft(DraftConfig),
+}
+
 /// The facts `dspark info` prints.
 #[derive(Debug)]
 pub struct Info {
-    pub config: Qwen3Config,
+    pub model: Model,
     pub files: usize,
     pub tensors: usize,
     /// dtype name → (tensor count, bytes).
@@ -26,14 +36,27 @@ pub struct Info {
 }
 
 impl Info {
+    /// Reads a target or draft folder (told apart by `config.json`).
     pub fn of_dir(dir: &Path) -> Result<Info> {
-        let config = Qwen3Config::from_dir(dir)?;
+        let j = JsonObject::read(&dir.join("config.json"))?;
+        let is_draft = j.get("speculators_model_type").is_some()
+            || j.get("architectures").and_then(|a| a.get(0)).and_then(|a| a.as_str()) == Some("Qwen3DSparkModel");
         let ck = Checkpoint::open_dir(dir)?;
-        let needed = expected_tensors(&config);
-        for (name, shape) in &needed {
-            ck.check(name, shape)?;
-        }
-        let needed: BTreeSet<&str> = needed.iter().map(|(n, _)| n.as_str()).collect();
+        let (model, needed): (Model, BTreeSet<String>) = if is_draft {
+            let cfg = DraftConfig::from_dir(dir)?;
+            check_tensors(&cfg, &ck)?;
+            // A draft reads every tensor it may hold; `check_tensors` refused any other.
+            let names = ck.tensors.keys().cloned().collect();
+            (Model::Draft(cfg), names)
+        } else {
+            let cfg = Qwen3Config::from_json(&j)?;
+            let needed = expected_tensors(&cfg);
+            for (name, shape) in &needed {
+                ck.check(name, shape)?;
+            }
+            let names = needed.into_iter().map(|(n, _)| n).collect();
+            (Model::Target(cfg), names)
+        };
         let mut by_dtype: BTreeMap<String, (usize, u64)> = BTreeMap::new();
         let mut parameters = 0u64;
         for t in ck.tensors.values() {
@@ -42,15 +65,49 @@ impl Info {
             e.1 += (t.end - t.start) as u64;
             parameters += t.numel() as u64;
         }
-        let extra = ck.tensors.keys().filter(|n| !needed.contains(n.as_str())).cloned().collect();
-        Ok(Info { config, files: ck.files.len(), tensors: ck.tensors.len(), by_dtype, parameters, extra })
+        let extra = ck.tensors.keys().filter(|n| !needed.contains(*n)).cloned().collect();
+        Ok(Info { model, files: ck.files.len(), tensors: ck.tensors.len(), by_dtype, parameters, extra })
     }
 }
 
 impl fmt::Display for Info {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = &self.config;
-        writeln!(f, "model: {} (Qwen3 target)", c.architecture.as_deref().unwrap_or("unnamed architecture"))?;
+        let c = match &self.model {
+            Model::Target(c) => {
+                writeln!(f, "model: {} (Qwen3 target)", c.architecture.as_deref().unwrap_or("unnamed architecture"))?;
+                c
+            }
+            Model::Draft(d) => {
+                let packaging = match d.packaging {
+                    Packaging::Native => "DeepSpec native format",
+                    Packaging::Speculators => "vLLM speculators format",
+                };
+                writeln!(f, "model: DSpark draft ({packaging})")?;
+                writeln!(
+                    f,
+                    "  block_size {}, mask_token_id {}, target_layer_ids {:?}{}",
+                    d.block_size,
+                    d.mask_token_id,
+                    d.target_layer_ids,
+                    d.num_target_layers.map(|n| format!(" (of {n} target layers)")).unwrap_or_default()
+                )?;
+                if d.markov_rank > 0 {
+                    writeln!(f, "  markov head: {:?}, rank {}", d.markov_kind, d.markov_rank)?;
+                } else {
+                    writeln!(f, "  markov head: none (DFlash baseline)")?;
+                }
+                writeln!(
+                    f,
+                    "  confidence head: {}",
+                    match (d.confidence_head, d.confidence_with_markov) {
+                        (false, _) => "none",
+                        (true, true) => "yes, reads [h ; W1[prev]]",
+                        (true, false) => "yes, reads h",
+                    }
+                )?;
+                &d.layer
+            }
+        };
         writeln!(
             f,
             "  layers {}, hidden {}, intermediate {}, heads {} (kv {}), head_dim {}",

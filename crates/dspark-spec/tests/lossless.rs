@@ -7,8 +7,8 @@
 //! 10,000 cases.
 
 use dspark_model::draft_config::MarkovKind;
-use dspark_model::testing::{random_draft, random_target, target_config, target_weights, DraftSpec};
 use dspark_model::qwen3::CpuQwen3;
+use dspark_model::testing::{random_draft, random_target, target_config, target_weights, DraftSpec};
 use dspark_spec::{greedy, speculative, CostTable, GenerateOptions, VerifyLen};
 use proptest::prelude::*;
 
@@ -38,41 +38,58 @@ fn case() -> impl Strategy<Value = Case> {
         (any::<bool>(), any::<bool>(), 1usize..3),
         (1usize..12, 0usize..40, any::<bool>(), 0usize..10, any::<bool>()),
     )
-        .prop_map(|(seed, vocab, layers, heads, block, rank_sel, kind, (conf, conf_markov, draft_layers), (plen, max_tokens, short_ctx, verify_sel, with_eos))| {
-            let markov_rank = [0, 4, 8][rank_sel];
-            // Taps: a strictly increasing subset of 0..=layers-2, never empty.
-            let taps: Vec<usize> = (0..=layers - 2).filter(|l| (seed >> l) & 1 == 1 || *l == 0).collect();
-            let mut s = seed;
-            let prompt: Vec<u32> = (0..plen).map(|_| { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); ((s >> 33) % vocab as u64) as u32 }).collect();
-            let max_pos = if short_ctx { plen + (seed as usize % 12) } else { 128 };
-            let verify = if verify_sel >= 9 {
-                // A cost table with a random per-token slope: auto must stay lossless whatever it picks.
-                let slope = (seed % 7) as f64 * 0.1;
-                VerifyLen::Auto(CostTable { seconds: (0..=block).map(|n| 1.0 + slope * n as f64).collect() })
-            } else {
-                VerifyLen::Fixed(verify_sel)
-            };
-            Case {
+        .prop_map(
+            |(
                 seed,
                 vocab,
                 layers,
                 heads,
-                draft: DraftSpec {
-                    layers: draft_layers,
-                    block_size: block,
-                    target_layer_ids: taps,
-                    markov_rank,
-                    markov_kind: kind,
-                    confidence_head: conf,
-                    confidence_with_markov: conf_markov,
-                },
-                prompt,
-                max_tokens,
-                max_pos,
-                verify,
-                eos: if with_eos { vec![(seed % vocab as u64) as u32] } else { vec![] },
-            }
-        })
+                block,
+                rank_sel,
+                kind,
+                (conf, conf_markov, draft_layers),
+                (plen, max_tokens, short_ctx, verify_sel, with_eos),
+            )| {
+                let markov_rank = [0, 4, 8][rank_sel];
+                // Taps: a strictly increasing subset of 0..=layers-2, never empty.
+                let taps: Vec<usize> = (0..=layers - 2).filter(|l| (seed >> l) & 1 == 1 || *l == 0).collect();
+                let mut s = seed;
+                let prompt: Vec<u32> = (0..plen)
+                    .map(|_| {
+                        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        ((s >> 33) % vocab as u64) as u32
+                    })
+                    .collect();
+                let max_pos = if short_ctx { plen + (seed as usize % 12) } else { 128 };
+                let verify = if verify_sel >= 9 {
+                    // A cost table with a random per-token slope: auto must stay lossless whatever it picks.
+                    let slope = (seed % 7) as f64 * 0.1;
+                    VerifyLen::Auto(CostTable { seconds: (0..=block).map(|n| 1.0 + slope * n as f64).collect() })
+                } else {
+                    VerifyLen::Fixed(verify_sel)
+                };
+                Case {
+                    seed,
+                    vocab,
+                    layers,
+                    heads,
+                    draft: DraftSpec {
+                        layers: draft_layers,
+                        block_size: block,
+                        target_layer_ids: taps,
+                        markov_rank,
+                        markov_kind: kind,
+                        confidence_head: conf,
+                        confidence_with_markov: conf_markov,
+                    },
+                    prompt,
+                    max_tokens,
+                    max_pos,
+                    verify,
+                    eos: if with_eos { vec![(seed % vocab as u64) as u32] } else { vec![] },
+                }
+            },
+        )
 }
 
 fn check(c: &Case) -> Result<(), TestCaseError> {

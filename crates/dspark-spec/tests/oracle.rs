@@ -43,7 +43,13 @@ impl Drafter for Oracle {
         let want = &self.features[self.ctx_len * self.row..(self.ctx_len + n) * self.row];
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let diff = features.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(diff <= 1e-4 * scale, "round {}: context rows {}..{} differ from the reference by {diff}", self.round, self.ctx_len, self.ctx_len + n);
+        assert!(
+            diff <= 1e-4 * scale,
+            "round {}: context rows {}..{} differ from the reference by {diff}",
+            self.round,
+            self.ctx_len,
+            self.ctx_len + n
+        );
         self.ctx_len += n;
         Ok(())
     }
@@ -77,7 +83,8 @@ fn injected_errors_give_exactly_the_expected_accepted_lengths() {
     let row = taps.len() * target.config().hidden_size;
 
     let block = 7;
-    let errors: Vec<Vec<usize>> = vec![vec![], vec![0], vec![3], vec![6], vec![1, 4], vec![], vec![2], vec![5, 6], vec![0, 1]];
+    let errors: Vec<Vec<usize>> =
+        vec![vec![], vec![0], vec![3], vec![6], vec![1, 4], vec![], vec![2], vec![5, 6], vec![0, 1]];
     // Expected accepted lengths: the first corrupted slot, capped by the verify length, which
     // the loop caps by the tokens still wanted (max_tokens − emitted − 1).
     let mut expected = Vec::new();
