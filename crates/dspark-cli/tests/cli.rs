@@ -212,3 +212,60 @@ fn missing_folder_and_unsupported_options() {
     let e = expect_error(&["generate", "--target", d, "--prompt-ids", "1", "--device", "cuda"]);
     assert!(e.contains("cuda"), "{e}");
 }
+
+#[test]
+fn generate_with_a_draft_prints_the_plain_greedy_tokens_and_round_stats() {
+    let target = fixture("qwen3-tiny-f32");
+    let prompt = csv(&golden_ids("qwen3-tiny-f32", "prompt_ids"));
+    for (draft, verify) in [("dspark-tiny-vanilla", "7"), ("dspark-tiny-rnn", "auto"), ("dflash-tiny", "3")] {
+        let d = fixture(draft);
+        let out = dspark(&[
+            "generate",
+            "--target",
+            target.to_str().unwrap(),
+            "--draft",
+            d.to_str().unwrap(),
+            "--prompt-ids",
+            &prompt,
+            "--max-tokens",
+            "64",
+            "--device",
+            "cpu",
+            "--verify-len",
+            verify,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{draft}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let tokens: Vec<u64> = v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        assert_eq!(tokens, golden_ids("qwen3-tiny-f32", "continuation"), "{draft}");
+        let s = &v["stats"]["speculative"];
+        let rounds = s["rounds"].as_u64().unwrap();
+        assert!(rounds > 0);
+        assert_eq!(s["accepted_per_round"].as_array().unwrap().len() as u64, rounds);
+        assert_eq!(
+            s["accepted_histogram"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).sum::<u64>(),
+            rounds
+        );
+        assert!(s["mean_accepted_length"].as_f64().unwrap() >= 1.0);
+        if verify == "3" {
+            assert!(s["verified_per_round"].as_array().unwrap().iter().all(|k| k.as_u64().unwrap() <= 3));
+        }
+    }
+}
+
+#[test]
+fn generate_with_a_mismatched_draft_fails_cleanly() {
+    let target = fixture("qwen3-tiny-f32");
+    let e = expect_error(&[
+        "generate",
+        "--target",
+        target.to_str().unwrap(),
+        "--draft",
+        fixture("qwen3-tiny-bf16").to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--json",
+    ]);
+    assert!(e.contains("architectures"), "{e}");
+}
