@@ -9,3 +9,4 @@
 //! only downward, kernels → tensor → model → spec → cli).
 
 pub mod cpu;
+pub mod cuda;

@@ -1,0 +1,112 @@
+//! CUDA side of the op families: device discovery, PTX loading, and typed launch wrappers.
+//!
+//! Kernels are CUDA C in `kernels/*.cu`, compiled ahead of time by `cargo xtask ptx` to PTX
+//! that is committed under `crates/dspark-kernels/ptx/` (one file per source and target:
+//! `sm_90` for Hopper, `sm_80` as the portable fallback that the driver JIT-compiles on any
+//! newer GPU). The binary embeds the PTX and needs only the NVIDIA driver at run time: cudarc
+//! loads libcuda dynamically, so a machine without a GPU still runs the CPU path.
+//!
+//! Every wrapper checks buffer lengths against the shape it is given before launching, so a
+//! shape bug is an error on the host rather than an out-of-bounds access on the device.
+
+pub mod ops;
+pub mod ptx;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Errors of the CUDA layer.
+#[derive(Debug)]
+pub enum CudaError {
+    /// No usable NVIDIA driver or device on this machine.
+    Unavailable(String),
+    Driver(DriverError),
+    /// A wrapper refused its arguments before launching.
+    Shape(String),
+}
+
+impl std::fmt::Display for CudaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CudaError::Unavailable(m) => write!(f, "CUDA is not available: {m}"),
+            CudaError::Driver(e) => write!(f, "CUDA driver error: {e:?}"),
+            CudaError::Shape(m) => write!(f, "kernel argument check failed: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+impl From<DriverError> for CudaError {
+    fn from(e: DriverError) -> Self {
+        CudaError::Driver(e)
+    }
+}
+
+pub type CudaResult<T> = std::result::Result<T, CudaError>;
+
+/// Whether a CUDA driver with at least one device is present. Checked before any cudarc call
+/// that would panic when libcuda is missing.
+pub fn available() -> bool {
+    // SAFETY: only probes whether the driver library can be loaded.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return false;
+    }
+    matches!(CudaContext::device_count(), Ok(n) if n > 0)
+}
+
+/// One GPU: its context, the stream every op runs on, and the loaded kernels.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    modules: Vec<Arc<CudaModule>>,
+    functions: HashMap<&'static str, CudaFunction>,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+}
+
+impl Gpu {
+    /// Opens device `ordinal`, loads every kernel module, and creates the op stream.
+    pub fn new(ordinal: usize) -> CudaResult<Gpu> {
+        if !available() {
+            return Err(CudaError::Unavailable("no NVIDIA driver (libcuda) or no device found".into()));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        // One stream, no cross-stream events: the loop is single-stream and will be captured
+        // into graphs, which event tracking would break.
+        // SAFETY: every buffer is used on the one stream created below.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let major =
+            ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor =
+            ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        if major < 8 {
+            return Err(CudaError::Unavailable(format!(
+                "compute capability {major}.{minor}; dspark needs 8.0 or newer"
+            )));
+        }
+        let mut modules = Vec::new();
+        let mut functions = HashMap::new();
+        for m in ptx::MODULES {
+            let src = if major >= 9 { m.sm90 } else { m.sm80 };
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src))?;
+            for &name in m.functions {
+                functions.insert(name, module.load_function(name)?);
+            }
+            modules.push(module);
+        }
+        Ok(Gpu { ctx, stream, modules, functions, compute_capability: (major, minor) })
+    }
+
+    /// A loaded kernel by name.
+    pub fn function(&self, name: &str) -> CudaResult<&CudaFunction> {
+        self.functions.get(name).ok_or_else(|| CudaError::Shape(format!("kernel `{name}` is not in the loaded PTX")))
+    }
+
+    /// Number of loaded modules (for `dspark info`-style reports).
+    pub fn module_count(&self) -> usize {
+        self.modules.len()
+    }
+}

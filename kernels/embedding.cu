@@ -1,0 +1,17 @@
+// Embedding gather: out[r, :] = table[ids[r], :] widened to f32.
+//
+// Layout: table [vocab, dim] row-major in the checkpoint dtype; ids [rows] u32 on the device;
+// out [rows, dim] f32. Launch: one block per row, 256 threads striding over dim. Ids are
+// checked on the host before they reach the device (the wrapper validates vocab bounds where
+// ids come from the host; device-produced ids come from an argmax over the vocabulary).
+#include "common.cuh"
+
+template <typename T>
+__device__ void embedding(const T* table, const uint32_t* ids, float* out, int dim) {
+    size_t row = (size_t)ids[blockIdx.x] * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = load_w(table, row + i);
+}
+
+extern "C" __global__ void embedding_bf16(const __nv_bfloat16* t, const uint32_t* ids, float* out, int dim) { embedding(t, ids, out, dim); }
+extern "C" __global__ void embedding_f16(const __half* t, const uint32_t* ids, float* out, int dim) { embedding(t, ids, out, dim); }
+extern "C" __global__ void embedding_f32(const float* t, const uint32_t* ids, float* out, int dim) { embedding(t, ids, out, dim); }
