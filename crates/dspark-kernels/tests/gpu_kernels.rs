@@ -75,7 +75,16 @@ fn weight(g: &Gpu, v: &[f32], dtype: &str) -> (WeightBuf, Vec<f32>) {
 fn matvec_all_dtypes_and_qwen3_8b_shapes() {
     let g = gpu();
     let mut rng = Rng(1);
-    let shapes = [(1, 64, 32), (7, 96, 40), (16, 128, 50), (20, 64, 24), (7, 4096, 1024), (7, 4096, 4096), (1, 4096, 12288), (8, 12288, 4096)];
+    let shapes = [
+        (1, 64, 32),
+        (7, 96, 40),
+        (16, 128, 50),
+        (20, 64, 24),
+        (7, 4096, 1024),
+        (7, 4096, 4096),
+        (1, 4096, 12288),
+        (8, 12288, 4096),
+    ];
     for dtype in ["bf16", "f16", "f32"] {
         for &(m, d_in, d_out) in &shapes {
             let x = rng.vec(m * d_in);
@@ -164,7 +173,8 @@ fn rmsnorm_and_fused_add() {
         let mut res = up(&g, &x);
         let dd = up(&g, &delta);
         let mut out = poisoned(&g, rows * dim);
-        g.add_rmsnorm(&mut res.as_view_mut(), &dd.as_view(), &wd.as_view(), 1e-6, rows, &mut out.as_view_mut()).unwrap();
+        g.add_rmsnorm(&mut res.as_view_mut(), &dd.as_view(), &wd.as_view(), 1e-6, rows, &mut out.as_view_mut())
+            .unwrap();
         assert!(rel_err(&down(&g, &res), &sum) <= 1e-6);
         assert!(rel_err(&down(&g, &out), &cpu::rmsnorm::rmsnorm(&sum, &w, 1e-6)) <= 1e-5);
     }
@@ -214,7 +224,17 @@ fn attention_causal_and_bidirectional() {
         let want = cpu::attention::attention(&q, &k, &v, shape, mask);
         let (qd, kd, vd) = (up(&g, &q), up(&g, &k), up(&g, &v));
         let mut out = poisoned(&g, rows * nh * hd);
-        g.attention(&qd.as_view(), &kd.as_view(), &vd.as_view(), &mut out.as_view_mut(), rows, kv_len, (nh, nkv, hd), causal).unwrap();
+        g.attention(
+            &qd.as_view(),
+            &kd.as_view(),
+            &vd.as_view(),
+            &mut out.as_view_mut(),
+            rows,
+            kv_len,
+            (nh, nkv, hd),
+            causal,
+        )
+        .unwrap();
         let e = rel_err(&down(&g, &out), &want);
         assert!(e <= 1e-5, "attention rows {rows} kv {kv_len} {causal:?}: {e}");
     }

@@ -69,6 +69,11 @@ impl Qwen3Config {
         if j.opt_bool("use_sliding_window")?.unwrap_or(false) {
             return Err(j.err("use_sliding_window", "true is not supported"));
         }
+        if let Some(types) = j.get("layer_types").and_then(|v| v.as_array()) {
+            if let Some(bad) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
+                return Err(j.err("layer_types", format!("only \"full_attention\" layers are supported, got {bad}")));
+            }
+        }
         if let Some(act) = j.opt_str("hidden_act")? {
             if act != "silu" {
                 return Err(j.err("hidden_act", format!("only \"silu\" is supported, got {act:?}")));

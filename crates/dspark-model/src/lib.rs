@@ -14,6 +14,9 @@
 
 pub mod backend;
 pub mod config;
+pub mod cuda_dspark;
+pub mod cuda_layers;
+pub mod cuda_qwen3;
 pub mod draft_config;
 pub mod dspark;
 pub mod error;

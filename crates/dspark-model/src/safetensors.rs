@@ -167,6 +167,12 @@ impl Checkpoint {
         Ok((t, dtype))
     }
 
+    /// The raw little-endian bytes of `name` and their dtype, after [`Checkpoint::check`].
+    pub fn raw(&self, name: &str, shape: &[usize]) -> Result<(DType, &[u8])> {
+        let (t, dtype) = self.check(name, shape)?;
+        Ok((dtype, &self.files[t.file].map[t.start..t.end]))
+    }
+
     /// Loads `name` as f32 after the checks of [`Checkpoint::check`].
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let (t, dtype) = self.check(name, shape)?;

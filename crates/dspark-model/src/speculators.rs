@@ -23,13 +23,18 @@ pub fn draft_config(j: &JsonObject) -> Result<DraftConfig> {
     if j.opt_bool("sample_from_anchor")? == Some(false) {
         return Err(j.err("sample_from_anchor", "false (the 1+N DFlash slot layout) is not supported"));
     }
-    if j.get("draft_vocab_size").is_some() {
-        return Err(j.err("draft_vocab_size", "reduced-vocabulary drafts are not supported yet"));
-    }
     let layer_json = j
         .opt_object("transformer_layer_config")?
         .ok_or_else(|| j.err("transformer_layer_config", "missing (required)"))?;
     let layer = Qwen3Config::from_json(&layer_json)?;
+    if let Some(n) = j.opt_usize("draft_vocab_size")? {
+        if n != layer.vocab_size {
+            return Err(j.err(
+                "draft_vocab_size",
+                format!("{n} < vocab_size {}: reduced-vocabulary drafts (d2t) are not supported yet", layer.vocab_size),
+            ));
+        }
+    }
     let aux = j
         .get("aux_hidden_state_layer_ids")
         .ok_or_else(|| j.err("aux_hidden_state_layer_ids", "missing (required)"))?

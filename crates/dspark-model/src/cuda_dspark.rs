@@ -1,0 +1,368 @@
+//! The DSpark draft on the GPU, behind the same [`Drafter`] trait as the CPU reference
+//! (math in [`crate::dspark`] and [`crate::markov`]).
+//!
+//! Per layer the K/V cache holds `max_len` context rows plus `B` block rows: each round the
+//! block's keys are written just past the context and attention reads context + block with no
+//! mask; the next round overwrites them, which is how the block K/V are "discarded". The Markov
+//! chain runs slot by slot on the device — the previous token is read from device memory
+//! (the anchor, or the argmax just written for the previous slot) — so only the final draft
+//! ids and confidence logits are copied back.
+
+use crate::backend::{Drafter, Proposal};
+use crate::config::Qwen3Config;
+use crate::cuda_layers::{drv, gpu_err, layer_step, vector, weight, CacheRows, GpuLayer, Scratch};
+use crate::cuda_qwen3::{CudaQwen3, CHUNK};
+use crate::draft_config::{DraftConfig, MarkovKind};
+use crate::dspark::check_tensors;
+use crate::error::{Error, Result};
+use crate::markov::prefix_survival;
+use crate::safetensors::Checkpoint;
+use cudarc::driver::CudaSlice;
+use dspark_kernels::cpu::rope::inv_freq;
+use dspark_kernels::cuda::ops::WeightBuf;
+use dspark_kernels::cuda::Gpu;
+use dspark_tensor::arena::Arena;
+use std::path::Path;
+use std::sync::Arc;
+
+enum Variant {
+    Vanilla,
+    Gated { weight: CudaSlice<f32>, bias: CudaSlice<f32> },
+    Rnn { weight: CudaSlice<f32>, bias: CudaSlice<f32>, state: CudaSlice<f32>, scratch: CudaSlice<f32> },
+}
+
+struct Markov {
+    rank: usize,
+    w1: WeightBuf,
+    w2: WeightBuf,
+    variant: Variant,
+}
+
+struct Confidence {
+    weight: CudaSlice<f32>,
+    bias: f32,
+    with_markov: bool,
+}
+
+/// A DSpark draft on one GPU.
+pub struct CudaDraft {
+    gpu: Arc<Gpu>,
+    pub arena: Arena,
+    cfg: DraftConfig,
+    max_len: usize,
+    embed_tokens: Arc<WeightBuf>,
+    lm_head: Arc<WeightBuf>,
+    fc: WeightBuf,
+    hidden_norm: CudaSlice<f32>,
+    layers: Vec<GpuLayer>,
+    norm: CudaSlice<f32>,
+    markov: Option<Markov>,
+    confidence: Option<Confidence>,
+    inv_freq: CudaSlice<f32>,
+    k_cache: Vec<CudaSlice<f32>>,
+    v_cache: Vec<CudaSlice<f32>>,
+    ctx_len: usize,
+    scratch: Scratch,
+    features: CudaSlice<f32>,
+    c: CudaSlice<f32>,
+    x: CudaSlice<f32>,
+    hidden: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    /// `[anchor, mask × (B−1)]` ids, then the B chosen tokens.
+    ids: CudaSlice<u32>,
+    tokens: CudaSlice<u32>,
+    e: CudaSlice<f32>,
+    u: CudaSlice<f32>,
+    conf_logits: CudaSlice<f32>,
+}
+
+impl CudaDraft {
+    /// Loads a draft folder for `target` (borrowing its embedding / output head when the draft
+    /// has none), with a context of `target.max_len()` positions.
+    pub fn load(dir: &Path, target: &CudaQwen3) -> Result<CudaDraft> {
+        use crate::backend::TargetModel;
+        let tcfg: &Qwen3Config = target.config();
+        let cfg = DraftConfig::from_dir(dir)?;
+        cfg.validate_against(tcfg)?;
+        let ck = Checkpoint::open_dir(dir)?;
+        check_tensors(&cfg, &ck)?;
+        let gpu = target.gpu.clone();
+        let arena = Arena::new(gpu.stream.clone());
+        let l = &cfg.layer;
+        let (h, v, r, b) = (l.hidden_size, l.vocab_size, cfg.markov_rank, cfg.block_size);
+        let own = |name: &str| -> Result<Option<Arc<WeightBuf>>> {
+            if ck.contains(name) {
+                Ok(Some(Arc::new(weight(&arena, &ck, name, &[v, h])?)))
+            } else {
+                Ok(None)
+            }
+        };
+        let embed_tokens = own("embed_tokens.weight")?.unwrap_or_else(|| target.embed_tokens.clone());
+        let lm_head = match own("lm_head.weight")? {
+            Some(w) => w,
+            None => target.lm_head.clone().unwrap_or_else(|| target.embed_tokens.clone()),
+        };
+        let markov = if r > 0 {
+            let variant = match cfg.markov_kind {
+                MarkovKind::Vanilla => Variant::Vanilla,
+                MarkovKind::Gated => Variant::Gated {
+                    weight: vector(&arena, &ck, "markov_head.gate_proj.weight", &[r, h + r])?,
+                    bias: vector(&arena, &ck, "markov_head.gate_proj.bias", &[r])?,
+                },
+                MarkovKind::Rnn => Variant::Rnn {
+                    weight: vector(&arena, &ck, "markov_head.joint_proj.weight", &[3 * r, 2 * r + h])?,
+                    bias: vector(&arena, &ck, "markov_head.joint_proj.bias", &[3 * r])?,
+                    state: arena.zeros(r).map_err(drv)?,
+                    scratch: arena.zeros(3 * r).map_err(drv)?,
+                },
+            };
+            Some(Markov {
+                rank: r,
+                w1: weight(&arena, &ck, "markov_head.markov_w1.weight", &[v, r])?,
+                w2: weight(&arena, &ck, "markov_head.markov_w2.weight", &[v, r])?,
+                variant,
+            })
+        } else {
+            None
+        };
+        let confidence = if cfg.confidence_head {
+            let bias = if ck.contains("confidence_head.proj.bias") {
+                ck.f32("confidence_head.proj.bias", &[1])?[0]
+            } else {
+                0.0
+            };
+            Some(Confidence {
+                weight: vector(&arena, &ck, "confidence_head.proj.weight", &[1, cfg.confidence_in()])?,
+                bias,
+                with_markov: cfg.confidence_with_markov,
+            })
+        } else {
+            None
+        };
+        let max_len = target.max_len();
+        let kv = l.kv_dim();
+        let t = cfg.num_taps();
+        let rows = CHUNK.max(b);
+        let z = |n: usize| arena.zeros::<f32>(n).map_err(drv);
+        Ok(CudaDraft {
+            fc: weight(&arena, &ck, "fc.weight", &[h, t * h])?,
+            hidden_norm: vector(&arena, &ck, "hidden_norm.weight", &[h])?,
+            layers: (0..l.num_hidden_layers)
+                .map(|i| GpuLayer::load(&arena, l, &ck, &format!("layers.{i}.")))
+                .collect::<Result<Vec<_>>>()?,
+            norm: vector(&arena, &ck, "norm.weight", &[h])?,
+            inv_freq: arena.upload(&inv_freq(l.rope_theta as f32, l.head_dim)).map_err(drv)?,
+            k_cache: (0..l.num_hidden_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
+            v_cache: (0..l.num_hidden_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
+            scratch: Scratch::new(&arena, l, rows)?,
+            features: z(CHUNK * t * h)?,
+            c: z(CHUNK * h)?,
+            x: z(rows * h)?,
+            hidden: z(b * h)?,
+            logits: z(b * v)?,
+            ids: arena.zeros::<u32>(b).map_err(drv)?,
+            tokens: arena.zeros::<u32>(b).map_err(drv)?,
+            e: z(r.max(1))?,
+            u: z(r.max(1))?,
+            conf_logits: z(b)?,
+            gpu,
+            arena,
+            cfg,
+            max_len,
+            embed_tokens,
+            lm_head,
+            markov,
+            confidence,
+            ctx_len: 0,
+        })
+    }
+
+    pub fn config(&self) -> &DraftConfig {
+        &self.cfg
+    }
+
+    /// Projects `n ≤ CHUNK` feature rows already in `self.features` into every layer's cache.
+    fn append_chunk(&mut self, n: usize) -> Result<()> {
+        let l = &self.cfg.layer;
+        let (h, t, kv, eps) = (l.hidden_size, self.cfg.num_taps(), l.kv_dim(), l.rms_norm_eps as f32);
+        let gpu = self.gpu.clone();
+        gpu.matvec(&self.fc, &self.features.slice(..n * t * h), &mut self.c.slice_mut(..n * h), (n, t * h, h), false)
+            .map_err(gpu_err)?;
+        gpu.rmsnorm(
+            &self.c.slice(..n * h),
+            &self.hidden_norm.as_view(),
+            eps,
+            n,
+            &mut self.scratch.u.slice_mut(..n * h),
+        )
+        .map_err(gpu_err)?;
+        let rows = self.ctx_len * kv..(self.ctx_len + n) * kv;
+        for (i, lw) in self.layers.iter().enumerate() {
+            // Context rows enter k/v directly: no input_layernorm (DSPARK.md §2.2).
+            let u = self.scratch.u.slice(..n * h);
+            gpu.matvec(&lw.k_proj, &u, &mut self.scratch.k.slice_mut(..n * kv), (n, h, kv), false).map_err(gpu_err)?;
+            gpu.matvec(&lw.v_proj, &u, &mut self.scratch.v.slice_mut(..n * kv), (n, h, kv), false).map_err(gpu_err)?;
+            gpu.qk_norm_rope(
+                &mut self.scratch.k.slice_mut(..n * kv),
+                &lw.k_norm.as_view(),
+                &self.inv_freq.as_view(),
+                n,
+                l.num_key_value_heads,
+                self.ctx_len,
+                eps,
+            )
+            .map_err(gpu_err)?;
+            gpu.stream
+                .memcpy_dtod(&self.scratch.k.slice(..n * kv), &mut self.k_cache[i].slice_mut(rows.clone()))
+                .map_err(drv)?;
+            gpu.stream
+                .memcpy_dtod(&self.scratch.v.slice(..n * kv), &mut self.v_cache[i].slice_mut(rows.clone()))
+                .map_err(drv)?;
+        }
+        self.ctx_len += n;
+        Ok(())
+    }
+}
+
+impl Drafter for CudaDraft {
+    fn block_size(&self) -> usize {
+        self.cfg.block_size
+    }
+
+    fn target_layer_ids(&self) -> &[usize] {
+        &self.cfg.target_layer_ids
+    }
+
+    fn context_len(&self) -> usize {
+        self.ctx_len
+    }
+
+    fn reset(&mut self) {
+        self.ctx_len = 0;
+    }
+
+    fn append_context(&mut self, features: &[f32]) -> Result<()> {
+        let row = self.cfg.num_taps() * self.cfg.layer.hidden_size;
+        if features.len() % row != 0 {
+            return Err(Error::Request(format!(
+                "draft context features of length {} are not whole rows of {row}",
+                features.len()
+            )));
+        }
+        let n = features.len() / row;
+        if self.ctx_len + n > self.max_len {
+            return Err(Error::Request(format!(
+                "draft context of {} positions exceeds {}",
+                self.ctx_len + n,
+                self.max_len
+            )));
+        }
+        for chunk in features.chunks(CHUNK * row) {
+            let m = chunk.len() / row;
+            self.gpu.stream.memcpy_htod(chunk, &mut self.features.slice_mut(..chunk.len())).map_err(drv)?;
+            self.append_chunk(m)?;
+        }
+        Ok(())
+    }
+
+    fn propose(&mut self, anchor: u32) -> Result<Proposal> {
+        let l = self.cfg.layer.clone();
+        let (b, h, v, eps) = (self.cfg.block_size, l.hidden_size, l.vocab_size, l.rms_norm_eps as f32);
+        if anchor as usize >= v {
+            return Err(Error::Request(format!("anchor token {anchor} is outside the vocabulary ({v})")));
+        }
+        let gpu = self.gpu.clone();
+        let p = self.ctx_len;
+        let mut ids = vec![self.cfg.mask_token_id; b];
+        ids[0] = anchor;
+        gpu.stream.memcpy_htod(&ids, &mut self.ids.slice_mut(..b)).map_err(drv)?;
+        gpu.embedding(&self.embed_tokens, h, &self.ids.slice(..b), b, &mut self.x.slice_mut(..b * h))
+            .map_err(gpu_err)?;
+        for i in 0..self.layers.len() {
+            let cache = CacheRows { k: &mut self.k_cache[i], v: &mut self.v_cache[i], row: p, kv_len: p + b };
+            layer_step(
+                &gpu,
+                &l,
+                &self.layers[i],
+                &mut self.scratch,
+                &mut self.x.slice_mut(..b * h),
+                b,
+                p,
+                &self.inv_freq,
+                cache,
+                false,
+            )?;
+        }
+        gpu.rmsnorm(&self.x.slice(..b * h), &self.norm.as_view(), eps, b, &mut self.hidden.slice_mut(..b * h))
+            .map_err(gpu_err)?;
+        gpu.matvec(&self.lm_head, &self.hidden.slice(..b * h), &mut self.logits.slice_mut(..b * v), (b, h, v), false)
+            .map_err(gpu_err)?;
+
+        // The sequential chain: slot s reads its previous token from device memory.
+        if let Some(Markov { variant: Variant::Rnn { state, .. }, .. }) = &mut self.markov {
+            gpu.stream.memset_zeros(state).map_err(drv)?;
+        }
+        for s in 0..b {
+            let prev = if s == 0 { self.ids.slice(0..1) } else { self.tokens.slice(s - 1..s) };
+            let h_s = self.hidden.slice(s * h..(s + 1) * h);
+            if let Some(m) = &mut self.markov {
+                let r = m.rank;
+                gpu.gather_row(&m.w1, r, &prev, &mut self.e.slice_mut(..r)).map_err(gpu_err)?;
+                let input = match &mut m.variant {
+                    Variant::Vanilla => self.e.slice(..r),
+                    Variant::Gated { weight, bias } => {
+                        gpu.markov_gated_prep(
+                            &weight.as_view(),
+                            &bias.as_view(),
+                            &h_s,
+                            &self.e.slice(..r),
+                            &mut self.u.slice_mut(..r),
+                        )
+                        .map_err(gpu_err)?;
+                        self.u.slice(..r)
+                    }
+                    Variant::Rnn { weight, bias, state, scratch } => {
+                        gpu.markov_rnn_prep(
+                            &weight.as_view(),
+                            &bias.as_view(),
+                            &h_s,
+                            &self.e.slice(..r),
+                            &mut state.as_view_mut(),
+                            &mut scratch.as_view_mut(),
+                            &mut self.u.slice_mut(..r),
+                        )
+                        .map_err(gpu_err)?;
+                        self.u.slice(..r)
+                    }
+                };
+                gpu.matvec(&m.w2, &input, &mut self.logits.slice_mut(s * v..(s + 1) * v), (1, r, v), true)
+                    .map_err(gpu_err)?;
+            }
+            if let Some(c) = &self.confidence {
+                let r = self.markov.as_ref().map_or(0, |m| m.rank);
+                let e = self.e.slice(..r.max(1));
+                gpu.confidence(
+                    &c.weight.as_view(),
+                    c.bias,
+                    &h_s,
+                    &e.slice(..r),
+                    c.with_markov && r > 0,
+                    &mut self.conf_logits.slice_mut(s..s + 1),
+                )
+                .map_err(gpu_err)?;
+            }
+            gpu.argmax(&self.logits.slice(s * v..(s + 1) * v), v, v, 1, &mut self.tokens.slice_mut(s..s + 1))
+                .map_err(gpu_err)?;
+        }
+        let mut tokens = vec![0u32; b];
+        gpu.stream.memcpy_dtoh(&self.tokens.slice(..b), &mut tokens).map_err(drv)?;
+        let survival = if self.confidence.is_some() {
+            let mut logits = vec![0f32; b];
+            gpu.stream.memcpy_dtoh(&self.conf_logits.slice(..b), &mut logits).map_err(drv)?;
+            Some(prefix_survival(&logits))
+        } else {
+            None
+        };
+        Ok(Proposal { tokens, survival })
+    }
+}
