@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import math
 import os
@@ -537,14 +536,14 @@ def main():
     ap.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
     ap.add_argument("--max-files", type=int, default=None, help="debug: use only the first N files")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--total-budget", type=float, default=530.0, help="seconds for the whole script")
-    ap.add_argument("--target-budget", type=float, default=215.0)
-    ap.add_argument("--draft-budget", type=float, default=200.0)
+    ap.add_argument("--total-budget", type=float, default=510.0, help="seconds for the whole script")
+    ap.add_argument("--target-budget", type=float, default=200.0)
+    ap.add_argument("--draft-budget", type=float, default=220.0)
     ap.add_argument("--target-steps", type=int, default=None)
     ap.add_argument("--draft-steps", type=int, default=None)
     ap.add_argument("--target-seq", type=int, default=1024)
     ap.add_argument("--target-batch", type=int, default=64)
-    ap.add_argument("--target-lr", type=float, default=2e-3)
+    ap.add_argument("--target-lr", type=float, default=3e-3)
     ap.add_argument("--max-pos", type=int, default=2048)
     ap.add_argument("--gen-seqs", type=int, default=4096)
     ap.add_argument("--gen-batch", type=int, default=1024)
@@ -659,7 +658,7 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     def t_eval_scored():
         hl = heldout_loss(target, held_windows, amp, 32)
@@ -780,8 +779,8 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in draft.parameters() if p.requires_grad], 1.0)
         dopt.step()
-        last_terms.update({k: float(v) for k, v in terms.items()})
-        return float(loss)
+        last_terms.update({k: float(v.detach()) for k, v in terms.items()})
+        return float(loss.detach())
 
     def d_eval():
         m = draft_eval(draft, target, gen_eval, gen_eval_mask, amp, args.eval_bs, taps)

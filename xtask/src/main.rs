@@ -35,6 +35,8 @@ usage: cargo xtask <command> [args]
 commands:
   fetch-test-data        download the pinned test inputs into .test-data/ (idempotent)
   test [cargo args..]    fetch-test-data, then `cargo test --workspace [cargo args..]`
+  test --gpu             the GPU tier: runs it here when a CUDA device is present, else builds
+                         .gpu-bundle/ for scripts/gpu-tier.sh on a machine with only the driver
   fixtures               regenerate fixtures: `bash fixtures/gen/run.sh`
   ptx                    compile kernels/*.cu to committed PTX (pinned nvcc 13.0 in .venv-nvcc)
   soak [cases]           release run of the lossless property (default 10000 cases);
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
     let rest: Vec<OsString> = args.collect();
     let result = match command.as_ref().and_then(|c| c.to_str()) {
         Some("fetch-test-data") if rest.is_empty() => fetch_test_data().map(|()| 0),
+        Some("test") if rest.first().is_some_and(|a| a == "--gpu") => gpu_tier(),
         Some("test") => fetch_test_data().and_then(|()| cargo_test(&rest)),
         Some("fixtures") if rest.is_empty() => fixtures(),
         Some("ptx") if rest.is_empty() => ptx().map(|()| 0),
@@ -188,6 +191,48 @@ fn cargo_test(extra: &[OsString]) -> Result<i32> {
         .status()
         .context("running `cargo test`")?;
     Ok(status.code().unwrap_or(1))
+}
+
+/// GPU-tier test binaries: (package, test target).
+const GPU_TESTS: [(&str, &str); 2] = [("dspark-kernels", "gpu_kernels"), ("dspark-spec", "gpu_model")];
+
+/// Builds the GPU-tier test binaries in release mode. With a local GPU, runs them; otherwise
+/// copies them into `.gpu-bundle/` next to `scripts/gpu-tier.sh`, which runs them (and
+/// compute-sanitizer) on a machine that has the NVIDIA driver but no Rust.
+fn gpu_tier() -> Result<i32> {
+    let root = workspace_root();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let bundle = root.join(".gpu-bundle");
+    std::fs::create_dir_all(&bundle)?;
+    for (pkg, test) in GPU_TESTS {
+        let out = Command::new(&cargo)
+            .args(["test", "--release", "-p", pkg, "--features", "gpu-tests", "--test", test, "--no-run", "--message-format=json"])
+            .current_dir(&root)
+            .output()
+            .context("building the GPU tier")?;
+        if !out.status.success() {
+            bail!("building {pkg}/{test} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let exe = text
+            .lines()
+            .filter(|l| l.contains("\"executable\":\"") && l.contains(&format!("\"name\":\"{test}\"")))
+            .filter_map(|l| l.split("\"executable\":\"").nth(1)?.split('"').next().map(str::to_string))
+            .last()
+            .with_context(|| format!("no executable for {test} in cargo's output"))?;
+        std::fs::copy(&exe, bundle.join(test))?;
+        run(Command::new("strip").arg(bundle.join(test)))?;
+    }
+    if dspark_has_local_gpu() {
+        let status = Command::new("bash").arg("scripts/gpu-tier.sh").current_dir(&root).status()?;
+        return Ok(status.code().unwrap_or(1));
+    }
+    println!("no local CUDA device: GPU tier bundled in .gpu-bundle/; on a GPU machine with this tree run `bash scripts/gpu-tier.sh`");
+    Ok(0)
+}
+
+fn dspark_has_local_gpu() -> bool {
+    Command::new("nvidia-smi").arg("-L").output().map(|o| o.status.success() && !o.stdout.is_empty()).unwrap_or(false)
 }
 
 /// nvcc wheels pinned together: the device driver is CUDA 13.0 and rejects newer PTX ISAs.

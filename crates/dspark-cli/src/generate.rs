@@ -10,6 +10,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use dspark_model::cuda_dspark::CudaDraft;
+use dspark_model::cuda_qwen3::CudaQwen3;
 use dspark_model::dspark::CpuDraft;
 use dspark_model::qwen3::CpuQwen3;
 use dspark_model::tokenizer::{chat_prompt, eos_ids, Tokenizer};
@@ -48,6 +50,9 @@ pub struct GenerateArgs {
     /// Where to run; defaults to CUDA when a GPU is present, else the CPU.
     #[arg(long, value_enum)]
     device: Option<Device>,
+    /// Positions the GPU KV caches are sized for (capped at max_position_embeddings).
+    #[arg(long, default_value_t = 8192)]
+    max_context: usize,
     /// Drafts to verify per round: a number (capped at the draft's block size), or `auto` to
     /// choose per round from the confidence head and a start-up cost table. Default: the whole
     /// block.
@@ -59,9 +64,6 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    if args.device == Some(Device::Cuda) {
-        bail!("--device cuda is not supported yet: this build has only the CPU reference backend");
-    }
     if args.verify_len.is_some() && args.draft.is_none() {
         bail!("--verify-len needs --draft");
     }
@@ -81,13 +83,35 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
         (None, None) => bail!("give --prompt or --prompt-ids"),
     };
-    let mut target = CpuQwen3::load(dir)?;
-    let mut draft = match &args.draft {
-        Some(d) => Some(CpuDraft::load(d, target.config(), target.weights())?),
-        None => None,
+    let device = match args.device {
+        Some(d) => d,
+        None if dspark_kernels::cuda::available() => Device::Cuda,
+        None => Device::Cpu,
+    };
+    let (mut target, mut draft): (Box<dyn TargetModel>, Option<Box<dyn Drafter>>) = match device {
+        Device::Cpu => {
+            let t = CpuQwen3::load(dir)?;
+            let d = match &args.draft {
+                Some(d) => Some(Box::new(CpuDraft::load(d, t.config(), t.weights())?) as Box<dyn Drafter>),
+                None => None,
+            };
+            (Box::new(t), d)
+        }
+        Device::Cuda => {
+            if !dspark_kernels::cuda::available() {
+                bail!("--device cuda: no NVIDIA driver (libcuda) or no CUDA device found on this machine; use --device cpu");
+            }
+            let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
+            let t = CudaQwen3::load(gpu, dir, args.max_context)?;
+            let d = match &args.draft {
+                Some(d) => Some(Box::new(CudaDraft::load(d, &t)?) as Box<dyn Drafter>),
+                None => None,
+            };
+            (Box::new(t), d)
+        }
     };
     let verify_len = match &draft {
-        Some(d) => Some(parse_verify_len(args.verify_len.as_deref(), d, &mut target)?),
+        Some(d) => Some(parse_verify_len(args.verify_len.as_deref(), d.block_size(), target.as_mut())?),
         None => None,
     };
     let eos = eos_ids(dir, &target.config().eos_token_ids)?;
@@ -113,8 +137,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
     };
     let gen = match (&mut draft, &verify_len) {
-        (Some(d), Some(v)) => speculative(&mut target, d, &prompt, &opts, v, on_token)?,
-        _ => greedy(&mut target, &prompt, &opts, on_token)?,
+        (Some(d), Some(v)) => speculative(target.as_mut(), d.as_mut(), &prompt, &opts, v, on_token)?,
+        _ => greedy(target.as_mut(), &prompt, &opts, on_token)?,
     };
     if let Some(e) = failure {
         return Err(e);
@@ -126,20 +150,24 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Some(t) => Some(t.decode(&gen.tokens)?),
         None => None,
     };
+    let dev = match device {
+        Device::Cpu => "cpu",
+        Device::Cuda => "cuda",
+    };
     if args.json {
-        let _ = writeln!(out, "{}", json!({ "tokens": gen.tokens, "text": text, "stats": stats_json(&gen) }));
+        let _ = writeln!(out, "{}", json!({ "tokens": gen.tokens, "text": text, "stats": stats_json(&gen, dev) }));
     } else {
         let _ = writeln!(out);
-        eprintln!("{}", stats_line(&gen));
+        eprintln!("{}", stats_line(&gen, dev));
     }
     Ok(())
 }
 
 /// `--verify-len`: absent → the whole block; a number; or `auto` (measures the cost table now).
-fn parse_verify_len(arg: Option<&str>, draft: &CpuDraft, target: &mut CpuQwen3) -> Result<VerifyLen> {
+fn parse_verify_len(arg: Option<&str>, block: usize, target: &mut dyn TargetModel) -> Result<VerifyLen> {
     match arg {
-        None => Ok(VerifyLen::Fixed(draft.block_size())),
-        Some("auto") => Ok(VerifyLen::Auto(CostTable::measure(target, draft.block_size() + 1, 3)?)),
+        None => Ok(VerifyLen::Fixed(block)),
+        Some("auto") => Ok(VerifyLen::Auto(CostTable::measure(target, block + 1, 3)?)),
         Some(n) => n
             .parse::<usize>()
             .map(VerifyLen::Fixed)
@@ -147,7 +175,7 @@ fn parse_verify_len(arg: Option<&str>, draft: &CpuDraft, target: &mut CpuQwen3) 
     }
 }
 
-fn stats_json(g: &Generation) -> serde_json::Value {
+fn stats_json(g: &Generation, device: &str) -> serde_json::Value {
     let mut v = json!({
         "prompt_tokens": g.prompt_tokens,
         "generated_tokens": g.tokens.len(),
@@ -155,7 +183,7 @@ fn stats_json(g: &Generation) -> serde_json::Value {
         "prefill_ms": g.prefill.as_secs_f64() * 1e3,
         "decode_ms": g.decode.as_secs_f64() * 1e3,
         "tokens_per_second": g.decode_tokens_per_second(),
-        "device": "cpu",
+        "device": device,
     });
     if let Some(s) = &g.spec {
         v["speculative"] = json!({
@@ -170,13 +198,13 @@ fn stats_json(g: &Generation) -> serde_json::Value {
     v
 }
 
-fn stats_line(g: &Generation) -> String {
+fn stats_line(g: &Generation, device: &str) -> String {
     let spec = match &g.spec {
         Some(s) => format!("; {} rounds, mean accepted length {:.2}", s.rounds(), s.mean_accepted_length()),
         None => String::new(),
     };
     format!(
-        "[{} prompt tokens, {} generated, stop: {:?}; prefill {:.1} ms, decode {:.1} tok/s on cpu{spec}]",
+        "[{} prompt tokens, {} generated, stop: {:?}; prefill {:.1} ms, decode {:.1} tok/s on {device}{spec}]",
         g.prompt_tokens,
         g.tokens.len(),
         g.stop,

@@ -230,6 +230,10 @@ impl CpuDraft {
         &self.cfg
     }
 
+    pub fn weights(&self) -> &DraftWeights {
+        &self.w
+    }
+
     /// The parallel pass over the block `[anchor, mask × (B−1)]` at positions
     /// `ctx_len .. ctx_len + B`.
     pub fn block(&self, anchor: u32) -> Result<BlockOutput> {

@@ -173,3 +173,104 @@ pub fn random_draft(seed: u64, target_cfg: &Qwen3Config, target: &Qwen3Weights, 
     };
     CpuDraft::new(cfg, w)
 }
+
+/// Writes a random target as an HF folder (config.json + f32 model.safetensors), so the CUDA
+/// backend, which loads from files, can run the same model as the CPU reference.
+pub fn write_target_dir(dir: &std::path::Path, cfg: &Qwen3Config, w: &Qwen3Weights) -> std::io::Result<()> {
+    let config = serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    let mut t: Vec<(String, Vec<usize>, &[f32])> = Vec::new();
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    t.push(("model.embed_tokens.weight".into(), vec![v, h], &w.embed_tokens));
+    for (l, lw) in w.layers.iter().enumerate() {
+        push_layer(&mut t, cfg, lw, &format!("model.layers.{l}."));
+    }
+    t.push(("model.norm.weight".into(), vec![h], &w.norm));
+    if let Some(head) = &w.lm_head {
+        t.push(("lm_head.weight".into(), vec![v, h], head));
+    }
+    write_f32(&dir.join("model.safetensors"), &t)
+}
+
+/// Writes a random draft in the DeepSpec native format (without embed/lm_head: borrowed).
+pub fn write_draft_dir(dir: &std::path::Path, cfg: &DraftConfig, w: &DraftWeights) -> std::io::Result<()> {
+    let l = &cfg.layer;
+    let config = serde_json::json!({
+        "architectures": ["Qwen3DSparkModel"],
+        "vocab_size": l.vocab_size, "hidden_size": l.hidden_size, "intermediate_size": l.intermediate_size,
+        "num_hidden_layers": l.num_hidden_layers, "num_attention_heads": l.num_attention_heads,
+        "num_key_value_heads": l.num_key_value_heads, "head_dim": l.head_dim, "rms_norm_eps": l.rms_norm_eps,
+        "rope_theta": l.rope_theta, "max_position_embeddings": l.max_position_embeddings,
+        "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id, "target_layer_ids": cfg.target_layer_ids,
+        "markov_rank": cfg.markov_rank,
+        "markov_head_type": match cfg.markov_kind { MarkovKind::Vanilla => "vanilla", MarkovKind::Gated => "gated", MarkovKind::Rnn => "rnn" },
+        "enable_confidence_head": cfg.confidence_head, "confidence_head_with_markov": cfg.confidence_with_markov,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    let (h, r) = (l.hidden_size, cfg.markov_rank);
+    let mut t: Vec<(String, Vec<usize>, &[f32])> = vec![
+        ("fc.weight".into(), vec![h, cfg.num_taps() * h], &w.fc),
+        ("hidden_norm.weight".into(), vec![h], &w.hidden_norm),
+        ("norm.weight".into(), vec![h], &w.norm),
+    ];
+    for (i, lw) in w.layers.iter().enumerate() {
+        push_layer(&mut t, l, lw, &format!("layers.{i}."));
+    }
+    let bias_store;
+    if let Some(m) = &w.markov {
+        t.push(("markov_head.markov_w1.weight".into(), vec![l.vocab_size, r], &m.w1));
+        t.push(("markov_head.markov_w2.weight".into(), vec![l.vocab_size, r], &m.w2));
+        match &m.variant {
+            MarkovVariant::Vanilla => {}
+            MarkovVariant::Gated { weight, bias } => {
+                t.push(("markov_head.gate_proj.weight".into(), vec![r, h + r], weight));
+                t.push(("markov_head.gate_proj.bias".into(), vec![r], bias));
+            }
+            MarkovVariant::Rnn { weight, bias } => {
+                t.push(("markov_head.joint_proj.weight".into(), vec![3 * r, 2 * r + h], weight));
+                t.push(("markov_head.joint_proj.bias".into(), vec![3 * r], bias));
+            }
+        }
+    }
+    if let Some(c) = &w.confidence {
+        bias_store = [c.bias];
+        t.push(("confidence_head.proj.weight".into(), vec![1, cfg.confidence_in()], &c.weight));
+        t.push(("confidence_head.proj.bias".into(), vec![1], &bias_store));
+    }
+    write_f32(&dir.join("model.safetensors"), &t)
+}
+
+fn push_layer<'a>(t: &mut Vec<(String, Vec<usize>, &'a [f32])>, cfg: &Qwen3Config, lw: &'a LayerWeights, prefix: &str) {
+    let tensors: [&'a [f32]; 11] = [
+        &lw.input_layernorm,
+        &lw.q_proj,
+        &lw.k_proj,
+        &lw.v_proj,
+        &lw.o_proj,
+        &lw.q_norm,
+        &lw.k_norm,
+        &lw.post_attention_layernorm,
+        &lw.gate_proj,
+        &lw.up_proj,
+        &lw.down_proj,
+    ];
+    for ((name, shape), data) in crate::qwen3::layer_tensors(cfg).into_iter().zip(tensors) {
+        t.push((format!("{prefix}{name}"), shape, data));
+    }
+}
+
+fn write_f32(path: &std::path::Path, t: &[(String, Vec<usize>, &[f32])]) -> std::io::Result<()> {
+    let owned: Vec<(&str, dspark_tensor::DType, Vec<usize>, Vec<u8>)> = t
+        .iter()
+        .map(|(n, s, d)| (n.as_str(), dspark_tensor::DType::F32, s.clone(), d.iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .collect();
+    std::fs::write(path, crate::safetensors::serialize(&owned))
+}
+

@@ -1,0 +1,211 @@
+//! GPU tier, whole models: the CUDA target and draft against the CPU reference.
+//!
+//! * prompt logits and captured layers of every fixture target: 1e-4 relative;
+//! * 64-token greedy continuations: identical to the CPU's (and the transformers golden);
+//! * the golden DSpark runs (every head variant, DFlash, block 4, copy rig, speculators):
+//!   identical tokens and accepted lengths;
+//! * the lossless property on 100+ random target/draft pairs written to disk: CUDA speculative
+//!   == CUDA greedy == CPU greedy;
+//! * zero device allocations during decode, verify and draft rounds (arena counter and the
+//!   driver's free-memory figure both unchanged).
+//!
+//! Compiled only with `--features gpu-tests` (`cargo xtask test --gpu`).
+#![cfg(feature = "gpu-tests")]
+
+use dspark_kernels::cuda::Gpu;
+use dspark_model::cuda_dspark::CudaDraft;
+use dspark_model::cuda_qwen3::CudaQwen3;
+use dspark_model::draft_config::MarkovKind;
+use dspark_model::dspark::CpuDraft;
+use dspark_model::qwen3::CpuQwen3;
+use dspark_model::testing::{random_draft, target_config, target_weights, write_draft_dir, write_target_dir, DraftSpec, Rng};
+use dspark_model::{Drafter, LogitRows, TargetModel};
+use dspark_spec::{greedy, speculative, GenerateOptions, VerifyLen};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+/// The repository root: `DSPARK_ROOT` when the test binary runs from a bundle on another
+/// machine, else the source tree it was built from.
+fn root() -> PathBuf {
+    match std::env::var_os("DSPARK_ROOT") {
+        Some(r) => PathBuf::from(r),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    }
+}
+
+fn gpu() -> Arc<Gpu> {
+    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
+    GPU.get_or_init(|| Arc::new(Gpu::new(0).expect("the GPU tier needs a CUDA device"))).clone()
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    if got.iter().any(|v| !v.is_finite()) {
+        return f32::INFINITY;
+    }
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+    got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn golden(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(root().join(format!("fixtures/golden/{name}.json"))).unwrap()).unwrap()
+}
+
+#[test]
+fn fixture_targets_match_the_cpu_reference() {
+    for name in ["qwen3-tiny-f32", "qwen3-tiny-sharded", "qwen3-tiny-bf16", "qwen3-tiny-tied", "qwen3-tiny-copy"] {
+        let dir = root().join("fixtures").join(name);
+        let g = golden(name);
+        let prompt = ids(&g["prompt_ids"]);
+        let mut cpu = CpuQwen3::load(&dir).unwrap();
+        let mut cuda = CudaQwen3::load(gpu(), &dir, 256).unwrap();
+        let layers: Vec<usize> = (0..cpu.config().num_hidden_layers).collect();
+        cpu.set_capture(&layers).unwrap();
+        cuda.set_capture(&layers).unwrap();
+        let a = cpu.forward(&prompt, LogitRows::All).unwrap();
+        let b = cuda.forward(&prompt, LogitRows::All).unwrap();
+        let e = rel_err(&b.logits, &a.logits);
+        assert!(e <= 1e-4, "{name}: logits rel err {e}");
+        let e = rel_err(&b.captured, &a.captured);
+        assert!(e <= 1e-4, "{name}: captured layers rel err {e}");
+        // Verify-shaped forwards after a rollback.
+        cpu.truncate(5).unwrap();
+        cuda.truncate(5).unwrap();
+        let a = cpu.forward(&prompt[..8], LogitRows::All).unwrap();
+        let b = cuda.forward(&prompt[..8], LogitRows::All).unwrap();
+        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: after rollback");
+
+        let opts = GenerateOptions { max_tokens: 64, eos_token_ids: vec![] };
+        let want = greedy(&mut cpu, &prompt, &opts, |_| {}).unwrap().tokens;
+        let got = greedy(&mut cuda, &prompt, &opts, |_| {}).unwrap().tokens;
+        assert_eq!(got, want, "{name}: greedy continuation differs from the CPU");
+        if g.get("continuation").is_some() {
+            assert_eq!(got, ids(&g["continuation"]), "{name}: greedy continuation differs from transformers");
+        }
+    }
+}
+
+#[test]
+fn golden_dspark_runs_on_the_gpu() {
+    for name in [
+        "dspark-tiny-vanilla",
+        "dspark-tiny-gated",
+        "dspark-tiny-rnn",
+        "dflash-tiny",
+        "dspark-tiny-block4",
+        "dspark-tiny-copy",
+        "dspark-tiny-speculators",
+    ] {
+        let g = golden(name);
+        let target_dir = root().join("fixtures").join(g["target"].as_str().unwrap());
+        let mut target = CudaQwen3::load(gpu(), &target_dir, 256).unwrap();
+        let mut draft = CudaDraft::load(&root().join("fixtures").join(name), &target).unwrap();
+        let opts = GenerateOptions { max_tokens: g["max_new_tokens"].as_u64().unwrap() as usize, eos_token_ids: ids(&g["eos_token_ids"]) };
+        let block = draft.block_size();
+        let out = speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(block), |_| {}).unwrap();
+        assert_eq!(out.tokens, ids(&g["tokens"]), "{name}: tokens");
+        let stats = out.spec.unwrap();
+        let want: Vec<usize> =
+            ids(&g["accepted_lengths"]).into_iter().zip(&stats.verified).map(|(m, &k)| (m as usize).min(k)).collect();
+        assert_eq!(stats.accepted, want, "{name}: accepted lengths");
+    }
+}
+
+#[test]
+fn draft_proposals_match_the_cpu_draft() {
+    // Same context, same anchor: the CUDA draft's tokens equal the CPU draft's, round by round.
+    let tdir = root().join("fixtures/qwen3-tiny-f32");
+    let cpu_t = CpuQwen3::load(&tdir).unwrap();
+    let cuda_t = CudaQwen3::load(gpu(), &tdir, 256).unwrap();
+    for name in ["dspark-tiny-vanilla", "dspark-tiny-gated", "dspark-tiny-rnn", "dflash-tiny"] {
+        let ddir = root().join("fixtures").join(name);
+        let mut a = CpuDraft::load(&ddir, cpu_t.config(), cpu_t.weights()).unwrap();
+        let mut b = CudaDraft::load(&ddir, &cuda_t).unwrap();
+        let row = a.config().num_taps() * 64;
+        let mut rng = Rng(9);
+        for round in 0..4 {
+            let n = [12, 1, 3, 8][round];
+            let feats = rng.vec(n * row, 1.0);
+            a.append_context(&feats).unwrap();
+            b.append_context(&feats).unwrap();
+            let anchor = (rng.below(500)) as u32;
+            let pa = a.propose(anchor).unwrap();
+            let pb = b.propose(anchor).unwrap();
+            assert_eq!(pb.tokens, pa.tokens, "{name} round {round}");
+            match (pa.survival, pb.survival) {
+                (Some(x), Some(y)) => assert!(rel_err(&y, &x) <= 1e-4, "{name} round {round}: survival"),
+                (None, None) => {}
+                _ => panic!("{name}: confidence head on one backend only"),
+            }
+        }
+    }
+}
+
+#[test]
+fn lossless_on_random_pairs() {
+    let kinds = [MarkovKind::Vanilla, MarkovKind::Gated, MarkovKind::Rnn];
+    let mut cases = 0;
+    for seed in 0..120u64 {
+        let mut rng = Rng(seed * 7919 + 1);
+        let vocab = 5 + rng.below(40);
+        let layers = 2 + rng.below(2);
+        let (heads, kv) = [(2, 1), (2, 2), (4, 2)][rng.below(3)];
+        let cfg = target_config(vocab, 32, layers, heads, kv, 32, 96);
+        let w = target_weights(seed, &cfg);
+        let spec = DraftSpec {
+            layers: 1 + rng.below(2),
+            block_size: 1 + rng.below(8),
+            target_layer_ids: (0..=layers - 2).filter(|l| *l == 0 || rng.below(2) == 1).collect(),
+            markov_rank: [0, 4, 8][rng.below(3)],
+            markov_kind: kinds[rng.below(3)],
+            confidence_head: rng.below(2) == 1,
+            confidence_with_markov: rng.below(2) == 1,
+        };
+        let d = random_draft(seed ^ 0xD5, &cfg, &w, &spec);
+        let dir = tempfile::tempdir().unwrap();
+        let (tdir, ddir) = (dir.path().join("t"), dir.path().join("d"));
+        std::fs::create_dir_all(&tdir).unwrap();
+        std::fs::create_dir_all(&ddir).unwrap();
+        write_target_dir(&tdir, &cfg, &w).unwrap();
+        write_draft_dir(&ddir, d.config(), d.weights()).unwrap();
+
+        let prompt: Vec<u32> = (0..1 + rng.below(10)).map(|_| rng.below(vocab) as u32).collect();
+        let opts = GenerateOptions { max_tokens: rng.below(40), eos_token_ids: vec![] };
+        let verify = VerifyLen::Fixed(rng.below(9));
+        let mut cpu = CpuQwen3::new(cfg.clone(), w.clone());
+        let want = greedy(&mut cpu, &prompt, &opts, |_| {}).unwrap().tokens;
+        let mut t = CudaQwen3::load(gpu(), &tdir, 96).unwrap();
+        let mut dr = CudaDraft::load(&ddir, &t).unwrap();
+        let plain = greedy(&mut t, &prompt, &opts, |_| {}).unwrap().tokens;
+        let spec_out = speculative(&mut t, &mut dr, &prompt, &opts, &verify, |_| {}).unwrap().tokens;
+        assert_eq!(plain, want, "seed {seed}: CUDA greedy != CPU greedy");
+        assert_eq!(spec_out, plain, "seed {seed}: CUDA speculative != CUDA greedy");
+        cases += 1;
+    }
+    assert!(cases >= 100);
+}
+
+#[test]
+fn decoding_allocates_no_device_memory() {
+    let g = golden("dspark-tiny-vanilla");
+    let mut target = CudaQwen3::load(gpu(), &root().join("fixtures/qwen3-tiny-f32"), 256).unwrap();
+    let mut draft = CudaDraft::load(&root().join("fixtures/dspark-tiny-vanilla"), &target).unwrap();
+    let opts = GenerateOptions { max_tokens: 64, eos_token_ids: vec![] };
+    // One warm-up generation, then measure a second.
+    speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(7), |_| {}).unwrap();
+    target.gpu.stream.synchronize().unwrap();
+    let (ta, da) = (target.arena.allocations(), draft.arena.allocations());
+    let (free_before, _) = cudarc::driver::result::mem_get_info().unwrap();
+    let out = speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(7), |_| {}).unwrap();
+    greedy(&mut target, &ids(&g["prompt_ids"]), &opts, |_| {}).unwrap();
+    target.gpu.stream.synchronize().unwrap();
+    let (free_after, _) = cudarc::driver::result::mem_get_info().unwrap();
+    assert!(out.spec.unwrap().rounds() > 10);
+    assert_eq!((target.arena.allocations(), draft.arena.allocations()), (ta, da), "arena allocations during decoding");
+    assert_eq!(free_after, free_before, "device free memory changed during decoding");
+}
