@@ -1,36 +1,44 @@
 #!/usr/bin/env bash
 # Runs the GPU test tier from .gpu-bundle/ (built by `cargo xtask test --gpu`) on a machine
-# with an NVIDIA GPU and driver but no Rust: the kernel tests and whole-model tests, then the
-# kernel tests again under compute-sanitizer memcheck and racecheck. Logs go to $OUT (or
-# ./gpu-tier-logs); the last lines are a summary table.
+# with an NVIDIA GPU and driver but no Rust: the kernel and whole-model tests, then both under
+# compute-sanitizer memcheck and racecheck (small shapes only: DSPARK_GPU_SMALL=1, since the
+# sanitizer slows kernels 10-100×). Logs go to $OUT (or ./gpu-tier-logs) as logs.tar.gz plus
+# summary.txt; the summary table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export DSPARK_ROOT="$PWD"
 out="${OUT:-$PWD/gpu-tier-logs}"
+logs=$(mktemp -d)
 mkdir -p "$out"
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 summary=()
-run() {  # name, command...
-    local name=$1; shift
-    local start=$SECONDS
-    "$@" >"$out/$name.log" 2>&1
-    local rc=$?
-    local res; res=$(grep -E '^test result:' "$out/$name.log" | tail -1)
-    summary+=("$(printf '%-26s rc=%-3s %4ss  %s' "$name" "$rc" $((SECONDS - start)) "$res")")
-    return $rc
-}
 fail=0
-run gpu_kernels .gpu-bundle/gpu_kernels --test-threads=1 || fail=1
-run gpu_model .gpu-bundle/gpu_model --test-threads=1 || fail=1
+run() {  # name, limit in seconds, command...
+    local name=$1 limit=$2; shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+    local rc=$?
+    local res; res=$(grep -E '^test result:' "$logs/$name.log" | tail -1)
+    local san; san=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$name.log" | tail -1)
+    summary+=("$(printf '%-18s rc=%-3s %4ss  %s %s' "$name" "$rc" $((SECONDS - start)) "$res" "$san")")
+    [ "$rc" = 0 ] || fail=1
+}
+run gpu_kernels 120 .gpu-bundle/gpu_kernels --test-threads=1
+run gpu_model 120 .gpu-bundle/gpu_model --test-threads=1
 if command -v compute-sanitizer >/dev/null; then
-    run memcheck_kernels compute-sanitizer --tool memcheck --error-exitcode 9 .gpu-bundle/gpu_kernels --test-threads=1 || fail=1
-    run racecheck_kernels compute-sanitizer --tool racecheck --error-exitcode 9 .gpu-bundle/gpu_kernels --test-threads=1 || fail=1
-    run memcheck_model compute-sanitizer --tool memcheck --error-exitcode 9 .gpu-bundle/gpu_model --test-threads=1 golden_dspark_runs_on_the_gpu draft_proposals_match_the_cpu_draft || fail=1
-    run racecheck_model compute-sanitizer --tool racecheck --error-exitcode 9 .gpu-bundle/gpu_model --test-threads=1 golden_dspark_runs_on_the_gpu || fail=1
+    export DSPARK_GPU_SMALL=1
+    san="compute-sanitizer --error-exitcode 9"
+    run memcheck_kernels 60 $san --tool memcheck .gpu-bundle/gpu_kernels --test-threads=1
+    run racecheck_kernels 60 $san --tool racecheck .gpu-bundle/gpu_kernels --test-threads=1
+    run memcheck_model 60 $san --tool memcheck .gpu-bundle/gpu_model --test-threads=1 draft_proposals_match_the_cpu_draft fixture_targets
+    run racecheck_model 60 $san --tool racecheck .gpu-bundle/gpu_model --test-threads=1 draft_proposals_match_the_cpu_draft
 else
     summary+=("compute-sanitizer not found: sanitizer runs NOT done")
     fail=1
 fi
-echo "== GPU tier on ${gpu:-unknown GPU}, $(date -u +%Y-%m-%dT%H:%MZ) =="
-printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+tar -czf "$out/logs.tar.gz" -C "$logs" .
+{
+    echo "== GPU tier on ${gpu:-unknown GPU}, $(date -u +%Y-%m-%dT%H:%MZ) =="
+    printf '%s\n' "${summary[@]}"
+} | tee "$out/summary.txt"
 exit $fail

@@ -206,7 +206,18 @@ fn gpu_tier() -> Result<i32> {
     std::fs::create_dir_all(&bundle)?;
     for (pkg, test) in GPU_TESTS {
         let out = Command::new(&cargo)
-            .args(["test", "--release", "-p", pkg, "--features", "gpu-tests", "--test", test, "--no-run", "--message-format=json"])
+            .args([
+                "test",
+                "--release",
+                "-p",
+                pkg,
+                "--features",
+                "gpu-tests",
+                "--test",
+                test,
+                "--no-run",
+                "--message-format=json",
+            ])
             .current_dir(&root)
             .output()
             .context("building the GPU tier")?;

@@ -38,6 +38,12 @@ fn rel_err(got: &[f32], want: &[f32]) -> f32 {
     got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
 }
 
+/// Under compute-sanitizer (which slows kernels 10-100×) the tier sets `DSPARK_GPU_SMALL` and
+/// the Qwen3-8B-sized cases are left out of that run; the plain run always includes them.
+fn full_size() -> bool {
+    std::env::var_os("DSPARK_GPU_SMALL").is_none()
+}
+
 fn gpu() -> Gpu {
     Gpu::new(0).expect("the GPU tier needs a CUDA device")
 }
@@ -86,7 +92,7 @@ fn matvec_all_dtypes_and_qwen3_8b_shapes() {
         (8, 12288, 4096),
     ];
     for dtype in ["bf16", "f16", "f32"] {
-        for &(m, d_in, d_out) in &shapes {
+        for &(m, d_in, d_out) in shapes.iter().filter(|s| full_size() || s.1 * s.2 <= 1 << 16) {
             let x = rng.vec(m * d_in);
             let (w, wf) = weight(&g, &rng.vec(d_out * d_in), dtype);
             let want = cpu::matmul::linear(&x, &wf, m, d_in, d_out);
@@ -107,6 +113,9 @@ fn matvec_all_dtypes_and_qwen3_8b_shapes() {
 
 #[test]
 fn lm_head_shape_matvec_and_argmax() {
+    if !full_size() {
+        return;
+    }
     let g = gpu();
     let mut rng = Rng(2);
     let (m, d_in, vocab) = (8, 4096, 151936);
@@ -141,7 +150,7 @@ fn argmax_ties_take_the_lowest_index() {
 fn embedding_and_gather_row() {
     let g = gpu();
     let mut rng = Rng(3);
-    for (vocab, dim) in [(50, 64), (151936, 4096)] {
+    for (vocab, dim) in [(50, 64), (151936, 4096)].into_iter().filter(|s| full_size() || s.0 < 1000) {
         let (t, tf) = weight(&g, &rng.vec(vocab * dim), "bf16");
         let ids: Vec<u32> = vec![0, (vocab - 1) as u32, 7, 7, 31];
         let idd = g.stream.clone_htod(&ids).unwrap();
@@ -159,7 +168,7 @@ fn embedding_and_gather_row() {
 fn rmsnorm_and_fused_add() {
     let g = gpu();
     let mut rng = Rng(4);
-    for (rows, dim) in [(1, 64), (3, 100), (8, 4096)] {
+    for (rows, dim) in [(1, 64), (3, 100), (8, 4096)].into_iter().filter(|s| full_size() || s.1 < 1000) {
         let x = rng.vec(rows * dim);
         let w = rng.vec(dim);
         let want = cpu::rmsnorm::rmsnorm(&x, &w, 1e-6);
@@ -184,7 +193,10 @@ fn rmsnorm_and_fused_add() {
 fn qk_norm_rope_matches_reference() {
     let g = gpu();
     let mut rng = Rng(5);
-    for (rows, heads, hd, first_pos) in [(1, 2, 32, 0), (5, 4, 64, 17), (8, 32, 128, 4000), (3, 8, 128, 40000)] {
+    for (rows, heads, hd, first_pos) in [(1, 2, 32, 0), (5, 4, 64, 17), (8, 32, 128, 4000), (3, 8, 128, 40000)]
+        .into_iter()
+        .filter(|s| full_size() || s.1 < 8)
+    {
         let x = rng.vec(rows * heads * hd);
         let w = rng.vec(hd);
         let freqs = cpu::rope::inv_freq(1e6, hd);
@@ -212,7 +224,10 @@ fn attention_causal_and_bidirectional() {
         (8, 520, 32, 8, 128, Some(512)),
         (7, 70, 4, 2, 64, None),
         (7, 4103, 32, 8, 128, None),
-    ] {
+    ]
+    .into_iter()
+    .filter(|s| full_size() || s.1 < 1000)
+    {
         let q = rng.vec(rows * nh * hd);
         let k = rng.vec(kv_len * nkv * hd);
         let v = rng.vec(kv_len * nkv * hd);
@@ -244,7 +259,7 @@ fn attention_causal_and_bidirectional() {
 fn swiglu_matches_reference() {
     let g = gpu();
     let mut rng = Rng(7);
-    for (rows, inter) in [(1, 10), (8, 12288)] {
+    for (rows, inter) in [(1, 10), (8, 12288)].into_iter().filter(|s| full_size() || s.1 < 1000) {
         let gu = rng.vec(rows * 2 * inter);
         let mut want = Vec::new();
         for r in 0..rows {

@@ -158,7 +158,7 @@ impl CudaQwen3 {
         }
         if t > 0 {
             let mut host = vec![0f32; t * CHUNK * h];
-            gpu.stream.memcpy_dtoh(&self.captured, &mut host).map_err(drv)?;
+            gpu.stream.memcpy_dtoh(&self.captured.slice(..t * CHUNK * h), &mut host).map_err(drv)?;
             for r in 0..n {
                 for slot in 0..t {
                     out.captured.extend_from_slice(&host[(slot * CHUNK + r) * h..][..h]);

@@ -269,8 +269,9 @@ fn push_layer<'a>(t: &mut Vec<(String, Vec<usize>, &'a [f32])>, cfg: &Qwen3Confi
 fn write_f32(path: &std::path::Path, t: &[(String, Vec<usize>, &[f32])]) -> std::io::Result<()> {
     let owned: Vec<(&str, dspark_tensor::DType, Vec<usize>, Vec<u8>)> = t
         .iter()
-        .map(|(n, s, d)| (n.as_str(), dspark_tensor::DType::F32, s.clone(), d.iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .map(|(n, s, d)| {
+            (n.as_str(), dspark_tensor::DType::F32, s.clone(), d.iter().flat_map(|x| x.to_le_bytes()).collect())
+        })
         .collect();
     std::fs::write(path, crate::safetensors::serialize(&owned))
 }
-

@@ -18,7 +18,9 @@ use dspark_model::cuda_qwen3::CudaQwen3;
 use dspark_model::draft_config::MarkovKind;
 use dspark_model::dspark::CpuDraft;
 use dspark_model::qwen3::CpuQwen3;
-use dspark_model::testing::{random_draft, target_config, target_weights, write_draft_dir, write_target_dir, DraftSpec, Rng};
+use dspark_model::testing::{
+    random_draft, target_config, target_weights, write_draft_dir, write_target_dir, DraftSpec, Rng,
+};
 use dspark_model::{Drafter, LogitRows, TargetModel};
 use dspark_spec::{greedy, speculative, GenerateOptions, VerifyLen};
 use serde_json::Value;
@@ -53,7 +55,8 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn golden(name: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(root().join(format!("fixtures/golden/{name}.json"))).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(root().join(format!("fixtures/golden/{name}.json"))).unwrap())
+        .unwrap()
 }
 
 #[test]
@@ -105,9 +108,13 @@ fn golden_dspark_runs_on_the_gpu() {
         let target_dir = root().join("fixtures").join(g["target"].as_str().unwrap());
         let mut target = CudaQwen3::load(gpu(), &target_dir, 256).unwrap();
         let mut draft = CudaDraft::load(&root().join("fixtures").join(name), &target).unwrap();
-        let opts = GenerateOptions { max_tokens: g["max_new_tokens"].as_u64().unwrap() as usize, eos_token_ids: ids(&g["eos_token_ids"]) };
+        let opts = GenerateOptions {
+            max_tokens: g["max_new_tokens"].as_u64().unwrap() as usize,
+            eos_token_ids: ids(&g["eos_token_ids"]),
+        };
         let block = draft.block_size();
-        let out = speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(block), |_| {}).unwrap();
+        let out = speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(block), |_| {})
+            .unwrap();
         assert_eq!(out.tokens, ids(&g["tokens"]), "{name}: tokens");
         let stats = out.spec.unwrap();
         let want: Vec<usize> =
@@ -201,7 +208,8 @@ fn decoding_allocates_no_device_memory() {
     target.gpu.stream.synchronize().unwrap();
     let (ta, da) = (target.arena.allocations(), draft.arena.allocations());
     let (free_before, _) = cudarc::driver::result::mem_get_info().unwrap();
-    let out = speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(7), |_| {}).unwrap();
+    let out =
+        speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(7), |_| {}).unwrap();
     greedy(&mut target, &ids(&g["prompt_ids"]), &opts, |_| {}).unwrap();
     target.gpu.stream.synchronize().unwrap();
     let (free_after, _) = cudarc::driver::result::mem_get_info().unwrap();
