@@ -86,7 +86,14 @@ fn generate_text_mode_streams_and_reports() {
 
 #[test]
 fn info_summary() {
-    for name in ["qwen3-tiny-f32", "qwen3-tiny-sharded", "qwen3-tiny-tied"] {
+    for name in [
+        "qwen3-tiny-f32",
+        "qwen3-tiny-sharded",
+        "qwen3-tiny-tied",
+        "dspark-tiny-rnn",
+        "dflash-tiny",
+        "dspark-tiny-speculators",
+    ] {
         let out = dspark(&["info", fixture(name).to_str().unwrap()]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         insta::assert_snapshot!(name, String::from_utf8_lossy(&out.stdout));
