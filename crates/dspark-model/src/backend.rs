@@ -10,7 +10,7 @@
 //! are interchangeable under them (Architecture Invariant: spec never names a backend).
 
 use crate::config::Qwen3Config;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Which rows of a forward pass need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,4 +87,43 @@ pub trait Drafter {
     fn append_context(&mut self, features: &[f32]) -> Result<()>;
     /// Proposes `B` tokens following `anchor`, which sits at position `context_len()`.
     fn propose(&mut self, anchor: u32) -> Result<Proposal>;
+}
+
+/// Checks shared by every [`TargetModel::forward`]: tokens present, inside the vocabulary, and
+/// fitting the cache of `max_len` positions after the `len` already there.
+pub(crate) fn check_forward(cfg: &Qwen3Config, len: usize, max_len: usize, tokens: &[u32]) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(Error::Request("forward called with no tokens".into()));
+    }
+    if let Some(bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(Error::Request(format!(
+            "token id {bad} is outside the vocabulary (vocab_size = {})",
+            cfg.vocab_size
+        )));
+    }
+    if len + tokens.len() > max_len {
+        return Err(Error::Request(format!(
+            "sequence of {} positions exceeds the context of {max_len} (max_position_embeddings = {})",
+            len + tokens.len(),
+            cfg.max_position_embeddings
+        )));
+    }
+    Ok(())
+}
+
+/// Checks for [`TargetModel::set_capture`] and [`TargetModel::truncate`].
+pub(crate) fn check_capture(cfg: &Qwen3Config, layers: &[usize]) -> Result<()> {
+    match layers.iter().find(|&&l| l >= cfg.num_hidden_layers) {
+        Some(bad) => {
+            Err(Error::Request(format!("cannot capture layer {bad}: the model has {} layers", cfg.num_hidden_layers)))
+        }
+        None => Ok(()),
+    }
+}
+
+pub(crate) fn check_truncate(len: usize, to: usize) -> Result<()> {
+    if to > len {
+        return Err(Error::Request(format!("cannot truncate a {len}-position cache to {to}")));
+    }
+    Ok(())
 }

@@ -6,10 +6,10 @@
 //! no step allocates device memory. Logits and captured layer outputs are copied back to the
 //! host, which is what the trait returns; the on-device argmax path comes with the benchmarks.
 
-use crate::backend::{Forward, LogitRows, TargetModel};
+use crate::backend::{check_capture, check_forward, check_truncate, Forward, LogitRows, TargetModel};
 use crate::config::Qwen3Config;
 use crate::cuda_layers::{drv, gpu_err, layer_step, vector, weight, CacheRows, GpuLayer, Scratch};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::safetensors::Checkpoint;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu::rope::inv_freq;
@@ -184,43 +184,20 @@ impl TargetModel for CudaQwen3 {
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.len {
-            return Err(Error::Request(format!("cannot truncate a {}-position cache to {len}", self.len)));
-        }
+        check_truncate(self.len, len)?;
         // Rows past `len` are simply overwritten by the next forward.
         self.len = len;
         Ok(())
     }
 
     fn set_capture(&mut self, layers: &[usize]) -> Result<()> {
-        if let Some(&bad) = layers.iter().find(|&&l| l >= self.cfg.num_hidden_layers) {
-            return Err(Error::Request(format!(
-                "cannot capture layer {bad}: the model has {} layers",
-                self.cfg.num_hidden_layers
-            )));
-        }
+        check_capture(&self.cfg, layers)?;
         self.capture = layers.to_vec();
         Ok(())
     }
 
     fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward> {
-        if tokens.is_empty() {
-            return Err(Error::Request("forward called with no tokens".into()));
-        }
-        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(Error::Request(format!(
-                "token id {bad} is outside the vocabulary (vocab_size = {})",
-                self.cfg.vocab_size
-            )));
-        }
-        if self.len + tokens.len() > self.max_len {
-            return Err(Error::Request(format!(
-                "sequence of {} positions exceeds the context of {} (max_position_embeddings = {})",
-                self.len + tokens.len(),
-                self.max_len,
-                self.cfg.max_position_embeddings
-            )));
-        }
+        check_forward(&self.cfg, self.len, self.max_len, tokens)?;
         let mut out = Forward::default();
         let chunks: Vec<&[u32]> = tokens.chunks(CHUNK).collect();
         let last = chunks.len() - 1;

@@ -15,9 +15,9 @@
 //! over speed, except that projections go through the multithreaded `gemm` in
 //! `dspark_kernels::cpu::matmul` so that real checkpoints remain usable.
 
-use crate::backend::{Forward, LogitRows, TargetModel};
+use crate::backend::{check_capture, check_forward, check_truncate, Forward, LogitRows, TargetModel};
 use crate::config::Qwen3Config;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::safetensors::Checkpoint;
 use dspark_kernels::cpu::activation::swiglu_inplace;
@@ -192,26 +192,6 @@ impl CpuQwen3 {
     pub fn weights(&self) -> &Qwen3Weights {
         &self.w
     }
-
-    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(Error::Request("forward called with no tokens".into()));
-        }
-        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(Error::Request(format!(
-                "token id {bad} is outside the vocabulary (vocab_size = {})",
-                self.cfg.vocab_size
-            )));
-        }
-        let end = self.kv.len() + tokens.len();
-        if end > self.max_len() {
-            return Err(Error::Request(format!(
-                "sequence of {end} positions exceeds max_position_embeddings = {}",
-                self.cfg.max_position_embeddings
-            )));
-        }
-        Ok(())
-    }
 }
 
 impl TargetModel for CpuQwen3 {
@@ -228,26 +208,19 @@ impl TargetModel for CpuQwen3 {
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.kv.len() {
-            return Err(Error::Request(format!("cannot truncate a {}-position cache to {len}", self.kv.len())));
-        }
+        check_truncate(self.kv.len(), len)?;
         self.kv.truncate(len);
         Ok(())
     }
 
     fn set_capture(&mut self, layers: &[usize]) -> Result<()> {
-        if let Some(&bad) = layers.iter().find(|&&l| l >= self.cfg.num_hidden_layers) {
-            return Err(Error::Request(format!(
-                "cannot capture layer {bad}: the model has {} layers",
-                self.cfg.num_hidden_layers
-            )));
-        }
+        check_capture(&self.cfg, layers)?;
         self.capture = layers.to_vec();
         Ok(())
     }
 
     fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward> {
-        self.check_tokens(tokens)?;
+        check_forward(&self.cfg, self.kv.len(), self.max_len(), tokens)?;
         let c = &self.cfg;
         let (n, h, eps) = (tokens.len(), c.hidden_size, c.rms_norm_eps as f32);
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
