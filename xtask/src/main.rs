@@ -195,9 +195,11 @@ fn cargo_test(extra: &[OsString]) -> Result<i32> {
     }
     // Machines without a GPU cannot run the GPU tier, but they can still compile it, so a
     // change that breaks the GPU tests fails here rather than on the next GPU run.
-    println!("building (not running) the GPU tier: cargo test --features gpu-tests --no-run");
+    // The whole workspace with the two features keeps every dependency's feature set the same
+    // as the test build above, so only the test crates recompile.
+    println!("building (not running) the GPU tier: cargo test --workspace --features …/gpu-tests --no-run");
     let status = Command::new(&cargo)
-        .args(["test", "-p", "dspark-kernels", "-p", "dspark-spec", "--features", "gpu-tests", "--no-run"])
+        .args(["test", "--workspace", "--features", "dspark-kernels/gpu-tests,dspark-spec/gpu-tests", "--no-run"])
         .current_dir(workspace_root())
         .status()
         .context("building the GPU tier")?;
