@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Derive fixtures/coder-draft-nomarkov from fixtures/coder-draft: the same trained weights with
+"""Derive .test-data/coder-draft-nomarkov from fixtures/coder-draft: the same trained weights with
 the Markov head and the confidence head removed (markov_rank 0, enable_confidence_head false),
 i.e. a DFlash-style draft in the same native format. The confidence head is dropped too because
 it was trained on [h ; W1[prev]] and W1 belongs to the Markov head. Comparing the two drafts in
 the engine shows what the (tiny) Markov head buys at inference; it is an ablation of the trained
 draft, not a separately trained DFlash baseline.
 
-    python3 train/make_nomarkov.py [--src fixtures/coder-draft] [--dst fixtures/coder-draft-nomarkov]
+    python3 train/make_nomarkov.py [--src fixtures/coder-draft] [--dst .test-data/coder-draft-nomarkov]
 
 Needs only the `safetensors` and `numpy` packages (e.g. the fixtures venv).
 """
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", type=Path, default=REPO / "fixtures/coder-draft")
-    ap.add_argument("--dst", type=Path, default=REPO / "fixtures/coder-draft-nomarkov")
+    ap.add_argument("--dst", type=Path, default=REPO / ".test-data/coder-draft-nomarkov")
     a = ap.parse_args()
     cfg = json.loads((a.src / "config.json").read_text())
     cfg["markov_rank"] = 0

@@ -6,7 +6,7 @@ files) it runs, on the CPU:
 
     dspark generate --target fixtures/coder-target                              --prompt P --max-tokens N --json
     dspark generate --target fixtures/coder-target --draft fixtures/coder-draft --prompt P --max-tokens N --json
-    (and the same with fixtures/coder-draft-nomarkov when that folder exists)
+    (and the same with .test-data/coder-draft-nomarkov when that folder exists)
 
 each --repeats times, checks that speculative output == plain greedy output (lossless), and
 prints a table: mean accepted length (stats.speculative.mean_accepted_length, which counts the
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--bin", default=str(REPO / "target/release/dspark"))
     ap.add_argument("--target", type=Path, default=REPO / "fixtures/coder-target")
     ap.add_argument("--drafts", nargs="*", type=Path,
-                    default=[REPO / "fixtures/coder-draft", REPO / "fixtures/coder-draft-nomarkov"])
+                    default=[REPO / "fixtures/coder-draft", REPO / ".test-data/coder-draft-nomarkov"])
     ap.add_argument("--prompts", type=Path, default=REPO / "train/heldout_prompts.json")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
@@ -109,7 +109,14 @@ def main() -> None:
     print(f"plain greedy: {sum(r['tokens'] for r in rows)} tokens in {plain_ms:.0f} ms decode "
           f"({1e3 * sum(r['tokens'] for r in rows) / plain_ms:.1f} tok/s); lossless: all outputs identical")
     if args.json:
-        args.json.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()}, rows=rows,
+        def rel(v):
+            try:
+                return str(Path(v).resolve().relative_to(REPO)) if isinstance(v, Path) else v
+            except ValueError:
+                return str(v)
+
+        shown = {k: [rel(x) for x in v] if isinstance(v, list) else rel(v) for k, v in vars(args).items()}
+        args.json.write_text(json.dumps(dict(args=shown, rows=rows,
                                              summary=summary), indent=2) + "\n")
 
 

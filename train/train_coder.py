@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Train the embedded demo: a tiny Qwen3 "coder" target and its DSpark draft (project issue 6).
 
-One process, one GPU, about 8-9 minutes on an H200 (see train/README.md for the exact `run`
-command). Stages, in order:
+One process, one GPU, under 4 minutes on an H200 with the defaults (see train/README.md for the
+exact `run` command). Stages, in order:
 
 1. corpus     every `*.py` file of this interpreter's stdlib (sysconfig "stdlib" path, sorted,
               site-/dist-packages excluded, non-UTF-8 and empty files skipped); 5 % of files held
@@ -15,9 +15,11 @@ command). Stages, in order:
               of the training stream (files joined by <|endoftext|>), AdamW + cosine, bf16
               autocast; held-out loss evaluated periodically, the best checkpoint is kept and
               training stops early when it stops improving. Saved in bf16, HF layout.
-4. regenerate greedy continuations of the frozen target from training-file prompts (DeepSpec
-              trains its drafts on target-regenerated data; a draft serving greedy decoding
-              should learn the target's greedy outputs). Held-out-file prompts give an eval set.
+4. regenerate continuations of the frozen target from training-file prompts: a sampled
+              (T=1) prefix of 0-128 tokens, then greedy (DeepSpec trains its drafts on
+              target-regenerated data; a draft serving greedy decoding should learn the
+              target's greedy outputs, and the sampled prefix moves the target off text it has
+              memorised). Pure-greedy continuations of held-out files give the eval set.
 5. draft      nemo-automodel 0.7.0 `Qwen3DSparkModel` (DeepSpec's architecture: anchor-first
               block of 7, context = fc + hidden_norm of the outputs of target layers [1, 2],
               bidirectional in-block attention, vanilla Markov head rank 64, confidence head with
@@ -25,7 +27,7 @@ command). Stages, in order:
               (random anchors, teacher-forced Markov previous tokens) and the DSpark objective
               0.1 CE + 0.9 L1(p_draft, p_target) + 1.0 BCE(confidence, 1 - L1/2), gamma-decay 4
               position weights (same formulas as nemo's compute_dspark_loss, computed unchunked).
-              Batches mix corpus windows and target-greedy sequences. Saved in DeepSpec's native
+              Batches mix corpus windows (1/4) and regenerated sequences (3/4). Saved in DeepSpec's native
               format (config.json + model.safetensors, bf16) without embed_tokens / lm_head (the
               engine borrows the target's).
 
@@ -33,9 +35,11 @@ Outputs under --out: coder-target.tar (coder-target/{config.json, generation_con
 model.safetensors, tokenizer.json}), coder-draft.tar (coder-draft/{config.json,
 model.safetensors}), meta.tar (corpus manifest, held-out prompts, metrics) and metrics.json.
 
-Training length is set by a wall-clock budget: each stage times its first steps and then fixes
-its total step count (printed and written to metrics.json); pass --target-steps / --draft-steps
-to repeat a run with exactly those step counts. Seeds are fixed; GPU kernels are not
+Training length: the target runs a fixed --target-steps schedule (700; 0 = time it against
+--target-budget instead); the draft times its first steps and then fixes its total step count to
+fit --draft-budget (printed and written to metrics.json; pass --draft-steps to repeat a run with
+exactly that count). Both keep the best evaluated checkpoint and stop early after --patience /
+--draft-patience evaluations without improvement. Seeds are fixed; GPU kernels are not
 bit-deterministic, so a rerun gives close but not byte-identical weights.
 """
 
@@ -62,6 +66,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 # Fail fast (before minutes of training) if nemo-automodel is missing.
+from nemo_automodel.components.speculative.dspark.common import build_anchor_candidate_mask
 from nemo_automodel.components.speculative.dspark.config import build_draft_config
 from nemo_automodel.components.speculative.dspark.draft_qwen3 import Qwen3DSparkModel
 
@@ -328,18 +333,29 @@ def fixed_windows(stream, seq, max_windows):
 
 
 @torch.no_grad()
-def greedy_batch(model, prompts, n_new, amp):
-    """Batched greedy continuation with a KV cache; prompts [B, Lp] (no padding)."""
+def greedy_batch(model, prompts, n_new, amp, n_sampled=None, gen=None):
+    """Batched continuation with a KV cache; prompts [B, Lp] (no padding). Row b samples its
+    first n_sampled[b] new tokens at temperature 1 and continues greedily; n_sampled=None is
+    pure greedy. Sampled prefixes move the target off text it has memorised, so the greedy
+    part looks like its greedy decoding of unseen code (what the draft meets at serving)."""
+
+    def pick(logits, t):
+        g = logits.argmax(-1)
+        if n_sampled is None:
+            return g
+        s = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen).squeeze(1)
+        return torch.where(t < n_sampled, s, g)
+
     with amp():
         out = model(input_ids=prompts, use_cache=True, logits_to_keep=1)
     past = out.past_key_values
-    nxt = out.logits[:, -1].argmax(-1)
+    nxt = pick(out.logits[:, -1], 0)
     toks = [nxt]
-    for _ in range(n_new - 1):
+    for t in range(1, n_new):
         with amp():
             out = model(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
         past = out.past_key_values
-        nxt = out.logits[:, -1].argmax(-1)
+        nxt = pick(out.logits[:, -1], t)
         toks.append(nxt)
     return torch.cat([prompts, torch.stack(toks, 1)], 1)
 
@@ -430,18 +446,23 @@ class NoMarkov:
 
 
 @torch.no_grad()
-def draft_eval(draft, target, seqs, masks, amp, bs, taps, ablation=False):
+def draft_eval(draft, target, seqs, masks, amp, bs, taps, ablation=False, sim_tokens=128):
     """Teacher-forced acceptance on target-greedy sequences: for every anchor on a generated
     token, the number of leading slots whose greedy (Markov-corrected) draft token equals the
     target's greedy token. With teacher forcing the Markov previous token equals the draft's
     own previous choice whenever the prefix matched, so 1 + that count is the accepted length
-    the engine would get for a round anchored there (up to numerics)."""
+    the engine would get for a round anchored there (up to numerics).
+    tf_accept_len averages that over every anchor position, which over-weights easy stretches
+    (the serving loop crosses them in few rounds); sim_accept_len walks the rounds the serving
+    loop would make over the first sim_tokens generated tokens and reports emitted tokens per
+    round, i.e. the engine's mean accepted length. It is the model-selection score."""
     draft.eval()
     saved = draft.num_anchors
     draft.num_anchors = seqs.shape[1]  # every valid position becomes an anchor
     res = {}
     for tag, ctx in (("", None), ("_nomarkov", NoMarkov(draft)))[: 2 if ablation else 1]:
         acc_len, blocks, ar_num, ar_den, l1_num, cabs, tau_exp = 0.0, 0, 0.0, 0.0, 0.0, 0.0, 0.0
+        sim_rounds, sim_emitted = 0, 0
         if ctx:
             ctx.__enter__()
         try:
@@ -456,6 +477,21 @@ def draft_eval(draft, target, seqs, masks, amp, bs, taps, ablation=False):
                 pref = match.int().cumprod(-1).sum(-1).float()
                 acc_len += float((pref + 1)[valid_block].sum())
                 blocks += int(valid_block.sum())
+                # Walk rounds as the serving loop does: first anchor = first generated token,
+                # next anchor = anchor + accepted + 1, for up to sim_tokens emitted tokens.
+                cand = build_anchor_candidate_mask(seq_len=ids.shape[1], loss_mask=lm).cpu()
+                pref_c, keep_c = pref.cpu(), valid_block.cpu()
+                for r in range(ids.shape[0]):
+                    pos = torch.nonzero(cand[r]).flatten().tolist()
+                    table = {p_: int(pref_c[r, j]) for j, p_ in enumerate(pos) if keep_c[r, j]}
+                    if not pos:
+                        continue
+                    p_ = start = pos[0]
+                    while p_ in table and p_ - start < sim_tokens:
+                        m_ = table[p_]
+                        sim_rounds += 1
+                        sim_emitted += m_ + 1
+                        p_ += m_ + 1
                 p = torch.softmax(out.draft_logits.float(), -1)
                 q = torch.softmax(out.aligned_target_logits.float(), -1)
                 a = (1 - 0.5 * (p - q).abs().sum(-1)).clamp(0, 1)
@@ -467,6 +503,7 @@ def draft_eval(draft, target, seqs, masks, amp, bs, taps, ablation=False):
         finally:
             if ctx:
                 ctx.__exit__()
+        res[f"sim_accept_len{tag}"] = sim_emitted / max(1, sim_rounds)
         res[f"tf_accept_len{tag}"] = acc_len / max(1, blocks)
         res[f"expected_tau{tag}"] = tau_exp / max(1, blocks)
         res[f"accept_rate{tag}"] = ar_num / max(1.0, ar_den)
@@ -475,7 +512,7 @@ def draft_eval(draft, target, seqs, masks, amp, bs, taps, ablation=False):
             res["eval_blocks"] = float(blocks)
     draft.num_anchors = saved
     draft.train()
-    res["score"] = res["tf_accept_len"]
+    res["score"] = res["sim_accept_len"]
     return res
 
 
@@ -536,10 +573,10 @@ def main():
     ap.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
     ap.add_argument("--max-files", type=int, default=None, help="debug: use only the first N files")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--total-budget", type=float, default=510.0, help="seconds for the whole script")
-    ap.add_argument("--target-budget", type=float, default=200.0)
-    ap.add_argument("--draft-budget", type=float, default=220.0)
-    ap.add_argument("--target-steps", type=int, default=None)
+    ap.add_argument("--total-budget", type=float, default=300.0, help="seconds for the whole script")
+    ap.add_argument("--target-budget", type=float, default=200.0, help="used only without --target-steps")
+    ap.add_argument("--draft-budget", type=float, default=120.0)
+    ap.add_argument("--target-steps", type=int, default=700, help="0: set by --target-budget")
     ap.add_argument("--draft-steps", type=int, default=None)
     ap.add_argument("--target-seq", type=int, default=1024)
     ap.add_argument("--target-batch", type=int, default=64)
@@ -556,6 +593,11 @@ def main():
     ap.add_argument("--eval-bs", type=int, default=32)
     ap.add_argument("--num-evals", type=int, default=20)
     ap.add_argument("--patience", type=int, default=4)
+    ap.add_argument("--draft-num-evals", type=int, default=8)
+    ap.add_argument("--draft-patience", type=int, default=3)
+    ap.add_argument("--corpus-frac", type=float, default=0.25, help="share of corpus windows in a draft batch")
+    ap.add_argument("--sampled-prefixes", type=int, nargs="*", default=[0, 0, 16, 48, 128],
+                    help="draft regeneration: each sequence samples its first n new tokens (n drawn from this list) at T=1, then greedy")
     ap.add_argument("--num-prompts", type=int, default=12)
     args = ap.parse_args()
 
@@ -672,7 +714,7 @@ def main():
     t_budget = min(args.target_budget, max(30.0, (args.total_budget - elapsed - 100.0) / 2))
     log(f"target: budget {t_budget:.0f}s")
     tr = budgeted_training("target", step_fn=t_step, eval_fn=t_eval_scored, better=lambda a, b: a < b - 1e-4,
-                           budget_s=t_budget, fixed_steps=args.target_steps, warmup=100, peak_lr=args.target_lr,
+                           budget_s=t_budget, fixed_steps=args.target_steps or None, warmup=100, peak_lr=args.target_lr,
                            min_lr_frac=0.1, num_evals=args.num_evals, patience=args.patience, device=device,
                            snapshot=t_snapshot)
     target.load_state_dict(best_target["sd"])
@@ -703,7 +745,7 @@ def main():
     L = args.draft_seq
     lps = [lp for lp in (16, 32, 64, 128) if lp <= L // 2]
 
-    def regen(stream, docs, n_seqs, bs, tag):
+    def regen(stream, docs, n_seqs, bs, tag, lps, sampled):
         seqs, masks = [], []
         ok = docs[docs + 128 <= len(stream)]
         t = time.time()
@@ -712,7 +754,11 @@ def main():
             lp = lps[(b // bs) % len(lps)]
             st = ok[torch.randint(0, len(ok), (nb,), generator=gen, device=device)]
             pr = gather_windows(stream, st, lp - 1)
-            s = greedy_batch(target, pr, L - lp, amp)
+            ns = None
+            if sampled:
+                choices = torch.tensor(sampled, device=device)
+                ns = choices[torch.randint(0, len(sampled), (nb,), generator=gen, device=device)]
+            s = greedy_batch(target, pr, L - lp, amp, n_sampled=ns, gen=gen)
             seqs.append(s)
             masks.append(gen_loss_mask(s, lp, train_prompt=(tag == "train")))
             if tag == "train" and time.time() - t > 60:
@@ -724,9 +770,14 @@ def main():
             f"{float(((seqs == EOT) | (seqs == IM_END)).any(1).float().mean()):.2f} with EOS")
         return seqs, masks
 
-    gen_train, gen_train_mask = regen(train_stream, train_docs, args.gen_seqs, args.gen_batch, "train")
-    gen_eval, gen_eval_mask = regen(held_stream, held_docs, args.gen_eval_seqs, max(1, args.gen_eval_seqs // len(lps)), "heldout")
-    metrics["regen"] = dict(train_seqs=len(gen_train), eval_seqs=len(gen_eval), seq_len=L, prompt_lens=lps)
+    sampled = [n for n in args.sampled_prefixes if n < L - max(lps)]
+    gen_train, gen_train_mask = regen(train_stream, train_docs, args.gen_seqs, args.gen_batch, "train", lps, sampled)
+    eval_lps = [lp for lp in (32, 64) if lp <= L // 2]
+    gen_eval, gen_eval_mask = regen(held_stream, held_docs, args.gen_eval_seqs,
+                                    max(1, args.gen_eval_seqs // len(eval_lps)), "heldout", eval_lps, None)
+    metrics["regen"] = dict(train_seqs=len(gen_train), eval_seqs=len(gen_eval), seq_len=L, train_prompt_lens=lps,
+                            train_sampled_prefix_choices=sampled, eval_prompt_lens=eval_lps,
+                            eval="pure greedy continuations of held-out file starts")
     dump_metrics()
 
     # ---- 5. draft ----------------------------------------------------------------------------
@@ -740,7 +791,7 @@ def main():
     d_params = sum(p.numel() for n, p in draft.named_parameters() if n not in ("embed_tokens.weight", "lm_head.weight"))
     log(f"draft: {d_params} params (excluding the borrowed embed_tokens / lm_head)")
     dopt = make_optimizer([(n, p) for n, p in draft.named_parameters() if p.requires_grad], args.draft_lr, 0.01, device)
-    half = args.draft_batch // 2
+    half = round(args.draft_batch * args.corpus_frac)
     best_draft = {}
     loss_cfg = dict(gamma=4.0, ce_a=0.1, l1_a=0.9, conf_a=1.0)
     last_terms = {}
@@ -796,7 +847,7 @@ def main():
     log(f"draft: budget {d_budget:.0f}s")
     dr = budgeted_training("draft", step_fn=d_step, eval_fn=d_eval, better=lambda a, b: a > b + 1e-4,
                            budget_s=d_budget, fixed_steps=args.draft_steps, warmup=100, peak_lr=args.draft_lr,
-                           min_lr_frac=0.1, num_evals=max(4, args.num_evals // 2), patience=args.patience,
+                           min_lr_frac=0.1, num_evals=args.draft_num_evals, patience=args.draft_patience,
                            device=device, snapshot=d_snapshot)
     draft.load_state_dict(best_draft["sd"])
     del dopt, best_draft["sd"]

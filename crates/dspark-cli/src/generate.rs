@@ -30,13 +30,15 @@ pub enum Device {
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     /// Target model folder (HF Qwen3 layout: config.json, safetensors, optional tokenizer.json).
+    /// Default: the embedded demo coder (fixtures/coder-target) with its DSpark draft.
     #[arg(long)]
-    target: PathBuf,
+    target: Option<PathBuf>,
     /// DSpark draft folder (speculative decoding).
     #[arg(long)]
     draft: Option<PathBuf>,
-    /// Prompt text (needs the target folder's tokenizer.json).
-    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    /// Prompt text (needs the target folder's tokenizer.json). Default with the demo model: the
+    /// start of a Python function.
+    #[arg(long, conflicts_with = "prompt_ids")]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids, e.g. 1,2,3.
     #[arg(long, value_delimiter = ',')]
@@ -63,11 +65,30 @@ pub struct GenerateArgs {
     json: bool,
 }
 
-pub fn run(args: GenerateArgs) -> Result<()> {
+/// The embedded demo: a tiny Qwen3 trained on Python source and its DSpark draft
+/// (train/README.md), used when `--target` is not given.
+const DEMO_TARGET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/coder-target");
+const DEMO_DRAFT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/coder-draft");
+const DEMO_PROMPT: &str = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n";
+
+pub fn run(mut args: GenerateArgs) -> Result<()> {
+    if args.target.is_none() {
+        let target = PathBuf::from(DEMO_TARGET);
+        if !target.join("config.json").exists() {
+            bail!("no --target given and the embedded demo model is missing at {}", target.display());
+        }
+        args.target = Some(target);
+        if args.draft.is_none() {
+            args.draft = Some(PathBuf::from(DEMO_DRAFT));
+        }
+        if args.prompt.is_none() && args.prompt_ids.is_none() {
+            args.prompt = Some(DEMO_PROMPT.to_string());
+        }
+    }
     if args.verify_len.is_some() && args.draft.is_none() {
         bail!("--verify-len needs --draft");
     }
-    let dir = &args.target;
+    let dir = args.target.as_ref().context("--target is required")?;
     let tokenizer = Tokenizer::from_dir(dir)?;
     let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
