@@ -15,3 +15,12 @@ __device__ void embedding(const T* table, const uint32_t* ids, float* out, int d
 extern "C" __global__ void embedding_bf16(const __nv_bfloat16* t, const uint32_t* ids, float* out, int dim) { embedding(t, ids, out, dim); }
 extern "C" __global__ void embedding_f16(const __half* t, const uint32_t* ids, float* out, int dim) { embedding(t, ids, out, dim); }
 extern "C" __global__ void embedding_f32(const float* t, const uint32_t* ids, float* out, int dim) { embedding(t, ids, out, dim); }
+
+// Strided row copy: dst[r·dst_stride + c] = src[r·src_stride + c] for c < cols. Moves a layer's
+// output rows into their slot of the token-major capture buffer [rows, T·H] the draft reads.
+// Launch: one block of 256 threads per row.
+extern "C" __global__ void copy_rows_f32(const float* src, float* dst, int cols, int src_stride, int dst_stride) {
+    const float* s = src + (size_t)blockIdx.x * src_stride;
+    float* d = dst + (size_t)blockIdx.x * dst_stride;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) d[i] = s[i];
+}

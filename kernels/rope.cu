@@ -25,3 +25,40 @@ extern "C" __global__ void qk_norm_rope_f32(float* x, const float* w, const floa
         v[i + half] = b * c + a * s;
     }
 }
+
+// Fused post-projection step of attention for a few rows: the q|k|v projection output
+// qkv [rows, (nq + 2·nkv)·hd] (q heads, then k heads, then v heads) is turned into
+//   q heads: RMSNorm(q_norm) + RoPE, written to q_out [rows, nq, hd];
+//   k heads: RMSNorm(k_norm) + RoPE, written straight into the K cache at row cache_row + r;
+//   v heads: copied into the V cache at row cache_row + r.
+// One launch replaces two norm+rope launches and two cache copies. nq = 0 serves the draft's
+// context rows, which have keys and values only. Launch: one block of hd/2 threads (rounded up
+// to a warp multiple) per (row, head) with heads = nq + 2·nkv.
+extern "C" __global__ void qkv_rope_append_f32(const float* qkv, const float* q_norm, const float* k_norm,
+                                               const float* inv_freq, float* q_out, float* k_cache, float* v_cache,
+                                               int nq, int nkv, int hd, int first_pos, int cache_row, float eps) {
+    const int heads = nq + 2 * nkv;
+    const int row = blockIdx.x / heads, head = blockIdx.x % heads;
+    const float* src = qkv + ((size_t)row * heads + head) * hd;
+    const int half = hd / 2, i = threadIdx.x;
+    float a = 0.f, b = 0.f;
+    if (i < half) { a = src[i]; b = src[i + half]; }
+    if (head >= nq + nkv) {  // v: plain copy (uniform branch per block)
+        float* dst = v_cache + ((size_t)(cache_row + row) * nkv + (head - nq - nkv)) * hd;
+        if (i < half) { dst[i] = a; dst[i + half] = b; }
+        return;
+    }
+    const bool is_q = head < nq;
+    const float* w = is_q ? q_norm : k_norm;
+    float* dst = is_q ? q_out + ((size_t)row * nq + head) * hd
+                      : k_cache + ((size_t)(cache_row + row) * nkv + (head - nq)) * hd;
+    float inv = rsqrtf(block_sum(a * a + b * b) / hd + eps);
+    if (i < half) {
+        a = a * inv * w[i];
+        b = b * inv * w[i + half];
+        float angle = (float)(first_pos + row) * inv_freq[i];
+        float c = cosf(angle), s = sinf(angle);
+        dst[i] = a * c - b * s;
+        dst[i + half] = b * c + a * s;
+    }
+}

@@ -10,7 +10,7 @@
 
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu;
-use dspark_kernels::cuda::ops::WeightBuf;
+use dspark_kernels::cuda::ops::{OpScratch, WeightBuf};
 use dspark_kernels::cuda::Gpu;
 use half::{bf16, f16};
 
@@ -127,10 +127,211 @@ fn lm_head_shape_matvec_and_argmax() {
     g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, vocab), false).unwrap();
     let got = down(&g, &y);
     assert!(rel_err(&got, &want) <= 1e-5);
+    let want_ids: Vec<u32> = cpu::argmax::argmax_rows(&got, vocab).iter().map(|&i| i as u32).collect();
     let mut ids = g.stream.clone_htod(&vec![u32::MAX; m]).unwrap();
     g.argmax(&y.as_view(), vocab, vocab, m, &mut ids.as_view_mut()).unwrap();
-    let ids: Vec<u32> = g.stream.clone_dtoh(&ids).unwrap();
-    assert_eq!(ids, cpu::argmax::argmax_rows(&got, vocab).iter().map(|&i| i as u32).collect::<Vec<_>>());
+    assert_eq!(g.stream.clone_dtoh(&ids).unwrap(), want_ids);
+    // The split argmax, twice: its tickets must come back to zero for the next launch.
+    let mut sc = scratch(&g, 32, 128);
+    for _ in 0..2 {
+        let mut ids = g.stream.clone_htod(&vec![u32::MAX; m]).unwrap();
+        g.argmax_split(&y.as_view(), vocab, vocab, m, &mut ids.as_view_mut(), &mut sc).unwrap();
+        assert_eq!(g.stream.clone_dtoh(&ids).unwrap(), want_ids);
+    }
+}
+
+fn scratch(g: &Gpu, heads: usize, head_dim: usize) -> OpScratch {
+    let (ao, aml, am, at) = OpScratch::sizes(heads, head_dim);
+    OpScratch {
+        attn_o: poisoned(g, ao),
+        attn_ml: poisoned(g, aml),
+        argmax_v: poisoned(g, am),
+        argmax_i: g.stream.clone_htod(&vec![u32::MAX; am]).unwrap(),
+        argmax_tickets: g.stream.alloc_zeros(at).unwrap(),
+    }
+}
+
+#[test]
+fn split_argmax_ties_nan_and_small_rows() {
+    let g = gpu();
+    let mut sc = scratch(&g, 4, 32);
+    for vocab in [1usize, 5000, 151936] {
+        let mut rows = vec![0f32; 3 * vocab];
+        if vocab > 1 {
+            rows[vocab - 1] = 2.0; // row 0: the last index
+            rows[vocab + 10] = f32::NAN;
+            rows[vocab + vocab / 2] = 3.0; // row 1: a tie, the lower index wins
+            rows[vocab + vocab - 2] = 3.0;
+        }
+        let d = up(&g, &rows);
+        let mut out = g.stream.clone_htod(&[u32::MAX; 3]).unwrap();
+        g.argmax_split(&d.as_view(), vocab, vocab, 3, &mut out.as_view_mut(), &mut sc).unwrap();
+        let want: Vec<u32> = cpu::argmax::argmax_rows(&rows, vocab).iter().map(|&i| i as u32).collect();
+        assert_eq!(g.stream.clone_dtoh(&out).unwrap(), want, "vocab {vocab}");
+    }
+}
+
+#[test]
+fn tensor_core_matvec_rows_and_swiglu() {
+    let g = gpu();
+    let mut rng = Rng(11);
+    // matvec_rows: a block of rows of a stacked matrix (the k|v rows of q|k|v).
+    for &(m, d_in, row0, d_out) in &[(3usize, 64usize, 48usize, 32usize), (7, 4096, 4096, 2048)] {
+        if !full_size() && d_in > 1000 {
+            continue;
+        }
+        let total = row0 + d_out;
+        let (w, wf) = weight(&g, &rng.vec(total * d_in), "bf16");
+        let x = rng.vec(m * d_in);
+        let want = cpu::matmul::linear(&x, &wf[row0 * d_in..], m, d_in, d_out);
+        let xd = up(&g, &x);
+        let mut y = poisoned(&g, m * d_out);
+        g.matvec_rows(&w, row0, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap();
+        let e = rel_err(&down(&g, &y), &want);
+        assert!(e <= 1e-5, "matvec_rows {m}x{d_in} rows {row0}..: {e}");
+    }
+    // Down projection with the SwiGLU folded in, on bf16 (tensor cores) and f32 (fallback).
+    for dtype in ["bf16", "f32"] {
+        for &(m, inter, d_out) in &[(1usize, 48usize, 24usize), (7, 136, 40), (8, 12288, 4096)] {
+            if !full_size() && inter > 1000 {
+                continue;
+            }
+            let gu = rng.vec(m * 2 * inter);
+            let mut act = Vec::new();
+            for r in 0..m {
+                let mut gate = gu[r * 2 * inter..][..inter].to_vec();
+                cpu::activation::swiglu_inplace(&mut gate, &gu[r * 2 * inter + inter..][..inter]);
+                act.extend(gate);
+            }
+            let (w, wf) = weight(&g, &rng.vec(d_out * inter), dtype);
+            let base = rng.vec(m * d_out);
+            let want: Vec<f32> =
+                cpu::matmul::linear(&act, &wf, m, inter, d_out).iter().zip(&base).map(|(a, b)| a + b).collect();
+            let gd = up(&g, &gu);
+            let mut act_d = poisoned(&g, m * inter);
+            let mut y = up(&g, &base);
+            g.swiglu_matvec(&w, &gd.as_view(), &mut act_d.as_view_mut(), &mut y.as_view_mut(), (m, inter, d_out), true)
+                .unwrap();
+            let e = rel_err(&down(&g, &y), &want);
+            assert!(e <= 1e-5, "swiglu_matvec {dtype} {m}x{inter}->{d_out}: {e}");
+        }
+    }
+}
+
+#[test]
+fn split_attention_matches_reference() {
+    let g = gpu();
+    let mut rng = Rng(12);
+    for (rows, kv_len, nh, nkv, hd, causal) in [
+        (1, 1, 2, 1, 32, Some(0)),
+        (4, 9, 4, 2, 32, Some(5)),
+        (7, 70, 4, 2, 64, None),
+        (3, 100, 4, 4, 256, Some(97)),
+        (1, 512, 32, 8, 128, Some(511)),
+        (8, 520, 32, 8, 128, Some(512)),
+        (1, 4096, 32, 8, 128, Some(4095)),
+        (8, 4103, 32, 8, 128, Some(4095)),
+        (7, 4103, 32, 8, 128, None),
+    ]
+    .into_iter()
+    .filter(|s| full_size() || s.1 < 1000)
+    {
+        let q = rng.vec(rows * nh * hd);
+        let k = rng.vec(kv_len * nkv * hd);
+        let v = rng.vec(kv_len * nkv * hd);
+        let mask = match causal {
+            Some(p) => cpu::attention::Mask::Causal { first_pos: p },
+            None => cpu::attention::Mask::None,
+        };
+        let shape = cpu::attention::AttnShape { rows, kv_len, n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+        let want = cpu::attention::attention(&q, &k, &v, shape, mask);
+        let (qd, kd, vd) = (up(&g, &q), up(&g, &k), up(&g, &v));
+        let mut out = poisoned(&g, rows * nh * hd);
+        let mut sc = scratch(&g, nh, hd);
+        g.attention_split(
+            &qd.as_view(),
+            &kd.as_view(),
+            &vd.as_view(),
+            &mut out.as_view_mut(),
+            rows,
+            kv_len,
+            (nh, nkv, hd),
+            causal,
+            &mut sc,
+        )
+        .unwrap();
+        let e = rel_err(&down(&g, &out), &want);
+        assert!(e <= 1e-5, "split attention rows {rows} kv {kv_len} hd {hd} {causal:?}: {e}");
+    }
+}
+
+#[test]
+fn qkv_rope_append_matches_reference() {
+    let g = gpu();
+    let mut rng = Rng(13);
+    for (rows, nq, nkv, hd, first_pos, cache_row) in
+        [(1, 2, 1, 32, 0, 0), (5, 4, 2, 64, 17, 20), (3, 0, 2, 32, 9, 9), (8, 32, 8, 128, 4000, 4000)]
+            .into_iter()
+            .filter(|s| full_size() || s.1 < 8)
+    {
+        let heads = nq + 2 * nkv;
+        let qkv = rng.vec(rows * heads * hd);
+        let (qn, kn) = (rng.vec(hd), rng.vec(hd));
+        let freqs = cpu::rope::inv_freq(1e6, hd);
+        let positions: Vec<usize> = (first_pos..first_pos + rows).collect();
+        let part = |lo: usize, n: usize| -> Vec<f32> {
+            (0..rows).flat_map(|r| qkv[(r * heads + lo) * hd..][..n * hd].to_vec()).collect()
+        };
+        let (mut wq, mut wk, wv) = (part(0, nq), part(nq, nkv), part(nq + nkv, nkv));
+        cpu::rmsnorm::rmsnorm_inplace(&mut wq, &qn, 1e-6);
+        cpu::rope::rope_inplace(&mut wq, &positions, nq, &freqs);
+        cpu::rmsnorm::rmsnorm_inplace(&mut wk, &kn, 1e-6);
+        cpu::rope::rope_inplace(&mut wk, &positions, nkv, &freqs);
+        let cache_len = (cache_row + rows + 3) * nkv * hd;
+        let (qd, qnd, knd, fd) = (up(&g, &qkv), up(&g, &qn), up(&g, &kn), up(&g, &freqs));
+        let mut q_out = poisoned(&g, (rows * nq * hd).max(1));
+        let mut kc = poisoned(&g, cache_len);
+        let mut vc = poisoned(&g, cache_len);
+        g.qkv_rope_append(
+            &qd.as_view(),
+            &qnd.as_view(),
+            &knd.as_view(),
+            &fd.as_view(),
+            &mut q_out.slice_mut(..rows * nq * hd),
+            &mut kc.as_view_mut(),
+            &mut vc.as_view_mut(),
+            (rows, nq, nkv),
+            (first_pos, cache_row),
+            1e-6,
+        )
+        .unwrap();
+        let span = cache_row * nkv * hd..(cache_row + rows) * nkv * hd;
+        let (kh, vh) = (down(&g, &kc), down(&g, &vc));
+        if nq > 0 {
+            let e = rel_err(&down(&g, &q_out)[..rows * nq * hd], &wq);
+            assert!(e <= 2e-5, "qkv_rope_append q: {e}");
+        }
+        assert!(rel_err(&kh[span.clone()], &wk) <= 2e-5, "qkv_rope_append k");
+        assert_eq!(vh[span.clone()].to_vec(), wv, "qkv_rope_append v");
+        // Rows outside the appended span are left alone (still poisoned).
+        assert!(kh[..span.start].iter().chain(&kh[span.end..]).all(|x| x.is_nan()));
+    }
+}
+
+#[test]
+fn copy_rows_strided() {
+    let g = gpu();
+    let mut rng = Rng(14);
+    let (rows, cols, ss, ds) = (5, 70, 80, 210);
+    let src = rng.vec(rows * ss);
+    let sd = up(&g, &src);
+    let mut dd = poisoned(&g, rows * ds);
+    g.copy_rows(&sd.as_view(), &mut dd.slice_mut(140..), rows, cols, (ss, ds)).unwrap();
+    let got = down(&g, &dd);
+    for r in 0..rows {
+        assert_eq!(&got[140 + r * ds..][..cols], &src[r * ss..][..cols]);
+        assert!(got[140 + r * ds + cols..][..ds - cols - if r == rows - 1 { 140 } else { 0 }].iter().all(|x| x.is_nan()));
+    }
 }
 
 #[test]

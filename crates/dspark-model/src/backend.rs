@@ -40,6 +40,43 @@ impl Forward {
     }
 }
 
+/// Captured layer outputs of a forward, where they live: copied to the host, or left in a
+/// device buffer the target shares with a draft on the same GPU (so a speculative round moves
+/// no features through the host).
+#[derive(Clone, Debug)]
+pub enum Captured {
+    /// `[rows, T · hidden]` row-major.
+    Host(Vec<f32>),
+    /// The first `rows` rows of the target's shared capture buffer, valid until its next forward.
+    Device(DeviceRows),
+}
+
+/// A handle to rows of a device capture buffer (see [`Captured::Device`]).
+#[derive(Clone, Debug)]
+pub struct DeviceRows {
+    /// Which buffer and which forward wrote it; a draft refuses a stale handle.
+    pub buffer: usize,
+    pub generation: u64,
+    pub rows: usize,
+}
+
+impl Captured {
+    /// The first `rows` rows (`row_len` floats each on the host).
+    pub fn prefix(&self, rows: usize, row_len: usize) -> Captured {
+        match self {
+            Captured::Host(v) => Captured::Host(v[..(rows * row_len).min(v.len())].to_vec()),
+            Captured::Device(d) => Captured::Device(DeviceRows { rows: rows.min(d.rows), ..d.clone() }),
+        }
+    }
+}
+
+/// Output of a greedy forward: the argmax of each requested logits row, and the captures.
+#[derive(Clone, Debug)]
+pub struct Greedy {
+    pub ids: Vec<u32>,
+    pub captured: Captured,
+}
+
 /// A Qwen3 target with a KV cache.
 pub trait TargetModel {
     fn config(&self) -> &Qwen3Config;
@@ -57,6 +94,15 @@ pub trait TargetModel {
     fn set_capture(&mut self, layers: &[usize]) -> Result<()>;
     /// Runs `tokens` at positions `len()..len() + tokens.len()` and appends them to the cache.
     fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward>;
+    /// [`TargetModel::forward`] returning only each logits row's argmax (lowest index on ties),
+    /// which is all greedy decoding needs. The CUDA target takes the argmax on the device and
+    /// keeps short forwards' captures there.
+    fn forward_greedy(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Greedy> {
+        let f = self.forward(tokens, rows)?;
+        let vocab = self.config().vocab_size;
+        let ids = (0..f.rows).map(|r| dspark_kernels::cpu::argmax::argmax(f.row(r, vocab)) as u32).collect();
+        Ok(Greedy { ids, captured: Captured::Host(f.captured) })
+    }
 }
 
 /// What a drafter proposes for one block.
@@ -85,6 +131,16 @@ pub trait Drafter {
     fn reset(&mut self);
     /// Appends `[n, T · hidden]` features for the next `n` committed positions.
     fn append_context(&mut self, features: &[f32]) -> Result<()>;
+    /// [`Drafter::append_context`] from a forward's captures, wherever they live. Drafts that
+    /// cannot read device captures take host ones only.
+    fn append_captured(&mut self, captured: &Captured) -> Result<()> {
+        match captured {
+            Captured::Host(v) => self.append_context(v),
+            Captured::Device(_) => {
+                Err(Error::Request("this draft cannot read captures held on a GPU; use a CUDA draft".into()))
+            }
+        }
+    }
     /// Proposes `B` tokens following `anchor`, which sits at position `context_len()`.
     fn propose(&mut self, anchor: u32) -> Result<Proposal>;
 }

@@ -8,16 +8,16 @@
 //! (the anchor, or the argmax just written for the previous slot) — so only the final draft
 //! ids and confidence logits are copied back.
 
-use crate::backend::{Drafter, Proposal};
+use crate::backend::{Captured, Drafter, Proposal};
 use crate::config::Qwen3Config;
 use crate::cuda_layers::{drv, gpu_err, layer_step, vector, weight, CacheRows, GpuLayer, Scratch};
-use crate::cuda_qwen3::{CudaQwen3, CHUNK};
+use crate::cuda_qwen3::{capture_id, CudaQwen3, SharedCapture, CHUNK};
 use crate::draft_config::{DraftConfig, MarkovKind};
 use crate::dspark::check_tensors;
 use crate::error::{Error, Result};
 use crate::markov::prefix_survival;
 use crate::safetensors::Checkpoint;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::ops::WeightBuf;
 use dspark_kernels::cuda::Gpu;
@@ -63,7 +63,10 @@ pub struct CudaDraft {
     v_cache: Vec<CudaSlice<f32>>,
     ctx_len: usize,
     scratch: Scratch,
-    features: CudaSlice<f32>,
+    /// Host-fed feature rows (taken out while a chunk is projected from it).
+    features: Option<CudaSlice<f32>>,
+    /// The target's capture buffer, read directly when the loop hands over device rows.
+    capture: SharedCapture,
     c: CudaSlice<f32>,
     x: CudaSlice<f32>,
     hidden: CudaSlice<f32>,
@@ -155,7 +158,8 @@ impl CudaDraft {
             k_cache: (0..l.num_hidden_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
             v_cache: (0..l.num_hidden_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
             scratch: Scratch::new(&arena, l, rows)?,
-            features: z(CHUNK * t * h)?,
+            features: Some(z(CHUNK * t * h)?),
+            capture: target.shared_capture(),
             c: z(CHUNK * h)?,
             x: z(rows * h)?,
             hidden: z(b * h)?,
@@ -181,12 +185,15 @@ impl CudaDraft {
         &self.cfg
     }
 
-    /// Projects `n ≤ CHUNK` feature rows already in `self.features` into every layer's cache.
-    fn append_chunk(&mut self, n: usize) -> Result<()> {
+    /// Projects `n ≤ CHUNK` feature rows `[n, T·H]` into every layer's cache: the fused fc, the
+    /// hidden norm, then per layer the k|v rows of the stacked projection and one fused
+    /// norm + RoPE + append launch. Context rows enter k/v directly: no input_layernorm
+    /// (DSPARK.md §2.2).
+    fn append_chunk(&mut self, features: &CudaView<f32>, n: usize) -> Result<()> {
         let l = &self.cfg.layer;
-        let (h, t, kv, eps) = (l.hidden_size, self.cfg.num_taps(), l.kv_dim(), l.rms_norm_eps as f32);
+        let (h, t, q, kv, eps) = (l.hidden_size, self.cfg.num_taps(), l.q_dim(), l.kv_dim(), l.rms_norm_eps as f32);
         let gpu = self.gpu.clone();
-        gpu.matvec(&self.fc, &self.features.slice(..n * t * h), &mut self.c.slice_mut(..n * h), (n, t * h, h), false)
+        gpu.matvec(&self.fc, &features.slice(..n * t * h), &mut self.c.slice_mut(..n * h), (n, t * h, h), false)
             .map_err(gpu_err)?;
         gpu.rmsnorm(
             &self.c.slice(..n * h),
@@ -196,30 +203,36 @@ impl CudaDraft {
             &mut self.scratch.u.slice_mut(..n * h),
         )
         .map_err(gpu_err)?;
-        let rows = self.ctx_len * kv..(self.ctx_len + n) * kv;
         for (i, lw) in self.layers.iter().enumerate() {
-            // Context rows enter k/v directly: no input_layernorm (DSPARK.md §2.2).
             let u = self.scratch.u.slice(..n * h);
-            gpu.matvec(&lw.k_proj, &u, &mut self.scratch.k.slice_mut(..n * kv), (n, h, kv), false).map_err(gpu_err)?;
-            gpu.matvec(&lw.v_proj, &u, &mut self.scratch.v.slice_mut(..n * kv), (n, h, kv), false).map_err(gpu_err)?;
-            gpu.qk_norm_rope(
-                &mut self.scratch.k.slice_mut(..n * kv),
+            gpu.matvec_rows(&lw.qkv_proj, q, &u, &mut self.scratch.qkv.slice_mut(..n * 2 * kv), (n, h, 2 * kv), false)
+                .map_err(gpu_err)?;
+            gpu.qkv_rope_append(
+                &self.scratch.qkv.slice(..n * 2 * kv),
+                &lw.q_norm.as_view(),
                 &lw.k_norm.as_view(),
                 &self.inv_freq.as_view(),
-                n,
-                l.num_key_value_heads,
-                self.ctx_len,
+                &mut self.scratch.q.slice_mut(..0),
+                &mut self.k_cache[i].slice_mut(..),
+                &mut self.v_cache[i].slice_mut(..),
+                (n, 0, l.num_key_value_heads),
+                (self.ctx_len, self.ctx_len),
                 eps,
             )
             .map_err(gpu_err)?;
-            gpu.stream
-                .memcpy_dtod(&self.scratch.k.slice(..n * kv), &mut self.k_cache[i].slice_mut(rows.clone()))
-                .map_err(drv)?;
-            gpu.stream
-                .memcpy_dtod(&self.scratch.v.slice(..n * kv), &mut self.v_cache[i].slice_mut(rows.clone()))
-                .map_err(drv)?;
         }
         self.ctx_len += n;
+        Ok(())
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.ctx_len + n > self.max_len {
+            return Err(Error::Request(format!(
+                "draft context of {} positions exceeds {}",
+                self.ctx_len + n,
+                self.max_len
+            )));
+        }
         Ok(())
     }
 }
@@ -249,20 +262,33 @@ impl Drafter for CudaDraft {
                 features.len()
             )));
         }
-        let n = features.len() / row;
-        if self.ctx_len + n > self.max_len {
-            return Err(Error::Request(format!(
-                "draft context of {} positions exceeds {}",
-                self.ctx_len + n,
-                self.max_len
-            )));
-        }
+        self.check_room(features.len() / row)?;
         for chunk in features.chunks(CHUNK * row) {
             let m = chunk.len() / row;
-            self.gpu.stream.memcpy_htod(chunk, &mut self.features.slice_mut(..chunk.len())).map_err(drv)?;
-            self.append_chunk(m)?;
+            let mut buf = self.features.take().ok_or_else(|| Error::Request("draft feature buffer in use".into()))?;
+            let r = self.gpu.stream.memcpy_htod(chunk, &mut buf.slice_mut(..chunk.len())).map_err(drv);
+            let r = r.and_then(|()| self.append_chunk(&buf.slice(..), m));
+            self.features = Some(buf);
+            r?;
         }
         Ok(())
+    }
+
+    fn append_captured(&mut self, captured: &Captured) -> Result<()> {
+        let d = match captured {
+            Captured::Host(v) => return self.append_context(v),
+            Captured::Device(d) => d,
+        };
+        let shared = self.capture.clone();
+        let cap = shared.lock().map_err(|_| Error::Request("capture buffer poisoned".into()))?;
+        if d.buffer != capture_id(&shared) || d.generation != cap.generation || d.rows > CHUNK {
+            return Err(Error::Request(
+                "device captures are stale or from another target: append them before the next forward".into(),
+            ));
+        }
+        self.check_room(d.rows)?;
+        let row = self.cfg.num_taps() * self.cfg.layer.hidden_size;
+        self.append_chunk(&cap.rows.slice(..d.rows * row), d.rows)
     }
 
     fn propose(&mut self, anchor: u32) -> Result<Proposal> {
@@ -351,8 +377,15 @@ impl Drafter for CudaDraft {
                 )
                 .map_err(gpu_err)?;
             }
-            gpu.argmax(&self.logits.slice(s * v..(s + 1) * v), v, v, 1, &mut self.tokens.slice_mut(s..s + 1))
-                .map_err(gpu_err)?;
+            gpu.argmax_split(
+                &self.logits.slice(s * v..(s + 1) * v),
+                v,
+                v,
+                1,
+                &mut self.tokens.slice_mut(s..s + 1),
+                &mut self.scratch.ops,
+            )
+            .map_err(gpu_err)?;
         }
         let mut tokens = vec![0u32; b];
         gpu.stream.memcpy_dtoh(&self.tokens.slice(..b), &mut tokens).map_err(drv)?;

@@ -3,20 +3,21 @@
 //! One step over `n` rows at positions `first_pos ..`:
 //!
 //! ```text
-//! u = RMSNorm_in(x);  q, k, v = Wq u, Wk u, Wv u;  q, k = RoPE(norm(q)), RoPE(norm(k))
-//! K/V cache rows [cache_row, cache_row + n) ← k, v
+//! u = RMSNorm_in(x);  q|k|v = W_qkv u                     (q_proj|k_proj|v_proj stacked: one matvec)
+//! q, k = RoPE(norm(q)), RoPE(norm(k)); K/V cache rows [cache_row, cache_row + n) ← k, v   (one launch)
 //! o = attention(q, cache rows [0, kv_len))                (causal for the target, not the draft)
 //! x += Wo o                                               (matvec in accumulate mode)
-//! u = RMSNorm_post(x);  x += down(silu(gate u) ⊙ up u)    (gate|up fused into one matvec)
+//! u = RMSNorm_post(x);  x += down(silu(gate u) ⊙ up u)    (gate|up one matvec; SwiGLU folded into down)
 //! ```
 //!
-//! Weights stay in the checkpoint dtype; every buffer comes from the arena at load.
+//! That is 9 launches per layer. Weights stay in the checkpoint dtype; every buffer comes from
+//! the arena at load.
 
 use crate::config::Qwen3Config;
 use crate::error::{Error, Result};
 use crate::safetensors::Checkpoint;
 use cudarc::driver::{CudaSlice, CudaViewMut};
-use dspark_kernels::cuda::ops::WeightBuf;
+use dspark_kernels::cuda::ops::{OpScratch, WeightBuf};
 use dspark_kernels::cuda::{CudaError, Gpu};
 use dspark_tensor::arena::Arena;
 use dspark_tensor::DType;
@@ -41,17 +42,18 @@ pub(crate) fn vector(arena: &Arena, ck: &Checkpoint, name: &str, shape: &[usize]
     arena.upload(&ck.f32(name, shape)?).map_err(drv)
 }
 
-/// Uploads rows `a` then rows `b` as one matrix (gate|up), in their dtype when they agree.
-fn stacked(arena: &Arena, ck: &Checkpoint, a: &str, b: &str, shape: &[usize]) -> Result<WeightBuf> {
-    let (da, ba) = ck.raw(a, shape)?;
-    let (db, bb) = ck.raw(b, shape)?;
-    if da == db {
-        let mut bytes = ba.to_vec();
-        bytes.extend_from_slice(bb);
-        arena.weight(da, &bytes).map_err(drv)
+/// Uploads several matrices of one width as one, rows of the first first (q|k|v, gate|up), in
+/// their dtype when they agree, else as f32.
+fn stacked(arena: &Arena, ck: &Checkpoint, parts: &[(&str, &[usize])]) -> Result<WeightBuf> {
+    let raw = parts.iter().map(|(n, shape)| ck.raw(n, shape)).collect::<Result<Vec<_>>>()?;
+    if raw.iter().all(|(d, _)| *d == raw[0].0) {
+        let bytes: Vec<u8> = raw.iter().flat_map(|(_, b)| b.iter().copied()).collect();
+        arena.weight(raw[0].0, &bytes).map_err(drv)
     } else {
-        let mut v = ck.f32(a, shape)?;
-        v.extend(ck.f32(b, shape)?);
+        let mut v = Vec::new();
+        for (n, shape) in parts {
+            v.extend(ck.f32(n, shape)?);
+        }
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         arena.weight(DType::F32, &bytes).map_err(drv)
     }
@@ -60,9 +62,8 @@ fn stacked(arena: &Arena, ck: &Checkpoint, a: &str, b: &str, shape: &[usize]) ->
 /// One decoder layer on the device.
 pub struct GpuLayer {
     pub input_layernorm: CudaSlice<f32>,
-    pub q_proj: WeightBuf,
-    pub k_proj: WeightBuf,
-    pub v_proj: WeightBuf,
+    /// `[q + 2·kv, H]`: q_proj rows, then k_proj, then v_proj.
+    pub qkv_proj: WeightBuf,
     pub o_proj: WeightBuf,
     pub q_norm: CudaSlice<f32>,
     pub k_norm: CudaSlice<f32>,
@@ -78,14 +79,20 @@ impl GpuLayer {
         let n = |s: &str| format!("{prefix}{s}");
         Ok(GpuLayer {
             input_layernorm: vector(arena, ck, &n("input_layernorm.weight"), &[h])?,
-            q_proj: weight(arena, ck, &n("self_attn.q_proj.weight"), &[q, h])?,
-            k_proj: weight(arena, ck, &n("self_attn.k_proj.weight"), &[kv, h])?,
-            v_proj: weight(arena, ck, &n("self_attn.v_proj.weight"), &[kv, h])?,
+            qkv_proj: stacked(
+                arena,
+                ck,
+                &[
+                    (&n("self_attn.q_proj.weight"), &[q, h]),
+                    (&n("self_attn.k_proj.weight"), &[kv, h]),
+                    (&n("self_attn.v_proj.weight"), &[kv, h]),
+                ],
+            )?,
             o_proj: weight(arena, ck, &n("self_attn.o_proj.weight"), &[h, q])?,
             q_norm: vector(arena, ck, &n("self_attn.q_norm.weight"), &[hd])?,
             k_norm: vector(arena, ck, &n("self_attn.k_norm.weight"), &[hd])?,
             post_attention_layernorm: vector(arena, ck, &n("post_attention_layernorm.weight"), &[h])?,
-            gate_up: stacked(arena, ck, &n("mlp.gate_proj.weight"), &n("mlp.up_proj.weight"), &[i, h])?,
+            gate_up: stacked(arena, ck, &[(&n("mlp.gate_proj.weight"), &[i, h]), (&n("mlp.up_proj.weight"), &[i, h])])?,
             down_proj: weight(arena, ck, &n("mlp.down_proj.weight"), &[h, i])?,
         })
     }
@@ -95,26 +102,34 @@ impl GpuLayer {
 pub struct Scratch {
     pub rows: usize,
     pub u: CudaSlice<f32>,
+    /// `[rows, q + 2·kv]` output of the fused projection.
+    pub qkv: CudaSlice<f32>,
     pub q: CudaSlice<f32>,
-    pub k: CudaSlice<f32>,
-    pub v: CudaSlice<f32>,
     pub o: CudaSlice<f32>,
     pub gate_up: CudaSlice<f32>,
     pub act: CudaSlice<f32>,
+    pub ops: OpScratch,
 }
 
 impl Scratch {
     pub fn new(arena: &Arena, cfg: &Qwen3Config, rows: usize) -> Result<Scratch> {
         let z = |n: usize| arena.zeros::<f32>(rows * n).map_err(drv);
+        let (ao, aml, am, at) = OpScratch::sizes(cfg.num_attention_heads, cfg.head_dim);
         Ok(Scratch {
             rows,
             u: z(cfg.hidden_size)?,
+            qkv: z(cfg.q_dim() + 2 * cfg.kv_dim())?,
             q: z(cfg.q_dim())?,
-            k: z(cfg.kv_dim())?,
-            v: z(cfg.kv_dim())?,
             o: z(cfg.q_dim())?,
             gate_up: z(2 * cfg.intermediate_size)?,
             act: z(cfg.intermediate_size)?,
+            ops: OpScratch {
+                attn_o: arena.zeros(ao).map_err(drv)?,
+                attn_ml: arena.zeros(aml).map_err(drv)?,
+                argmax_v: arena.zeros(am).map_err(drv)?,
+                argmax_i: arena.zeros(am).map_err(drv)?,
+                argmax_tickets: arena.zeros(at).map_err(drv)?,
+            },
         })
     }
 }
@@ -147,36 +162,25 @@ pub fn layer_step(
     let (q, kv, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
     let heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     let e = gpu_err;
+    let qkv_dim = q + 2 * kv;
     gpu.rmsnorm(&x.as_view(), &lw.input_layernorm.as_view(), eps, n, &mut s.u.slice_mut(..n * h)).map_err(e)?;
-    let u = s.u.slice(..n * h);
-    gpu.matvec(&lw.q_proj, &u, &mut s.q.slice_mut(..n * q), (n, h, q), false).map_err(e)?;
-    gpu.matvec(&lw.k_proj, &u, &mut s.k.slice_mut(..n * kv), (n, h, kv), false).map_err(e)?;
-    gpu.matvec(&lw.v_proj, &u, &mut s.v.slice_mut(..n * kv), (n, h, kv), false).map_err(e)?;
-    gpu.qk_norm_rope(
-        &mut s.q.slice_mut(..n * q),
+    gpu.matvec(&lw.qkv_proj, &s.u.slice(..n * h), &mut s.qkv.slice_mut(..n * qkv_dim), (n, h, qkv_dim), false)
+        .map_err(e)?;
+    gpu.qkv_rope_append(
+        &s.qkv.slice(..n * qkv_dim),
         &lw.q_norm.as_view(),
-        &inv_freq.as_view(),
-        n,
-        heads.0,
-        first_pos,
-        eps,
-    )
-    .map_err(e)?;
-    gpu.qk_norm_rope(
-        &mut s.k.slice_mut(..n * kv),
         &lw.k_norm.as_view(),
         &inv_freq.as_view(),
-        n,
-        heads.1,
-        first_pos,
+        &mut s.q.slice_mut(..n * q),
+        &mut cache.k.slice_mut(..),
+        &mut cache.v.slice_mut(..),
+        (n, heads.0, heads.1),
+        (first_pos, cache.row),
         eps,
     )
     .map_err(e)?;
-    let rows = cache.row * kv..(cache.row + n) * kv;
-    gpu.stream.memcpy_dtod(&s.k.slice(..n * kv), &mut cache.k.slice_mut(rows.clone())).map_err(drv)?;
-    gpu.stream.memcpy_dtod(&s.v.slice(..n * kv), &mut cache.v.slice_mut(rows)).map_err(drv)?;
     let lim = cache.kv_len * kv;
-    gpu.attention(
+    gpu.attention_split(
         &s.q.slice(..n * q),
         &cache.k.slice(..lim),
         &cache.v.slice(..lim),
@@ -185,6 +189,7 @@ pub fn layer_step(
         cache.kv_len,
         heads,
         causal.then_some(first_pos),
+        &mut s.ops,
     )
     .map_err(e)?;
     gpu.matvec(&lw.o_proj, &s.o.slice(..n * q), x, (n, q, h), true).map_err(e)?;
@@ -192,7 +197,14 @@ pub fn layer_step(
         .map_err(e)?;
     gpu.matvec(&lw.gate_up, &s.u.slice(..n * h), &mut s.gate_up.slice_mut(..n * 2 * inter), (n, h, 2 * inter), false)
         .map_err(e)?;
-    gpu.swiglu(&s.gate_up.slice(..n * 2 * inter), inter, n, &mut s.act.slice_mut(..n * inter)).map_err(e)?;
-    gpu.matvec(&lw.down_proj, &s.act.slice(..n * inter), x, (n, inter, h), true).map_err(e)?;
+    gpu.swiglu_matvec(
+        &lw.down_proj,
+        &s.gate_up.slice(..n * 2 * inter),
+        &mut s.act.slice_mut(..n * inter),
+        x,
+        (n, inter, h),
+        true,
+    )
+    .map_err(e)?;
     Ok(())
 }

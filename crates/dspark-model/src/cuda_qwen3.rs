@@ -3,10 +3,17 @@
 //! Everything is planned at load: weights in their checkpoint dtype, the KV cache for
 //! `max_len` positions, and activation buffers for steps of up to [`CHUNK`] rows. A forward
 //! over more tokens (prefill) runs as consecutive chunks, each a causal step over the cache, so
-//! no step allocates device memory. Logits and captured layer outputs are copied back to the
-//! host, which is what the trait returns; the on-device argmax path comes with the benchmarks.
+//! no step allocates device memory.
+//!
+//! Two ways out: [`TargetModel::forward`] copies logits and captures to the host (tests, tools);
+//! [`TargetModel::forward_greedy`], which the decoding loops use, takes the argmax of each row on
+//! the device and copies back only the ids, and leaves the captured layer outputs of a forward
+//! of at most [`CHUNK`] tokens in a device buffer shared with the draft ([`SharedCapture`]), so
+//! a speculative round moves no activations through the host.
 
-use crate::backend::{check_capture, check_forward, check_truncate, Forward, LogitRows, TargetModel};
+use crate::backend::{
+    check_capture, check_forward, check_truncate, Captured, DeviceRows, Forward, Greedy, LogitRows, TargetModel,
+};
 use crate::config::Qwen3Config;
 use crate::cuda_layers::{drv, gpu_err, layer_step, vector, weight, CacheRows, GpuLayer, Scratch};
 use crate::error::Result;
@@ -17,7 +24,22 @@ use dspark_kernels::cuda::ops::WeightBuf;
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// The token-major capture buffer `[CHUNK, T · H]` a target writes and a draft on the same GPU
+/// reads; `generation` counts forwards so a draft can refuse rows that were overwritten.
+pub struct CaptureBuf {
+    pub rows: CudaSlice<f32>,
+    pub generation: u64,
+}
+
+/// Shared between a [`CudaQwen3`] and the drafts loaded for it.
+pub type SharedCapture = Arc<Mutex<CaptureBuf>>;
+
+/// Identity of a shared capture buffer, as carried in [`DeviceRows::buffer`].
+pub fn capture_id(c: &SharedCapture) -> usize {
+    Arc::as_ptr(c) as usize
+}
 
 /// Most rows one device step processes (prefill runs in chunks of this size).
 pub const CHUNK: usize = 64;
@@ -42,8 +64,9 @@ pub struct CudaQwen3 {
     ids: CudaSlice<u32>,
     x: CudaSlice<f32>,
     logits: CudaSlice<f32>,
-    /// `[T, CHUNK, H]`: captured layer outputs of the current chunk, slot-major.
-    captured: CudaSlice<f32>,
+    /// Argmax ids of the logits rows.
+    next_ids: CudaSlice<u32>,
+    pub(crate) captured: SharedCapture,
 }
 
 impl CudaQwen3 {
@@ -75,7 +98,8 @@ impl CudaQwen3 {
         let ids = arena.zeros::<u32>(CHUNK).map_err(drv)?;
         let x = arena.zeros::<f32>(CHUNK * h).map_err(drv)?;
         let logits = arena.zeros::<f32>(CHUNK * v).map_err(drv)?;
-        let captured = arena.zeros::<f32>(cfg.num_hidden_layers * CHUNK * h).map_err(drv)?;
+        let captured = Arc::new(Mutex::new(CaptureBuf { rows: arena.zeros::<f32>(1).map_err(drv)?, generation: 0 }));
+        let next_ids = arena.zeros::<u32>(CHUNK).map_err(drv)?;
         Ok(CudaQwen3 {
             gpu,
             arena,
@@ -94,12 +118,20 @@ impl CudaQwen3 {
             ids,
             x,
             logits,
+            next_ids,
             captured,
         })
     }
 
-    /// One chunk of at most [`CHUNK`] tokens; appends logits rows `[first_row..]` and captured rows.
-    fn chunk(&mut self, tokens: &[u32], logit_from: Option<usize>, out: &mut Forward) -> Result<()> {
+    /// The arena and the capture buffer for drafts loaded onto this target's GPU.
+    pub fn shared_capture(&self) -> SharedCapture {
+        self.captured.clone()
+    }
+
+    /// Runs one chunk of at most [`CHUNK`] tokens on the device: logits of rows `from..` into
+    /// `self.logits` (none when `logit_from` is `None`), captures into the shared buffer's first
+    /// `n` rows. Returns the number of logits rows.
+    fn run_chunk(&mut self, tokens: &[u32], logit_from: Option<usize>) -> Result<usize> {
         let n = tokens.len();
         let c = &self.cfg;
         let (h, v) = (c.hidden_size, c.vocab_size);
@@ -109,6 +141,9 @@ impl CudaQwen3 {
         gpu.embedding(&self.embed_tokens, h, &self.ids.slice(..n), n, &mut self.x.slice_mut(..n * h))
             .map_err(gpu_err)?;
         let t = self.capture.len();
+        let shared = self.captured.clone();
+        let mut cap = shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
+        cap.generation += 1;
         for l in 0..self.layers.len() {
             let cache =
                 CacheRows { k: &mut self.k_cache[l], v: &mut self.v_cache[l], row: first_pos, kv_len: first_pos + n };
@@ -125,48 +160,42 @@ impl CudaQwen3 {
                 true,
             )?;
             for (slot, _) in self.capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
-                let dst = slot * CHUNK * h;
-                gpu.stream
-                    .memcpy_dtod(&self.x.slice(..n * h), &mut self.captured.slice_mut(dst..dst + n * h))
-                    .map_err(drv)?;
-            }
-        }
-        if let Some(from) = logit_from {
-            let rows = n - from;
-            let eps = c.rms_norm_eps as f32;
-            gpu.rmsnorm(
-                &self.x.slice(from * h..n * h),
-                &self.norm.as_view(),
-                eps,
-                rows,
-                &mut self.scratch.u.slice_mut(..rows * h),
-            )
-            .map_err(gpu_err)?;
-            let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-            gpu.matvec(
-                head,
-                &self.scratch.u.slice(..rows * h),
-                &mut self.logits.slice_mut(..rows * v),
-                (rows, h, v),
-                false,
-            )
-            .map_err(gpu_err)?;
-            let mut host = vec![0f32; rows * v];
-            gpu.stream.memcpy_dtoh(&self.logits.slice(..rows * v), &mut host).map_err(drv)?;
-            out.logits.extend_from_slice(&host);
-            out.rows += rows;
-        }
-        if t > 0 {
-            let mut host = vec![0f32; t * CHUNK * h];
-            gpu.stream.memcpy_dtoh(&self.captured.slice(..t * CHUNK * h), &mut host).map_err(drv)?;
-            for r in 0..n {
-                for slot in 0..t {
-                    out.captured.extend_from_slice(&host[(slot * CHUNK + r) * h..][..h]);
-                }
+                gpu.copy_rows(&self.x.slice(..n * h), &mut cap.rows.slice_mut(slot * h..), n, h, (h, t * h))
+                    .map_err(gpu_err)?;
             }
         }
         self.len += n;
+        let Some(from) = logit_from else { return Ok(0) };
+        let rows = n - from;
+        let eps = c.rms_norm_eps as f32;
+        gpu.rmsnorm(&self.x.slice(from * h..n * h), &self.norm.as_view(), eps, rows, &mut self.scratch.u.slice_mut(..rows * h))
+            .map_err(gpu_err)?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        gpu.matvec(head, &self.scratch.u.slice(..rows * h), &mut self.logits.slice_mut(..rows * v), (rows, h, v), false)
+            .map_err(gpu_err)?;
+        Ok(rows)
+    }
+
+    /// Copies the first `n` capture rows to the host, appending to `out`.
+    fn captured_to_host(&self, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        let row = self.capture.len() * self.cfg.hidden_size;
+        if row == 0 {
+            return Ok(());
+        }
+        let cap = self.captured.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
+        let mut host = vec![0f32; n * row];
+        self.gpu.stream.memcpy_dtoh(&cap.rows.slice(..n * row), &mut host).map_err(drv)?;
+        out.extend_from_slice(&host);
         Ok(())
+    }
+
+    /// Which rows of chunk `i` of `last` need logits.
+    fn logit_from(rows: LogitRows, i: usize, last: usize, len: usize) -> Option<usize> {
+        match rows {
+            LogitRows::All => Some(0),
+            LogitRows::Last if i == last => Some(len - 1),
+            LogitRows::Last => None,
+        }
     }
 }
 
@@ -193,22 +222,62 @@ impl TargetModel for CudaQwen3 {
     fn set_capture(&mut self, layers: &[usize]) -> Result<()> {
         check_capture(&self.cfg, layers)?;
         self.capture = layers.to_vec();
+        let need = CHUNK * layers.len() * self.cfg.hidden_size;
+        let mut cap = self.captured.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
+        if cap.rows.len() < need {
+            // Planned once, when the draft is attached, never while decoding.
+            cap.rows = self.arena.zeros::<f32>(need).map_err(drv)?;
+        }
         Ok(())
     }
 
     fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward> {
         check_forward(&self.cfg, self.len, self.max_len, tokens)?;
+        let v = self.cfg.vocab_size;
         let mut out = Forward::default();
         let chunks: Vec<&[u32]> = tokens.chunks(CHUNK).collect();
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
-            let from = match rows {
-                LogitRows::All => Some(0),
-                LogitRows::Last if i == last => Some(chunk.len() - 1),
-                LogitRows::Last => None,
-            };
-            self.chunk(chunk, from, &mut out)?;
+            let n = self.run_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()))?;
+            if n > 0 {
+                let mut host = vec![0f32; n * v];
+                self.gpu.stream.memcpy_dtoh(&self.logits.slice(..n * v), &mut host).map_err(drv)?;
+                out.logits.extend_from_slice(&host);
+                out.rows += n;
+            }
+            self.captured_to_host(chunk.len(), &mut out.captured)?;
         }
         Ok(out)
+    }
+
+    fn forward_greedy(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Greedy> {
+        check_forward(&self.cfg, self.len, self.max_len, tokens)?;
+        let v = self.cfg.vocab_size;
+        let chunks: Vec<&[u32]> = tokens.chunks(CHUNK).collect();
+        let last = chunks.len() - 1;
+        let mut ids = Vec::new();
+        let mut host_captured = Vec::new();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let n = self.run_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()))?;
+            if n > 0 {
+                let gpu = self.gpu.clone();
+                gpu.argmax_split(&self.logits.slice(..n * v), v, v, n, &mut self.next_ids.slice_mut(..n), &mut self.scratch.ops)
+                    .map_err(gpu_err)?;
+                let mut host = vec![0u32; n];
+                gpu.stream.memcpy_dtoh(&self.next_ids.slice(..n), &mut host).map_err(drv)?;
+                ids.extend_from_slice(&host);
+            }
+            if last > 0 {
+                self.captured_to_host(chunk.len(), &mut host_captured)?;
+            }
+        }
+        let captured = if last > 0 || self.capture.is_empty() {
+            Captured::Host(host_captured)
+        } else {
+            let generation =
+                self.captured.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?.generation;
+            Captured::Device(DeviceRows { buffer: capture_id(&self.captured), generation, rows: tokens.len() })
+        };
+        Ok(Greedy { ids, captured })
     }
 }

@@ -30,6 +30,6 @@ pub mod speculators;
 pub mod testing;
 pub mod tokenizer;
 
-pub use backend::{Drafter, Forward, LogitRows, Proposal, TargetModel};
+pub use backend::{Captured, DeviceRows, Drafter, Forward, Greedy, LogitRows, Proposal, TargetModel};
 pub use config::Qwen3Config;
 pub use error::{Error, Result};

@@ -10,7 +10,6 @@
 //! is the definition of output the speculative loop is held to.
 
 use crate::stats::{Generation, StopReason};
-use dspark_kernels::cpu::argmax::argmax;
 use dspark_model::{Error, LogitRows, Result, TargetModel};
 use std::time::{Duration, Instant};
 
@@ -46,10 +45,9 @@ pub fn greedy<T: TargetModel + ?Sized>(
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation> {
     check_prompt(target, prompt)?;
-    let vocab = target.config().vocab_size;
     target.truncate(0)?;
     let start = Instant::now();
-    let mut next = argmax(target.forward(prompt, LogitRows::Last)?.row(0, vocab)) as u32;
+    let mut next = target.forward_greedy(prompt, LogitRows::Last)?.ids[0];
     let prefill = start.elapsed();
     let decode_start = Instant::now();
     let mut tokens = Vec::new();
@@ -68,7 +66,7 @@ pub fn greedy<T: TargetModel + ?Sized>(
             if target.len() >= target.max_len() {
                 break StopReason::ContextFull;
             }
-            next = argmax(target.forward(&[next], LogitRows::Last)?.row(0, vocab)) as u32;
+            next = target.forward_greedy(&[next], LogitRows::Last)?.ids[0];
         }
     };
     let decode = if tokens.len() > 1 { decode_start.elapsed() } else { Duration::ZERO };

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! prefill: logits, F = target(prompt);  a = argmax(logits[-1]);  emit a;  pending = F
-//! round:   draft.append_context(pending)            # positions the draft has not seen
+//! round:   draft.append_captured(pending)           # positions the draft has not seen
 //!          d_1..d_B = draft.propose(a)               # one parallel pass + Markov chain
 //!          k = verify_len(survival)                  # how many drafts to check
 //!          g_0..g_k, F' = target([a, d_1..d_k])      # one forward at positions p..p+k
@@ -17,7 +17,6 @@
 use crate::stats::{Generation, SpecStats, StopReason};
 use crate::verify_len::VerifyLen;
 use crate::GenerateOptions;
-use dspark_kernels::cpu::argmax::argmax;
 use dspark_model::{Drafter, LogitRows, Result, TargetModel};
 use std::time::Instant;
 
@@ -31,15 +30,16 @@ pub fn speculative<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation> {
     crate::greedy::check_prompt(target, prompt)?;
-    let vocab = target.config().vocab_size;
     let block = draft.block_size();
+    // Floats per captured row on the host: T taps of the hidden size.
+    let row = draft.target_layer_ids().len() * target.config().hidden_size;
     target.truncate(0)?;
     target.set_capture(draft.target_layer_ids())?;
     draft.reset();
 
     let start = Instant::now();
-    let f = target.forward(prompt, LogitRows::Last)?;
-    let mut anchor = argmax(f.row(0, vocab)) as u32;
+    let f = target.forward_greedy(prompt, LogitRows::Last)?;
+    let mut anchor = f.ids[0];
     let mut pending = f.captured;
     let prefill = start.elapsed();
     let decode_start = Instant::now();
@@ -71,7 +71,7 @@ pub fn speculative<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
             if p >= target.max_len() {
                 break 'gen StopReason::ContextFull;
             }
-            draft.append_context(&pending)?;
+            draft.append_captured(&pending)?;
             let proposal = draft.propose(anchor)?;
             // Never verify past the context, and never more drafts than tokens still wanted.
             let room = target.max_len() - p - 1;
@@ -81,14 +81,13 @@ pub fn speculative<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
             let mut input = Vec::with_capacity(k + 1);
             input.push(anchor);
             input.extend_from_slice(&proposal.tokens[..k]);
-            let f = target.forward(&input, LogitRows::All)?;
-            let g: Vec<u32> = (0..=k).map(|i| argmax(f.row(i, vocab)) as u32).collect();
+            let f = target.forward_greedy(&input, LogitRows::All)?;
+            let g = f.ids;
             let m = (0..k).take_while(|&i| proposal.tokens[i] == g[i]).count();
             stats.record(k, m);
 
             target.truncate(p + m + 1)?;
-            let row = f.captured.len() / (k + 1);
-            pending = f.captured[..(m + 1) * row].to_vec();
+            pending = f.captured.prefix(m + 1, row);
             for &t in g[..=m].iter() {
                 // g_i == d_{i+1} for i < m, so the accepted drafts and the correction are g_0..g_m.
                 if let Some(stop) = emit(t, &mut tokens) {

@@ -28,14 +28,14 @@ impl CostTable {
         target.truncate(0)?;
         let ctx = 16.min(target.max_len().saturating_sub(max_tokens + 1)).max(1);
         let filler: Vec<u32> = (0..ctx as u32).map(|i| i % target.config().vocab_size as u32).collect();
-        target.forward(&filler, LogitRows::Last)?;
+        target.forward_greedy(&filler, LogitRows::Last)?;
         let mut seconds = Vec::with_capacity(max_tokens);
         for n in 1..=max_tokens {
             let tokens = vec![0u32; n];
             let mut best = f64::INFINITY;
             for _ in 0..reps.max(1) {
                 let t0 = Instant::now();
-                target.forward(&tokens, LogitRows::All)?;
+                target.forward_greedy(&tokens, LogitRows::All)?;
                 best = best.min(t0.elapsed().as_secs_f64());
                 target.truncate(ctx)?;
             }

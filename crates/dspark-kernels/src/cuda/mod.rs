@@ -12,9 +12,10 @@
 pub mod ops;
 pub mod ptx;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Errors of the CUDA layer.
 #[derive(Debug)]
@@ -64,6 +65,17 @@ pub struct Gpu {
     functions: HashMap<&'static str, CudaFunction>,
     /// Compute capability (major, minor).
     pub compute_capability: (i32, i32),
+    profiling: AtomicBool,
+    /// (kernel name, start, end) of every launch while profiling is on.
+    profile: Mutex<Vec<(String, CudaEvent, CudaEvent)>>,
+}
+
+/// Total time and launch count of one kernel name in a profile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    pub name: String,
+    pub launches: usize,
+    pub micros: f64,
 }
 
 impl Gpu {
@@ -97,7 +109,58 @@ impl Gpu {
             }
             modules.push(module);
         }
-        Ok(Gpu { ctx, stream, modules, functions, compute_capability: (major, minor) })
+        Ok(Gpu {
+            ctx,
+            stream,
+            modules,
+            functions,
+            compute_capability: (major, minor),
+            profiling: AtomicBool::new(false),
+            profile: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Turns per-launch timing on or off. While on, every op wrapper records a CUDA event
+    /// before and after its launch (this serialises nothing but adds two event records per
+    /// launch, so profiles are taken in separate runs from the timed ones).
+    pub fn set_profiling(&self, on: bool) {
+        self.profiling.store(on, Ordering::Relaxed);
+    }
+
+    /// Runs `launch` and, while profiling, brackets it with events under `name`.
+    pub(crate) fn timed(&self, name: &str, launch: impl FnOnce() -> CudaResult<()>) -> CudaResult<()> {
+        if !self.profiling.load(Ordering::Relaxed) {
+            return launch();
+        }
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.stream.record_event(flags)?;
+        launch()?;
+        let end = self.stream.record_event(flags)?;
+        if let Ok(mut p) = self.profile.lock() {
+            p.push((name.to_string(), start, end));
+        }
+        Ok(())
+    }
+
+    /// Drains the recorded launches into per-kernel totals, largest first (synchronises).
+    pub fn take_profile(&self) -> CudaResult<Vec<KernelTime>> {
+        let records = match self.profile.lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(_) => Vec::new(),
+        };
+        let mut totals: Vec<KernelTime> = Vec::new();
+        for (name, start, end) in records {
+            let us = start.elapsed_ms(&end)? as f64 * 1e3;
+            match totals.iter_mut().find(|t| t.name == name) {
+                Some(t) => {
+                    t.launches += 1;
+                    t.micros += us;
+                }
+                None => totals.push(KernelTime { name, launches: 1, micros: us }),
+            }
+        }
+        totals.sort_by(|a, b| b.micros.total_cmp(&a.micros));
+        Ok(totals)
     }
 
     /// A loaded kernel by name.

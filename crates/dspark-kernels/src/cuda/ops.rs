@@ -41,6 +41,58 @@ impl WeightBuf {
             WeightBuf::F32(_) => "f32",
         }
     }
+
+    /// Elements `range` of the buffer (a block of rows of the matrix).
+    fn view(&self, range: std::ops::Range<usize>) -> WeightView<'_> {
+        match self {
+            WeightBuf::Bf16(s) | WeightBuf::F16(s) => WeightView::U16(s.slice(range)),
+            WeightBuf::F32(s) => WeightView::F32(s.slice(range)),
+        }
+    }
+}
+
+enum WeightView<'a> {
+    U16(CudaView<'a, u16>),
+    F32(CudaView<'a, f32>),
+}
+
+/// Scratch of the split-KV attention and split argmax, planned once per model.
+pub struct OpScratch {
+    /// `[splits, rows, heads, head_dim]` unnormalised partial outputs.
+    pub attn_o: CudaSlice<f32>,
+    /// `[splits, rows, heads, 2]` running max and sum.
+    pub attn_ml: CudaSlice<f32>,
+    /// `[rows, segments]` partial maxima and their indices, and one ticket per row.
+    pub argmax_v: CudaSlice<f32>,
+    pub argmax_i: CudaSlice<u32>,
+    pub argmax_tickets: CudaSlice<u32>,
+}
+
+/// Most key slices of one split attention launch.
+pub const MAX_SPLITS: usize = 64;
+/// Most query rows the split attention takes (verify and draft blocks are ≤ 8; prefill uses the
+/// per-head kernel).
+pub const SPLIT_ROWS: usize = 16;
+/// Most logits rows and segments per row of one split argmax.
+pub const ARGMAX_ROWS: usize = 64;
+pub const ARGMAX_SEGMENTS: usize = 128;
+
+impl OpScratch {
+    /// Element counts of the buffers for `heads × head_dim` query heads: (attn_o, attn_ml,
+    /// argmax pairs, tickets).
+    pub fn sizes(heads: usize, head_dim: usize) -> (usize, usize, usize, usize) {
+        let q = MAX_SPLITS * SPLIT_ROWS * heads;
+        (q * head_dim, q * 2, ARGMAX_ROWS * ARGMAX_SEGMENTS, ARGMAX_ROWS)
+    }
+}
+
+/// Rows of x per tensor-core matvec launch (the n-tile width).
+const TC_ROWS: usize = 8;
+
+fn aligned16<T>(gpu: &Gpu, v: &CudaView<T>) -> bool {
+    use cudarc::driver::DevicePtr;
+    let (ptr, _guard) = v.device_ptr(&gpu.stream);
+    ptr % 16 == 0
 }
 
 fn check(what: &str, got: usize, want: usize) -> CudaResult<()> {
@@ -54,24 +106,40 @@ fn cfg(grid: usize, block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// Pushes a weight buffer as the kernel's first argument and launches (macro so the builder's
-/// borrow of the buffer lives as long as the launch).
+/// Pushes a weight view as the kernel's first argument and launches `<name>_<dtype>` (macro so
+/// the builder's borrow of the buffer lives as long as the launch).
 macro_rules! launch_w {
     ($gpu:expr, $name:expr, $w:expr, $cfg:expr, |$b:ident| $push:block) => {{
-        let f = $gpu.function(&format!("{}_{}", $name, $w.suffix()))?;
+        let name = format!("{}_{}", $name, $w.suffix());
+        let view = $w.view(0..$w.len());
+        launch_v!($gpu, name, view, $cfg, |$b| $push);
+    }};
+}
+
+macro_rules! launch_v {
+    ($gpu:expr, $name:expr, $view:expr, $cfg:expr, |$b:ident| $push:block) => {{
+        let f = $gpu.function(&$name)?;
         let mut $b = $gpu.stream.launch_builder(f);
-        match $w {
-            WeightBuf::Bf16(s) | WeightBuf::F16(s) => {
+        match &$view {
+            WeightView::U16(s) => {
                 $b.arg(s);
             }
-            WeightBuf::F32(s) => {
+            WeightView::F32(s) => {
                 $b.arg(s);
             }
         }
         $push;
         // SAFETY: argument types and order match the kernel signature in kernels/*.cu, and the
         // lengths were checked by the caller against the launch shape.
-        unsafe { $b.launch($cfg) }?;
+        $gpu.timed(&$name, || unsafe { $b.launch($cfg) }.map(|_| ()).map_err(Into::into))?;
+    }};
+}
+
+/// Launches a builder under the profiler.
+macro_rules! launch {
+    ($gpu:expr, $name:expr, $b:expr, $cfg:expr) => {{
+        // SAFETY: see each call site: argument order matches the kernel signature.
+        $gpu.timed($name, || unsafe { $b.launch($cfg) }.map(|_| ()).map_err(Into::into))?;
     }};
 }
 
@@ -94,6 +162,28 @@ impl Gpu {
         Ok(())
     }
 
+    /// `dst[r·dst_stride ..][..cols] = src[r·src_stride ..][..cols]` for `rows` rows.
+    pub fn copy_rows(
+        &self,
+        src: &CudaView<f32>,
+        dst: &mut CudaViewMut<f32>,
+        rows: usize,
+        cols: usize,
+        (src_stride, dst_stride): (usize, usize),
+    ) -> CudaResult<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        check("copy_rows src", src.len(), (rows - 1) * src_stride + cols)?;
+        check("copy_rows dst", dst.len(), (rows - 1) * dst_stride + cols)?;
+        let (c, ss, ds) = (cols as i32, src_stride as i32, dst_stride as i32);
+        let mut b = self.stream.launch_builder(self.function("copy_rows_f32")?);
+        b.arg(src).arg(dst).arg(&c).arg(&ss).arg(&ds);
+        // SAFETY: matches copy_rows_f32(src, dst, cols, src_stride, dst_stride).
+        launch!(self, "copy_rows_f32", b, cfg(rows, 256));
+        Ok(())
+    }
+
     /// `out = rmsnorm(x) · w` per row of `w.len()`.
     pub fn rmsnorm(
         &self,
@@ -110,7 +200,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("rmsnorm_f32")?);
         b.arg(x).arg(w).arg(out).arg(&d).arg(&eps);
         // SAFETY: matches rmsnorm_f32(x, w, out, dim, eps); lengths checked above.
-        unsafe { b.launch(cfg(rows, 256)) }?;
+        launch!(self, "rmsnorm_f32", b, cfg(rows, 256));
         Ok(())
     }
 
@@ -132,7 +222,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("add_rmsnorm_f32")?);
         b.arg(residual).arg(delta).arg(w).arg(out).arg(&d).arg(&eps);
         // SAFETY: matches add_rmsnorm_f32(residual, delta, w, out, dim, eps).
-        unsafe { b.launch(cfg(rows, 256)) }?;
+        launch!(self, "add_rmsnorm_f32", b, cfg(rows, 256));
         Ok(())
     }
 
@@ -159,7 +249,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("qk_norm_rope_f32")?);
         b.arg(x).arg(w).arg(inv_freq).arg(&h).arg(&d).arg(&p).arg(&eps);
         // SAFETY: matches qk_norm_rope_f32(x, w, inv_freq, heads, hd, first_pos, eps).
-        unsafe { b.launch(cfg(rows * heads, threads)) }?;
+        launch!(self, "qk_norm_rope_f32", b, cfg(rows * heads, threads));
         Ok(())
     }
 
@@ -194,7 +284,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("attention_f32")?);
         b.arg(q).arg(k).arg(v).arg(out).arg(&nh).arg(&nkv).arg(&hd).arg(&kl).arg(&c).arg(&fp);
         // SAFETY: matches attention_f32(q, k, v, out, nh, nkv, hd, kv_len, causal, first_pos).
-        unsafe { b.launch(cfg(rows * n_heads, 128)) }?;
+        launch!(self, "attention_f32", b, cfg(rows * n_heads, 128));
         Ok(())
     }
 
@@ -212,33 +302,218 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("swiglu_f32")?);
         b.arg(gate_up).arg(out).arg(&i).arg(&r);
         // SAFETY: matches swiglu_f32(gate_up, out, inter, rows).
-        unsafe { b.launch(cfg((rows * inter).div_ceil(256), 256)) }?;
+        launch!(self, "swiglu_f32", b, cfg((rows * inter).div_ceil(256), 256));
         Ok(())
     }
 
-    /// `y[m, o] (+)= Σ_k x[m, k] · W[o, k]` for `m` rows (any m; chunks of 16 per launch).
+    /// `y[m, o] (+)= Σ_k x[m, k] · W[o, k]` for `m` rows (any m).
     pub fn matvec(
         &self,
         w: &WeightBuf,
         x: &CudaView<f32>,
         y: &mut CudaViewMut<f32>,
+        shape: (usize, usize, usize),
+        accumulate: bool,
+    ) -> CudaResult<()> {
+        self.matvec_rows(w, 0, x, y, shape, accumulate)
+    }
+
+    /// [`Gpu::matvec`] over rows `row0 .. row0 + d_out` of `w` (a block of a stacked matrix,
+    /// such as the k|v rows of the fused q|k|v projection).
+    ///
+    /// bf16 weights with `d_in % 8 == 0` and 16-byte aligned buffers take the tensor-core kernel
+    /// in launches of up to 8 rows; everything else the general kernel in launches of 16.
+    pub fn matvec_rows(
+        &self,
+        w: &WeightBuf,
+        row0: usize,
+        x: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
         (m, d_in, d_out): (usize, usize, usize),
         accumulate: bool,
     ) -> CudaResult<()> {
-        check("matvec w", w.len(), d_out * d_in)?;
+        check("matvec w", w.len(), (row0 + d_out) * d_in)?;
         check("matvec x", x.len(), m * d_in)?;
         check("matvec y", y.len(), m * d_out)?;
+        let wv = w.view(row0 * d_in..(row0 + d_out) * d_in);
+        let tc = matches!(w, WeightBuf::Bf16(_)) && d_in % 8 == 0 && aligned16(self, x) && {
+            let WeightView::U16(v) = &wv else { unreachable!() };
+            aligned16(self, v)
+        };
+        let (name, per, grid, block) = if tc {
+            ("matvec_tc_bf16".to_string(), TC_ROWS, d_out.div_ceil(16), 256)
+        } else {
+            (format!("matvec_{}", w.suffix()), 16, d_out.div_ceil(8), 256)
+        };
         let mut start = 0;
         while start < m {
-            let rows = (m - start).min(16);
+            let rows = (m - start).min(per);
             let xs = x.slice(start * d_in..(start + rows) * d_in);
             let mut ys = y.slice_mut(start * d_out..(start + rows) * d_out);
             let (mm, di, dout, acc) = (rows as i32, d_in as i32, d_out as i32, accumulate as i32);
-            launch_w!(self, "matvec", w, cfg(d_out.div_ceil(8), 256), |b| {
+            launch_v!(self, name, wv, cfg(grid, block), |b| {
                 b.arg(&xs).arg(&mut ys).arg(&mm).arg(&di).arg(&dout).arg(&acc);
             });
             start += rows;
         }
+        Ok(())
+    }
+
+    /// `y (+)= W · (silu(gate) ⊙ up)` from the fused `[m, 2·inter]` gate|up buffer: the MLP's
+    /// down projection with the SwiGLU folded into the tensor-core kernel's activation loads.
+    /// Shapes the tensor-core kernel does not take run `swiglu` into `act` and a plain matvec.
+    #[allow(clippy::too_many_arguments)]
+    pub fn swiglu_matvec(
+        &self,
+        w: &WeightBuf,
+        gate_up: &CudaView<f32>,
+        act: &mut CudaViewMut<f32>,
+        y: &mut CudaViewMut<f32>,
+        (m, inter, d_out): (usize, usize, usize),
+        accumulate: bool,
+    ) -> CudaResult<()> {
+        check("swiglu_matvec w", w.len(), d_out * inter)?;
+        check("swiglu_matvec gate_up", gate_up.len(), m * 2 * inter)?;
+        check("swiglu_matvec y", y.len(), m * d_out)?;
+        let tc = matches!(w, WeightBuf::Bf16(_)) && inter % 8 == 0 && aligned16(self, gate_up);
+        if !tc {
+            self.swiglu(gate_up, inter, m, act)?;
+            return self.matvec(w, &act.as_view(), y, (m, inter, d_out), accumulate);
+        }
+        let wv = w.view(0..w.len());
+        let mut start = 0;
+        while start < m {
+            let rows = (m - start).min(TC_ROWS);
+            let xs = gate_up.slice(start * 2 * inter..(start + rows) * 2 * inter);
+            let mut ys = y.slice_mut(start * d_out..(start + rows) * d_out);
+            let (mm, di, dout, acc) = (rows as i32, inter as i32, d_out as i32, accumulate as i32);
+            launch_v!(self, "matvec_tc_swiglu_bf16".to_string(), wv, cfg(d_out.div_ceil(16), 256), |b| {
+                b.arg(&xs).arg(&mut ys).arg(&mm).arg(&di).arg(&dout).arg(&acc);
+            });
+            start += rows;
+        }
+        Ok(())
+    }
+
+    /// Attention of `rows` queries over the first `kv_len` cache rows (as [`Gpu::attention`]),
+    /// on the split-KV kernel when the query group fits it, else the per-head kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_split(
+        &self,
+        q: &CudaView<f32>,
+        k: &CudaView<f32>,
+        v: &CudaView<f32>,
+        out: &mut CudaViewMut<f32>,
+        rows: usize,
+        kv_len: usize,
+        (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+        causal: Option<usize>,
+        scratch: &mut OpScratch,
+    ) -> CudaResult<()> {
+        let per = head_dim / 32;
+        let maxq = if per <= 4 { 32 } else { 16 };
+        let fits = matches!(head_dim, 32 | 64 | 128 | 256)
+            && n_kv_heads > 0
+            && n_heads % n_kv_heads == 0
+            && rows <= SPLIT_ROWS
+            && rows * (n_heads / n_kv_heads) <= maxq
+            && scratch.attn_o.len() >= MAX_SPLITS * rows * n_heads * head_dim
+            && scratch.attn_ml.len() >= MAX_SPLITS * rows * n_heads * 2;
+        if !fits {
+            return self.attention(q, k, v, out, rows, kv_len, (n_heads, n_kv_heads, head_dim), causal);
+        }
+        check("attention q", q.len(), rows * n_heads * head_dim)?;
+        check("attention k", k.len(), kv_len * n_kv_heads * head_dim)?;
+        check("attention v", v.len(), kv_len * n_kv_heads * head_dim)?;
+        check("attention out", out.len(), rows * n_heads * head_dim)?;
+        if !aligned16(self, k) || !aligned16(self, v) {
+            return Err(CudaError::Shape("attention_split: K/V cache views must be 16-byte aligned".into()));
+        }
+        // About 32 keys per block, at most MAX_SPLITS slices.
+        let splits = kv_len.div_ceil(32).clamp(1, MAX_SPLITS);
+        let (r, nh, nkv, kl) = (rows as i32, n_heads as i32, n_kv_heads as i32, kv_len as i32);
+        let (c, fp) = match causal {
+            Some(p) => (1i32, p as i32),
+            None => (0, 0),
+        };
+        let name = format!("attention_split_hd{head_dim}_f32");
+        let mut b = self.stream.launch_builder(self.function(&name)?);
+        b.arg(q).arg(k).arg(v).arg(&mut scratch.attn_o).arg(&mut scratch.attn_ml);
+        b.arg(&r).arg(&nh).arg(&nkv).arg(&kl).arg(&c).arg(&fp);
+        let grid = LaunchConfig { grid_dim: (n_kv_heads as u32, splits as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matches attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos).
+        launch!(self, &name, b, grid);
+        let (hd, sp) = (head_dim as i32, splits as i32);
+        let mut b = self.stream.launch_builder(self.function("attention_combine_f32")?);
+        b.arg(&scratch.attn_o).arg(&scratch.attn_ml).arg(out).arg(&r).arg(&nh).arg(&hd).arg(&sp);
+        // SAFETY: matches attention_combine_f32(part_o, part_ml, out, rows, nh, hd, splits).
+        launch!(self, "attention_combine_f32", b, cfg(rows * n_heads, head_dim as u32));
+        Ok(())
+    }
+
+    /// Fused norm + RoPE + cache append of a q|k|v projection output `[rows, (nq + 2·nkv)·hd]`
+    /// for rows at positions `first_pos ..`: q into `q_out`, k and v into the caches at row
+    /// `cache_row ..`. `nq = 0` for key/value-only input (the draft's context rows).
+    #[allow(clippy::too_many_arguments)]
+    pub fn qkv_rope_append(
+        &self,
+        qkv: &CudaView<f32>,
+        q_norm: &CudaView<f32>,
+        k_norm: &CudaView<f32>,
+        inv_freq: &CudaView<f32>,
+        q_out: &mut CudaViewMut<f32>,
+        k_cache: &mut CudaViewMut<f32>,
+        v_cache: &mut CudaViewMut<f32>,
+        (rows, nq, nkv): (usize, usize, usize),
+        (first_pos, cache_row): (usize, usize),
+        eps: f32,
+    ) -> CudaResult<()> {
+        let hd = k_norm.len();
+        if hd % 2 != 0 || hd > 512 || inv_freq.len() != hd / 2 || (nq > 0 && q_norm.len() != hd) {
+            return Err(CudaError::Shape(format!("qkv_rope_append: head_dim {hd} with {} frequencies", inv_freq.len())));
+        }
+        check("qkv_rope_append qkv", qkv.len(), rows * (nq + 2 * nkv) * hd)?;
+        check("qkv_rope_append q_out", q_out.len(), rows * nq * hd)?;
+        check("qkv_rope_append k_cache", k_cache.len(), (cache_row + rows) * nkv * hd)?;
+        check("qkv_rope_append v_cache", v_cache.len(), (cache_row + rows) * nkv * hd)?;
+        let threads = ((hd / 2).div_ceil(32) * 32) as u32;
+        let (a, b_, d, p, c) = (nq as i32, nkv as i32, hd as i32, first_pos as i32, cache_row as i32);
+        let mut b = self.stream.launch_builder(self.function("qkv_rope_append_f32")?);
+        b.arg(qkv).arg(q_norm).arg(k_norm).arg(inv_freq).arg(q_out).arg(k_cache).arg(v_cache);
+        b.arg(&a).arg(&b_).arg(&d).arg(&p).arg(&c).arg(&eps);
+        // SAFETY: matches qkv_rope_append_f32(qkv, q_norm, k_norm, inv_freq, q_out, k_cache,
+        // v_cache, nq, nkv, hd, first_pos, cache_row, eps); lengths checked above.
+        launch!(self, "qkv_rope_append_f32", b, cfg(rows * (nq + 2 * nkv), threads));
+        Ok(())
+    }
+
+    /// Argmax of `rows` logits rows as one launch of many blocks per row (see argmax.cu).
+    pub fn argmax_split(
+        &self,
+        logits: &CudaView<f32>,
+        vocab: usize,
+        row_stride: usize,
+        rows: usize,
+        out: &mut CudaViewMut<u32>,
+        scratch: &mut OpScratch,
+    ) -> CudaResult<()> {
+        let segs = vocab.div_ceil(2048).clamp(1, ARGMAX_SEGMENTS);
+        if rows > ARGMAX_ROWS || scratch.argmax_v.len() < rows * segs || scratch.argmax_tickets.len() < rows {
+            return self.argmax(logits, vocab, row_stride, rows, out);
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        check("argmax logits", logits.len(), (rows - 1) * row_stride + vocab)?;
+        check("argmax out", out.len(), rows)?;
+        let (v, s) = (vocab as i32, row_stride as i32);
+        let mut b = self.stream.launch_builder(self.function("argmax_split_f32")?);
+        b.arg(logits).arg(out).arg(&mut scratch.argmax_v).arg(&mut scratch.argmax_i).arg(&mut scratch.argmax_tickets);
+        b.arg(&v).arg(&s);
+        let grid = LaunchConfig { grid_dim: (segs as u32, rows as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matches argmax_split_f32(logits, out, partial_v, partial_i, tickets, vocab,
+        // row_stride); the tickets start zeroed (arena) and the kernel leaves them zeroed.
+        launch!(self, "argmax_split_f32", b, grid);
         Ok(())
     }
 
@@ -259,7 +534,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("argmax_f32")?);
         b.arg(logits).arg(out).arg(&v).arg(&s);
         // SAFETY: matches argmax_f32(logits, out, vocab, row_stride).
-        unsafe { b.launch(cfg(rows, 1024)) }?;
+        launch!(self, "argmax_f32", b, cfg(rows, 1024));
         Ok(())
     }
 
@@ -297,7 +572,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("markov_gated_prep_f32")?);
         b.arg(g).arg(bias).arg(h).arg(e).arg(u).arg(&hh).arg(&rr);
         // SAFETY: matches markov_gated_prep_f32(G, b, h, e, u, H, r).
-        unsafe { b.launch(cfg(1, 256)) }?;
+        launch!(self, "markov_gated_prep_f32", b, cfg(1, 256));
         Ok(())
     }
 
@@ -323,7 +598,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("markov_rnn_prep_f32")?);
         b.arg(j).arg(bias).arg(h).arg(e).arg(state).arg(scratch).arg(u).arg(&hh).arg(&rr);
         // SAFETY: matches markov_rnn_prep_f32(J, b, h, e, state, scratch, u, H, r).
-        unsafe { b.launch(cfg(1, 256)) }?;
+        launch!(self, "markov_rnn_prep_f32", b, cfg(1, 256));
         Ok(())
     }
 
@@ -344,7 +619,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("confidence_f32")?);
         b.arg(w).arg(&bias).arg(h).arg(e).arg(logit).arg(&hh).arg(&rr).arg(&wm);
         // SAFETY: matches confidence_f32(w, b, h, e, logit, H, r, with_markov).
-        unsafe { b.launch(cfg(1, 256)) }?;
+        launch!(self, "confidence_f32", b, cfg(1, 256));
         Ok(())
     }
 }
