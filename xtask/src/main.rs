@@ -247,6 +247,9 @@ fn gpu_tier() -> Result<i32> {
         std::fs::copy(&exe, bundle.join(test))?;
         run(Command::new("strip").arg(bundle.join(test)))?;
     }
+    // The release `dspark` binary, for `scripts/bench.sh` (`dspark bench`).
+    run(Command::new(&cargo).args(["build", "--release", "-p", "dspark-cli"]).current_dir(&root))?;
+    std::fs::copy(root.join("target/release/dspark"), bundle.join("dspark"))?;
     if dspark_has_local_gpu() {
         let status = Command::new("bash").arg("scripts/gpu-tier.sh").current_dir(&root).status()?;
         return Ok(status.code().unwrap_or(1));

@@ -1,9 +1,11 @@
 //! `dspark`: fast exact decoding of Qwen3 models with DSpark speculative drafts.
 //!
-//! Subcommands: `generate` (greedy decoding, streaming text or one JSON object) and `info`
-//! (what a checkpoint folder holds). Errors print as one line and exit non-zero; nothing here
+//! Subcommands: `generate` (greedy decoding, streaming text or one JSON object), `info`
+//! (what a checkpoint folder holds) and `bench` (every phase against the HBM floor on
+//! Qwen3-8B shapes, on a CUDA GPU). Errors print as one line and exit non-zero; nothing here
 //! panics on user input.
 
+mod bench;
 mod generate;
 
 use clap::{Parser, Subcommand};
@@ -26,12 +28,15 @@ enum Command {
         /// HF-layout model folder (config.json + safetensors).
         dir: PathBuf,
     },
+    /// Benchmark every decoding phase on Qwen3-8B / DSpark-8B shapes against the HBM floor.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Info { dir } => dspark_model::info::Info::of_dir(&dir).map(|i| print!("{i}")).map_err(Into::into),
     };
     match result {

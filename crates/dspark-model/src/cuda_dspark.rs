@@ -10,13 +10,14 @@
 
 use crate::backend::{Captured, Drafter, Proposal};
 use crate::config::Qwen3Config;
-use crate::cuda_layers::{drv, gpu_err, layer_step, vector, weight, CacheRows, GpuLayer, Scratch};
+use crate::cuda_layers::{drv, gpu_err, layer_step, CacheRows, GpuLayer, Scratch};
 use crate::cuda_qwen3::{capture_id, CudaQwen3, SharedCapture, CHUNK};
 use crate::draft_config::{DraftConfig, MarkovKind};
 use crate::dspark::check_tensors;
 use crate::error::{Error, Result};
 use crate::markov::prefix_survival;
 use crate::safetensors::Checkpoint;
+use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::ops::WeightBuf;
@@ -83,19 +84,24 @@ impl CudaDraft {
     /// Loads a draft folder for `target` (borrowing its embedding / output head when the draft
     /// has none), with a context of `target.max_len()` positions.
     pub fn load(dir: &Path, target: &CudaQwen3) -> Result<CudaDraft> {
-        use crate::backend::TargetModel;
-        let tcfg: &Qwen3Config = target.config();
         let cfg = DraftConfig::from_dir(dir)?;
-        cfg.validate_against(tcfg)?;
         let ck = Checkpoint::open_dir(dir)?;
         check_tensors(&cfg, &ck)?;
+        Self::from_source(cfg, &ck, target)
+    }
+
+    /// Builds the draft from any [`WeightSource`] (a checkpoint, or random bench weights).
+    pub fn from_source(cfg: DraftConfig, ck: &dyn WeightSource, target: &CudaQwen3) -> Result<CudaDraft> {
+        use crate::backend::TargetModel;
+        let tcfg: &Qwen3Config = target.config();
+        cfg.validate_against(tcfg)?;
         let gpu = target.gpu.clone();
         let arena = Arena::new(gpu.stream.clone());
         let l = &cfg.layer;
         let (h, v, r, b) = (l.hidden_size, l.vocab_size, cfg.markov_rank, cfg.block_size);
         let own = |name: &str| -> Result<Option<Arc<WeightBuf>>> {
             if ck.contains(name) {
-                Ok(Some(Arc::new(weight(&arena, &ck, name, &[v, h])?)))
+                Ok(Some(Arc::new(ck.matrix(&arena, name, &[v, h])?)))
             } else {
                 Ok(None)
             }
@@ -109,20 +115,20 @@ impl CudaDraft {
             let variant = match cfg.markov_kind {
                 MarkovKind::Vanilla => Variant::Vanilla,
                 MarkovKind::Gated => Variant::Gated {
-                    weight: vector(&arena, &ck, "markov_head.gate_proj.weight", &[r, h + r])?,
-                    bias: vector(&arena, &ck, "markov_head.gate_proj.bias", &[r])?,
+                    weight: ck.vector(&arena, "markov_head.gate_proj.weight", &[r, h + r])?,
+                    bias: ck.vector(&arena, "markov_head.gate_proj.bias", &[r])?,
                 },
                 MarkovKind::Rnn => Variant::Rnn {
-                    weight: vector(&arena, &ck, "markov_head.joint_proj.weight", &[3 * r, 2 * r + h])?,
-                    bias: vector(&arena, &ck, "markov_head.joint_proj.bias", &[3 * r])?,
+                    weight: ck.vector(&arena, "markov_head.joint_proj.weight", &[3 * r, 2 * r + h])?,
+                    bias: ck.vector(&arena, "markov_head.joint_proj.bias", &[3 * r])?,
                     state: arena.zeros(r).map_err(drv)?,
                     scratch: arena.zeros(3 * r).map_err(drv)?,
                 },
             };
             Some(Markov {
                 rank: r,
-                w1: weight(&arena, &ck, "markov_head.markov_w1.weight", &[v, r])?,
-                w2: weight(&arena, &ck, "markov_head.markov_w2.weight", &[v, r])?,
+                w1: ck.matrix(&arena, "markov_head.markov_w1.weight", &[v, r])?,
+                w2: ck.matrix(&arena, "markov_head.markov_w2.weight", &[v, r])?,
                 variant,
             })
         } else {
@@ -130,12 +136,12 @@ impl CudaDraft {
         };
         let confidence = if cfg.confidence_head {
             let bias = if ck.contains("confidence_head.proj.bias") {
-                ck.f32("confidence_head.proj.bias", &[1])?[0]
+                ck.host("confidence_head.proj.bias", &[1])?[0]
             } else {
                 0.0
             };
             Some(Confidence {
-                weight: vector(&arena, &ck, "confidence_head.proj.weight", &[1, cfg.confidence_in()])?,
+                weight: ck.vector(&arena, "confidence_head.proj.weight", &[1, cfg.confidence_in()])?,
                 bias,
                 with_markov: cfg.confidence_with_markov,
             })
@@ -148,12 +154,12 @@ impl CudaDraft {
         let rows = CHUNK.max(b);
         let z = |n: usize| arena.zeros::<f32>(n).map_err(drv);
         Ok(CudaDraft {
-            fc: weight(&arena, &ck, "fc.weight", &[h, t * h])?,
-            hidden_norm: vector(&arena, &ck, "hidden_norm.weight", &[h])?,
+            fc: ck.matrix(&arena, "fc.weight", &[h, t * h])?,
+            hidden_norm: ck.vector(&arena, "hidden_norm.weight", &[h])?,
             layers: (0..l.num_hidden_layers)
-                .map(|i| GpuLayer::load(&arena, l, &ck, &format!("layers.{i}.")))
+                .map(|i| GpuLayer::load(&arena, l, ck, &format!("layers.{i}.")))
                 .collect::<Result<Vec<_>>>()?,
-            norm: vector(&arena, &ck, "norm.weight", &[h])?,
+            norm: ck.vector(&arena, "norm.weight", &[h])?,
             inv_freq: arena.upload(&inv_freq(l.rope_theta as f32, l.head_dim)).map_err(drv)?,
             k_cache: (0..l.num_hidden_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
             v_cache: (0..l.num_hidden_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
@@ -183,6 +189,24 @@ impl CudaDraft {
 
     pub fn config(&self) -> &DraftConfig {
         &self.cfg
+    }
+
+    /// Keeps context positions `0..len` (the draft-side rollback; the bench uses it to hold the
+    /// context length fixed across timed rounds).
+    pub fn truncate_context(&mut self, len: usize) -> Result<()> {
+        if len > self.ctx_len {
+            return Err(Error::Request(format!("cannot truncate a {}-position draft context to {len}", self.ctx_len)));
+        }
+        self.ctx_len = len;
+        Ok(())
+    }
+
+    /// Bytes of the matrices one round streams: (fc, decoder layers, lm_head, Markov W2).
+    /// W2 is read once per sequential Markov step, so a round streams it `block_size` times.
+    pub fn matrix_bytes(&self) -> (usize, usize, usize, usize) {
+        let layers = self.layers.iter().map(GpuLayer::matrix_bytes).sum();
+        let w2 = self.markov.as_ref().map_or(0, |m| m.w2.bytes());
+        (self.fc.bytes(), layers, self.lm_head.bytes(), w2)
     }
 
     /// Projects `n ≤ CHUNK` feature rows `[n, T·H]` into every layer's cache: the fused fc, the

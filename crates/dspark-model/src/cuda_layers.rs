@@ -15,12 +15,11 @@
 
 use crate::config::Qwen3Config;
 use crate::error::{Error, Result};
-use crate::safetensors::Checkpoint;
+use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaViewMut};
 use dspark_kernels::cuda::ops::{OpScratch, WeightBuf};
 use dspark_kernels::cuda::{CudaError, Gpu};
 use dspark_tensor::arena::Arena;
-use dspark_tensor::DType;
 
 /// Converts CUDA errors into the model error type.
 pub(crate) fn gpu_err(e: impl Into<CudaError>) -> Error {
@@ -29,34 +28,6 @@ pub(crate) fn gpu_err(e: impl Into<CudaError>) -> Error {
 
 pub(crate) fn drv(e: cudarc::driver::DriverError) -> Error {
     gpu_err(CudaError::Driver(e))
-}
-
-/// Uploads a matrix in its checkpoint dtype.
-pub(crate) fn weight(arena: &Arena, ck: &Checkpoint, name: &str, shape: &[usize]) -> Result<WeightBuf> {
-    let (dtype, bytes) = ck.raw(name, shape)?;
-    arena.weight(dtype, bytes).map_err(drv)
-}
-
-/// Uploads a small vector as f32.
-pub(crate) fn vector(arena: &Arena, ck: &Checkpoint, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {
-    arena.upload(&ck.f32(name, shape)?).map_err(drv)
-}
-
-/// Uploads several matrices of one width as one, rows of the first first (q|k|v, gate|up), in
-/// their dtype when they agree, else as f32.
-fn stacked(arena: &Arena, ck: &Checkpoint, parts: &[(&str, &[usize])]) -> Result<WeightBuf> {
-    let raw = parts.iter().map(|(n, shape)| ck.raw(n, shape)).collect::<Result<Vec<_>>>()?;
-    if raw.iter().all(|(d, _)| *d == raw[0].0) {
-        let bytes: Vec<u8> = raw.iter().flat_map(|(_, b)| b.iter().copied()).collect();
-        arena.weight(raw[0].0, &bytes).map_err(drv)
-    } else {
-        let mut v = Vec::new();
-        for (n, shape) in parts {
-            v.extend(ck.f32(n, shape)?);
-        }
-        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        arena.weight(DType::F32, &bytes).map_err(drv)
-    }
 }
 
 /// One decoder layer on the device.
@@ -74,27 +45,33 @@ pub struct GpuLayer {
 }
 
 impl GpuLayer {
-    pub fn load(arena: &Arena, cfg: &Qwen3Config, ck: &Checkpoint, prefix: &str) -> Result<GpuLayer> {
+    pub fn load(arena: &Arena, cfg: &Qwen3Config, ck: &dyn WeightSource, prefix: &str) -> Result<GpuLayer> {
         let (h, i, q, kv, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let n = |s: &str| format!("{prefix}{s}");
         Ok(GpuLayer {
-            input_layernorm: vector(arena, ck, &n("input_layernorm.weight"), &[h])?,
-            qkv_proj: stacked(
+            input_layernorm: ck.vector(arena, &n("input_layernorm.weight"), &[h])?,
+            qkv_proj: ck.stacked(
                 arena,
-                ck,
                 &[
                     (&n("self_attn.q_proj.weight"), &[q, h]),
                     (&n("self_attn.k_proj.weight"), &[kv, h]),
                     (&n("self_attn.v_proj.weight"), &[kv, h]),
                 ],
             )?,
-            o_proj: weight(arena, ck, &n("self_attn.o_proj.weight"), &[h, q])?,
-            q_norm: vector(arena, ck, &n("self_attn.q_norm.weight"), &[hd])?,
-            k_norm: vector(arena, ck, &n("self_attn.k_norm.weight"), &[hd])?,
-            post_attention_layernorm: vector(arena, ck, &n("post_attention_layernorm.weight"), &[h])?,
-            gate_up: stacked(arena, ck, &[(&n("mlp.gate_proj.weight"), &[i, h]), (&n("mlp.up_proj.weight"), &[i, h])])?,
-            down_proj: weight(arena, ck, &n("mlp.down_proj.weight"), &[h, i])?,
+            o_proj: ck.matrix(arena, &n("self_attn.o_proj.weight"), &[h, q])?,
+            q_norm: ck.vector(arena, &n("self_attn.q_norm.weight"), &[hd])?,
+            k_norm: ck.vector(arena, &n("self_attn.k_norm.weight"), &[hd])?,
+            post_attention_layernorm: ck.vector(arena, &n("post_attention_layernorm.weight"), &[h])?,
+            gate_up: ck.stacked(arena, &[(&n("mlp.gate_proj.weight"), &[i, h]), (&n("mlp.up_proj.weight"), &[i, h])])?,
+            down_proj: ck.matrix(arena, &n("mlp.down_proj.weight"), &[h, i])?,
         })
+    }
+}
+
+impl GpuLayer {
+    /// Bytes of the layer's matrices (norm vectors are negligible and not counted).
+    pub fn matrix_bytes(&self) -> usize {
+        self.qkv_proj.bytes() + self.o_proj.bytes() + self.gate_up.bytes() + self.down_proj.bytes()
     }
 }
 

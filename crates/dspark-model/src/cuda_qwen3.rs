@@ -15,9 +15,10 @@ use crate::backend::{
     check_capture, check_forward, check_truncate, Captured, DeviceRows, Forward, Greedy, LogitRows, TargetModel,
 };
 use crate::config::Qwen3Config;
-use crate::cuda_layers::{drv, gpu_err, layer_step, vector, weight, CacheRows, GpuLayer, Scratch};
+use crate::cuda_layers::{drv, gpu_err, layer_step, CacheRows, GpuLayer, Scratch};
 use crate::error::Result;
 use crate::safetensors::Checkpoint;
+use crate::weights::WeightSource;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::ops::WeightBuf;
@@ -75,19 +76,24 @@ impl CudaQwen3 {
     pub fn load(gpu: Arc<Gpu>, dir: &Path, max_len: usize) -> Result<CudaQwen3> {
         let cfg = Qwen3Config::from_dir(dir)?;
         let ck = Checkpoint::open_dir(dir)?;
+        Self::from_source(gpu, cfg, &ck, max_len)
+    }
+
+    /// Builds the target from any [`WeightSource`] (a checkpoint, or random bench weights).
+    pub fn from_source(gpu: Arc<Gpu>, cfg: Qwen3Config, ck: &dyn WeightSource, max_len: usize) -> Result<CudaQwen3> {
         let arena = Arena::new(gpu.stream.clone());
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let max_len = max_len.min(cfg.max_position_embeddings).max(1);
-        let embed_tokens = Arc::new(weight(&arena, &ck, "model.embed_tokens.weight", &[v, h])?);
+        let embed_tokens = Arc::new(ck.matrix(&arena, "model.embed_tokens.weight", &[v, h])?);
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(Arc::new(weight(&arena, &ck, "lm_head.weight", &[v, h])?))
+            Some(Arc::new(ck.matrix(&arena, "lm_head.weight", &[v, h])?))
         };
         let layers = (0..cfg.num_hidden_layers)
-            .map(|l| GpuLayer::load(&arena, &cfg, &ck, &format!("model.layers.{l}.")))
+            .map(|l| GpuLayer::load(&arena, &cfg, ck, &format!("model.layers.{l}.")))
             .collect::<Result<Vec<_>>>()?;
-        let norm = vector(&arena, &ck, "model.norm.weight", &[h])?;
+        let norm = ck.vector(&arena, "model.norm.weight", &[h])?;
         let inv = arena.upload(&inv_freq(cfg.rope_theta as f32, cfg.head_dim)).map_err(drv)?;
         let kv = cfg.kv_dim();
         let k_cache =
@@ -123,7 +129,13 @@ impl CudaQwen3 {
         })
     }
 
-    /// The arena and the capture buffer for drafts loaded onto this target's GPU.
+    /// Bytes of weights a forward streams (every matrix once; the embedding is gathered).
+    pub fn streamed_weight_bytes(&self) -> usize {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).bytes();
+        head + self.layers.iter().map(GpuLayer::matrix_bytes).sum::<usize>()
+    }
+
+    /// The capture buffer shared with drafts loaded onto this target's GPU.
     pub fn shared_capture(&self) -> SharedCapture {
         self.captured.clone()
     }

@@ -29,6 +29,7 @@ pub mod safetensors;
 pub mod speculators;
 pub mod testing;
 pub mod tokenizer;
+pub mod weights;
 
 pub use backend::{Captured, DeviceRows, Drafter, Forward, Greedy, LogitRows, Proposal, TargetModel};
 pub use config::Qwen3Config;

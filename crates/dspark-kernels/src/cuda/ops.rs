@@ -162,6 +162,17 @@ impl Gpu {
         Ok(())
     }
 
+    /// Fills `out` with bf16 values uniform in `[−scale, scale)` from a counter hash of `seed`
+    /// (benchmark weights made on the device).
+    pub fn fill_uniform_bf16(&self, out: &mut CudaSlice<u16>, seed: u64, scale: f32) -> CudaResult<()> {
+        let n = out.len();
+        let mut b = self.stream.launch_builder(self.function("fill_uniform_bf16")?);
+        b.arg(out).arg(&n).arg(&seed).arg(&scale);
+        // SAFETY: matches fill_uniform_bf16(out, n, seed, scale); the grid strides over n.
+        launch!(self, "fill_uniform_bf16", b, cfg(n.div_ceil(256).clamp(1, 4096), 256));
+        Ok(())
+    }
+
     /// `dst[r·dst_stride ..][..cols] = src[r·src_stride ..][..cols]` for `rows` rows.
     pub fn copy_rows(
         &self,

@@ -40,6 +40,12 @@ pub const MODULES: &[PtxModule] = &[
         functions: &["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_tc_bf16", "matvec_tc_swiglu_bf16"],
     },
     PtxModule {
+        name: "random",
+        sm90: include_str!("../../ptx/random.sm90.ptx"),
+        sm80: include_str!("../../ptx/random.sm80.ptx"),
+        functions: &["fill_uniform_bf16"],
+    },
+    PtxModule {
         name: "rmsnorm",
         sm90: include_str!("../../ptx/rmsnorm.sm90.ptx"),
         sm80: include_str!("../../ptx/rmsnorm.sm80.ptx"),

@@ -1,0 +1,287 @@
+//! `dspark bench`: every phase of DSpark decoding on Qwen3-8B / DSpark-8B shapes, against the
+//! HBM floor measured in the same run (ENGINEERING.md §4).
+//!
+//! The models are the `CudaQwen3` and `CudaDraft` that `dspark generate --device cuda` runs,
+//! built from random bf16 weights made on the device ([`RandomWeights`]); every phase is driven
+//! through the same trait calls the decoding loops make (`forward_greedy`, `append_captured`,
+//! `propose`, `truncate`). Per context length:
+//!
+//! * `decode`: one plain greedy step (1 token);
+//! * `verify8`: one verify forward of 8 tokens;
+//! * `draft_round`: appending the committed rows' features (COMMITTED of them, from the
+//!   target's device capture buffer) + the block forward, lm_head, Markov chain and confidence;
+//! * `round`: what one speculative round costs: draft round + verify of 8 + the host work
+//!   between them (choose k, compare, roll back).
+//!
+//! Each is timed on the host around the call (median of `--iters`), because that is what a user
+//! waits for; the floor is the bytes the phase must stream over the copy ceiling.
+
+mod configs;
+mod projections;
+pub mod report;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use dspark_kernels::cuda::Gpu;
+use dspark_model::backend::Captured;
+use dspark_model::cuda_dspark::CudaDraft;
+use dspark_model::cuda_qwen3::CudaQwen3;
+use dspark_model::weights::RandomWeights;
+use dspark_model::{Drafter, LogitRows, TargetModel};
+use report::{median, model, KernelRow, Phase, Profile, Projection, Report};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Committed rows appended per timed draft round (a mid-range accepted length).
+const COMMITTED: usize = 4;
+/// Tokens of one verify forward: the anchor + 7 drafts.
+const VERIFY: usize = 8;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Context lengths to measure at.
+    #[arg(long, value_delimiter = ',', default_value = "512,4096")]
+    pub contexts: Vec<usize>,
+    /// Timed iterations per phase (after 3 warm-up iterations).
+    #[arg(long, default_value_t = 30)]
+    pub iters: usize,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Seed of the random weights and prompts.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Skip the per-projection cuBLAS comparison.
+    #[arg(long)]
+    pub no_projections: bool,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.contexts.is_empty() || args.iters == 0 {
+        bail!("--contexts and --iters must be non-empty / positive");
+    }
+    let gpu = Arc::new(Gpu::new(0).context("dspark bench needs a CUDA GPU")?);
+    let device = device_name(&gpu);
+    eprintln!("bench: {device}; building Qwen3-8B + DSpark-8B with random bf16 weights");
+    let tcfg = configs::qwen3_8b()?;
+    let dcfg = configs::dspark_8b()?;
+    let max_ctx = args.contexts.iter().max().copied().unwrap_or(512) + 2 * VERIFY;
+    if max_ctx > tcfg.max_position_embeddings {
+        bail!("--contexts: {max_ctx} positions exceed max_position_embeddings {}", tcfg.max_position_embeddings);
+    }
+    let mut target = CudaQwen3::from_source(gpu.clone(), tcfg, &RandomWeights::new(gpu.clone(), args.seed, 0.02), max_ctx)?;
+    let mut draft = CudaDraft::from_source(dcfg, &RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02), &target)?;
+    target.set_capture(draft.target_layer_ids())?;
+    gpu.stream.synchronize()?;
+
+    let ceiling = copy_ceiling(&gpu)?;
+    eprintln!("bench: copy ceiling {ceiling:.0} GB/s");
+    let mut phases = Vec::new();
+    let mut modelled = Vec::new();
+    let mut profiles = Vec::new();
+    let mut rng = args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let vocab = target.config().vocab_size as u64;
+    let mut token = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % vocab) as u32
+    };
+
+    let tb = target.streamed_weight_bytes() as f64;
+    let tcfg = target.config().clone();
+    let t_kv = (tcfg.num_hidden_layers * 2 * tcfg.kv_dim() * 4) as f64; // f32 K and V per position
+    let (fc, dlayers, lm_head, w2) = draft.matrix_bytes();
+    let dl = &draft.config().layer;
+    let d_kv = (dl.num_hidden_layers * 2 * dl.kv_dim() * 4) as f64;
+    let block = draft.block_size();
+    let logits_row = (tcfg.vocab_size * 4) as f64;
+
+    for &ctx in &args.contexts {
+        eprintln!("bench: prefill {ctx} tokens");
+        target.truncate(0)?;
+        draft.reset();
+        let prompt: Vec<u32> = (0..ctx).map(|_| token()).collect();
+        let f = target.forward_greedy(&prompt, LogitRows::Last)?;
+        draft.append_captured(&f.captured)?;
+        let anchor = f.ids[0];
+        let verify: Vec<u32> = (0..VERIFY).map(|_| token()).collect();
+
+        let decode = time(args.iters, || {
+            target.forward_greedy(&[anchor], LogitRows::Last)?;
+            target.truncate(ctx)?;
+            Ok(())
+        })?;
+        let decode_bytes = tb + t_kv * (ctx + 2) as f64 + 2.0 * logits_row;
+        phases.push(Phase::new("decode", ctx, decode, decode_bytes, ceiling));
+
+        let verify_us = time(args.iters, || {
+            target.forward_greedy(&verify, LogitRows::All)?;
+            target.truncate(ctx)?;
+            Ok(())
+        })?;
+        let verify_bytes = tb + t_kv * (ctx + 2 * VERIFY) as f64 + 2.0 * VERIFY as f64 * logits_row;
+        phases.push(Phase::new("verify8", ctx, verify_us, verify_bytes, ceiling));
+
+        // Committed rows for the draft come from a verify forward's device captures.
+        let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
+        target.truncate(ctx)?;
+        if !matches!(pending, Captured::Device(_)) {
+            bail!("the verify forward's captures did not stay on the device");
+        }
+        let draft_us = time(args.iters, || {
+            draft.append_captured(&pending)?;
+            draft.propose(anchor)?;
+            draft.truncate_context(ctx)?;
+            Ok(())
+        })?;
+        let dctx = (ctx + COMMITTED + block) as f64;
+        let draft_bytes = (fc + dlayers + lm_head + block * w2) as f64
+            + d_kv * dctx
+            + 2.0 * block as f64 * logits_row;
+        phases.push(Phase::new("draft_round", ctx, draft_us, draft_bytes, ceiling));
+
+        // A whole round as the loop runs it: append, propose, verify, compare, roll back.
+        let mut pending = pending;
+        let round_us = time(args.iters, || {
+            draft.append_captured(&pending)?;
+            let proposal = draft.propose(anchor)?;
+            let mut input = vec![anchor];
+            input.extend_from_slice(&proposal.tokens);
+            let g = target.forward_greedy(&input, LogitRows::All)?;
+            let m = (0..block).take_while(|&i| proposal.tokens[i] == g.ids[i]).count();
+            std::hint::black_box(m);
+            pending = g.captured.prefix(COMMITTED, 0);
+            target.truncate(ctx)?;
+            draft.truncate_context(ctx)?;
+            Ok(())
+        })?;
+        phases.push(Phase::new("round", ctx, round_us, draft_bytes + verify_bytes, ceiling));
+        for tau in [2.0, 3.0, 4.0, 5.0, 6.0] {
+            modelled.push(model(ctx, tau, round_us, decode));
+        }
+
+        // Profiles: one decode step and one draft round with per-launch events.
+        gpu.set_profiling(true);
+        target.forward_greedy(&[anchor], LogitRows::Last)?;
+        target.truncate(ctx)?;
+        profiles.push(profile(&gpu, "decode", ctx)?);
+        draft.append_captured(&pending)?;
+        draft.propose(anchor)?;
+        draft.truncate_context(ctx)?;
+        profiles.push(profile(&gpu, "draft_round", ctx)?);
+        target.forward_greedy(&verify, LogitRows::All)?;
+        target.truncate(ctx)?;
+        profiles.push(profile(&gpu, "verify8", ctx)?);
+        gpu.set_profiling(false);
+    }
+    drop(draft);
+    drop(target);
+
+    let mut projs = Vec::new();
+    if !args.no_projections {
+        let blas = cudarc::cublas::CudaBlas::new(gpu.stream.clone()).context("cuBLAS")?;
+        let shapes = [
+            ("q_proj", 4096, 4096),
+            ("k_proj", 1024, 4096),
+            ("v_proj", 1024, 4096),
+            ("o_proj", 4096, 4096),
+            ("gate_proj", 12288, 4096),
+            ("up_proj", 12288, 4096),
+            ("down_proj", 4096, 12288),
+            ("fc", 4096, 5 * 4096),
+            ("lm_head", 151936, 4096),
+            ("markov_w2", 151936, 256),
+        ];
+        for (i, (name, out, inp)) in shapes.into_iter().enumerate() {
+            let (ours, cublas) = projections::time_projection(&gpu, &blas, out, inp, 7, args.seed + i as u64)?;
+            projs.push(Projection::new(name, out, inp, 7, ours, cublas, ceiling));
+        }
+    }
+
+    let report = Report {
+        device,
+        date_utc: utc_now(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        ceiling_gbps: ceiling,
+        phases,
+        projections: projs,
+        modelled,
+        profiles,
+        notes: vec![
+            format!("KV caches are f32 ({} bytes per target position); floors count them at that width.", t_kv),
+            format!("draft_round appends {COMMITTED} committed rows; its floor counts fc, the 5 layers and lm_head once and Markov W2 once per each of the {block} sequential steps."),
+            "Phase times are host wall-clock medians around the same calls the decoding loop makes, synchronisation included; projections are CUDA-event means over rotated weight copies.".into(),
+            "Modelled rows assume τ tokens per round; they are not measured acceptance.".into(),
+        ],
+    };
+    print!("{}", report.markdown());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Median µs of `iters` calls after 3 warm-up calls.
+fn time(iters: usize, mut f: impl FnMut() -> dspark_model::Result<()>) -> Result<f64> {
+    for _ in 0..3 {
+        f()?;
+    }
+    let mut xs = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        f()?;
+        xs.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(median(&mut xs))
+}
+
+fn profile(gpu: &Gpu, phase: &str, ctx: usize) -> Result<Profile> {
+    let kernels: Vec<KernelRow> = gpu
+        .take_profile()?
+        .into_iter()
+        .map(|k| KernelRow { name: k.name, launches: k.launches, micros: k.micros })
+        .collect();
+    Ok(Profile { phase: phase.into(), ctx, kernel_micros: kernels.iter().map(|k| k.micros).sum(), kernels })
+}
+
+/// (bytes read + bytes written) / time of a 4 GiB device-to-device copy, GB/s.
+fn copy_ceiling(gpu: &Gpu) -> Result<f64> {
+    let n = 1usize << 30; // u32 elements: 4 GiB
+    let src = gpu.stream.alloc_zeros::<u32>(n)?;
+    let mut dst = gpu.stream.alloc_zeros::<u32>(n)?;
+    gpu.stream.memcpy_dtod(&src, &mut dst)?;
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let reps = 5;
+    let start = gpu.stream.record_event(flags)?;
+    for _ in 0..reps {
+        gpu.stream.memcpy_dtod(&src, &mut dst)?;
+    }
+    let end = gpu.stream.record_event(flags)?;
+    let secs = start.elapsed_ms(&end)? as f64 / 1e3;
+    Ok((2 * 4 * n * reps) as f64 / secs / 1e9)
+}
+
+fn device_name(gpu: &Gpu) -> String {
+    let name = gpu.ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+    let (a, b) = gpu.compute_capability;
+    format!("{name} (sm_{a}{b})")
+}
+
+/// `YYYY-MM-DD HH:MM` UTC from the system clock (no date crate needed for one line).
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02} UTC", rem / 3600, (rem % 3600) / 60)
+}

@@ -1,0 +1,80 @@
+//! Projection microbenchmark: our matvec beside cuBLAS GEMM at M rows, on the same weights.
+//!
+//! Each weight shape is allocated as enough random bf16 copies to span 512 MB, and successive
+//! calls rotate through them, so no call finds its weights in the 60 MB L2 (a single copy
+//! re-read in a loop would measure L2, not HBM). Both sides run the same number of calls
+//! between two CUDA events on the one stream. Ours is [`Gpu::matvec`] — the call the models
+//! make — reading f32 activations; cuBLAS gets the same activations rounded to bf16 and
+//! writes bf16 (`cublasGemmEx`, f32 compute), which is how engines that hand these shapes to
+//! cuBLAS call it.
+
+use anyhow::{Context, Result};
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::driver::CudaSlice;
+use dspark_kernels::cuda::ops::WeightBuf;
+use dspark_kernels::cuda::Gpu;
+use half::bf16;
+
+/// Bytes of weights the rotation spans.
+const ROTATION_BYTES: usize = 512 << 20;
+
+/// (µs per call of ours, µs per call of cuBLAS) for `W [out, in]` at `m` rows.
+pub fn time_projection(gpu: &Gpu, blas: &CudaBlas, out: usize, inp: usize, m: usize, seed: u64) -> Result<(f64, f64)> {
+    let bytes = out * inp * 2;
+    let copies = ROTATION_BYTES.div_ceil(bytes).max(1);
+    let mut weights = Vec::with_capacity(copies);
+    for c in 0..copies {
+        let mut buf: CudaSlice<u16> = gpu.stream.alloc_zeros(out * inp)?;
+        gpu.fill_uniform_bf16(&mut buf, seed * 1000 + c as u64, 0.02)?;
+        weights.push(WeightBuf::Bf16(buf));
+    }
+    let x_host: Vec<f32> = (0..m * inp).map(|i| ((i * 2654435761usize) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let x = gpu.stream.clone_htod(&x_host)?;
+    let x16: Vec<bf16> = x_host.iter().map(|&v| bf16::from_f32(v)).collect();
+    let x16 = gpu.stream.clone_htod(&x16)?;
+    let mut y = gpu.stream.alloc_zeros::<f32>(m * out)?;
+    let mut y16 = gpu.stream.alloc_zeros::<bf16>(m * out)?;
+    let calls = (3 * copies).max(30);
+
+    let ours = timed(gpu, calls, |i| {
+        gpu.matvec(&weights[i % copies], &x.as_view(), &mut y.as_view_mut(), (m, inp, out), false)
+            .context("matvec")
+    })?;
+    let cfg = GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_T,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m: out as i32,
+        n: m as i32,
+        k: inp as i32,
+        alpha: bf16::ONE,
+        lda: inp as i32,
+        ldb: inp as i32,
+        beta: bf16::ZERO,
+        ldc: out as i32,
+    };
+    let cublas = timed(gpu, calls, |i| {
+        let WeightBuf::Bf16(w) = &weights[i % copies] else { unreachable!("bench weights are bf16") };
+        // SAFETY: bf16 and the stored u16 bits have the same size and layout.
+        let w = unsafe { w.transmute::<bf16>(out * inp) }.context("bf16 view of the weights")?;
+        // SAFETY: W [out, in] row-major is the column-major in × out matrix op(A)ᵀ; x [m, in]
+        // row-major is column-major in × m; y [m, out] row-major is column-major out × m.
+        unsafe { blas.gemm(cfg, &w, &x16, &mut y16) }.context("cublasGemmEx")?;
+        Ok(())
+    })?;
+    Ok((ours, cublas))
+}
+
+/// Mean µs per call over `calls` calls after a warm-up of the same length, between events.
+fn timed(gpu: &Gpu, calls: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    for i in 0..calls {
+        f(i)?;
+    }
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = gpu.stream.record_event(flags)?;
+    for i in 0..calls {
+        f(i)?;
+    }
+    let end = gpu.stream.record_event(flags)?;
+    Ok(start.elapsed_ms(&end)? as f64 * 1e3 / calls as f64)
+}

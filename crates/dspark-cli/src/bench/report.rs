@@ -1,0 +1,248 @@
+//! What `dspark bench` reports, and how: the figures of one run as JSON and as markdown tables.
+//!
+//! Every phase is given as measured time against its floor (bytes it must stream / the copy
+//! ceiling measured in the same run); every projection as our matvec beside cuBLAS on the same
+//! buffers. End-to-end speed-ups are *modelled* from the measured round and decode times at
+//! assumed mean accepted lengths τ (tokens committed per round), and labelled so.
+
+use serde::Serialize;
+use std::fmt::Write;
+
+/// One timed phase at one context length.
+#[derive(Clone, Debug, Serialize)]
+pub struct Phase {
+    pub name: String,
+    pub ctx: usize,
+    /// Median wall time of one iteration, host synchronisation included (what a user sees).
+    pub micros: f64,
+    /// Bytes the phase must stream: weights once (per sequential use) + KV + logits.
+    pub bytes: f64,
+    pub floor_micros: f64,
+    /// micros / floor_micros.
+    pub ratio: f64,
+}
+
+impl Phase {
+    pub fn new(name: &str, ctx: usize, micros: f64, bytes: f64, ceiling_gbps: f64) -> Phase {
+        let floor_micros = bytes / (ceiling_gbps * 1e3);
+        Phase { name: name.into(), ctx, micros, bytes, floor_micros, ratio: micros / floor_micros }
+    }
+}
+
+/// One projection at M rows: ours beside cuBLAS.
+#[derive(Clone, Debug, Serialize)]
+pub struct Projection {
+    pub name: String,
+    pub out_features: usize,
+    pub in_features: usize,
+    pub m: usize,
+    pub weight_bytes: f64,
+    pub ours_micros: f64,
+    /// Weight bytes / time as a share of the copy ceiling.
+    pub ours_pct_ceiling: f64,
+    pub cublas_micros: f64,
+    pub cublas_pct_ceiling: f64,
+    /// cublas_micros / ours_micros.
+    pub speedup: f64,
+}
+
+impl Projection {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(name: &str, out: usize, inp: usize, m: usize, ours: f64, cublas: f64, ceiling_gbps: f64) -> Projection {
+        let weight_bytes = (out * inp * 2) as f64;
+        let pct = |us: f64| 100.0 * weight_bytes / (us * 1e3) / ceiling_gbps;
+        Projection {
+            name: name.into(),
+            out_features: out,
+            in_features: inp,
+            m,
+            weight_bytes,
+            ours_micros: ours,
+            ours_pct_ceiling: pct(ours),
+            cublas_micros: cublas,
+            cublas_pct_ceiling: pct(cublas),
+            speedup: cublas / ours,
+        }
+    }
+}
+
+/// Modelled end-to-end speed at an assumed τ.
+#[derive(Clone, Debug, Serialize)]
+pub struct Modelled {
+    pub ctx: usize,
+    pub tau: f64,
+    pub round_micros: f64,
+    pub tokens_per_s: f64,
+    pub plain_tokens_per_s: f64,
+    pub speedup: f64,
+}
+
+/// τ tokens per measured round against one token per measured decode step.
+pub fn model(ctx: usize, tau: f64, round_micros: f64, decode_micros: f64) -> Modelled {
+    let tokens_per_s = tau / round_micros * 1e6;
+    let plain_tokens_per_s = 1e6 / decode_micros;
+    Modelled { ctx, tau, round_micros, tokens_per_s, plain_tokens_per_s, speedup: tokens_per_s / plain_tokens_per_s }
+}
+
+/// Per-kernel totals of one profiled phase.
+#[derive(Clone, Debug, Serialize)]
+pub struct Profile {
+    pub phase: String,
+    pub ctx: usize,
+    /// Sum of the kernels' event-bracketed times; the rest of the phase's wall time is gaps,
+    /// host work and transfers.
+    pub kernel_micros: f64,
+    pub kernels: Vec<KernelRow>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelRow {
+    pub name: String,
+    pub launches: usize,
+    pub micros: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub device: String,
+    pub date_utc: String,
+    pub command: String,
+    /// Device-to-device copy: (bytes read + bytes written) / time, GB/s (1e9).
+    pub ceiling_gbps: f64,
+    pub phases: Vec<Phase>,
+    pub projections: Vec<Projection>,
+    pub modelled: Vec<Modelled>,
+    pub profiles: Vec<Profile>,
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    /// The markdown tables of the run.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "## dspark bench — {} — {}\n", self.device, self.date_utc);
+        let _ = writeln!(s, "Command: `{}`\n", self.command);
+        let _ = writeln!(s, "Copy ceiling (device-to-device, read + write): **{:.0} GB/s**\n", self.ceiling_gbps);
+        let _ = writeln!(s, "### Phases (median wall time per iteration; floor = bytes / ceiling)\n");
+        let _ = writeln!(s, "| phase | ctx | time µs | bytes MB | floor µs | time / floor |");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+        for p in &self.phases {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.1} | {:.1} | {:.1} | **{:.3}** |",
+                p.name,
+                p.ctx,
+                p.micros,
+                p.bytes / 1e6,
+                p.floor_micros,
+                p.ratio
+            );
+        }
+        let _ = writeln!(s, "\n### Projections at M = {} (bf16 weights; µs per call; % of the copy ceiling)\n", self.projections.first().map_or(7, |p| p.m));
+        let _ = writeln!(s, "| projection | out × in | MB | ours µs | ours % | cuBLAS µs | cuBLAS % | ours vs cuBLAS |");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|");
+        for p in &self.projections {
+            let _ = writeln!(
+                s,
+                "| {} | {} × {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1} | **{:.2}×** |",
+                p.name,
+                p.out_features,
+                p.in_features,
+                p.weight_bytes / 1e6,
+                p.ours_micros,
+                p.ours_pct_ceiling,
+                p.cublas_micros,
+                p.cublas_pct_ceiling,
+                p.speedup
+            );
+        }
+        let _ = writeln!(s, "\n### Modelled end-to-end (from the measured round and decode times; τ assumed, not measured)\n");
+        let _ = writeln!(s, "| ctx | τ | round µs | tok/s | plain tok/s | speed-up |");
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|");
+        for m in &self.modelled {
+            let _ = writeln!(
+                s,
+                "| {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2}× |",
+                m.ctx, m.tau, m.round_micros, m.tokens_per_s, m.plain_tokens_per_s, m.speedup
+            );
+        }
+        for p in &self.profiles {
+            let _ = writeln!(s, "\n### Profile: {} at ctx {} (kernels sum to {:.1} µs)\n", p.phase, p.ctx, p.kernel_micros);
+            let _ = writeln!(s, "| kernel | launches | µs | share |");
+            let _ = writeln!(s, "|---|---:|---:|---:|");
+            for k in &p.kernels {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {:.1} | {:.1}% |",
+                    k.name,
+                    k.launches,
+                    k.micros,
+                    100.0 * k.micros / p.kernel_micros.max(1e-9)
+                );
+            }
+        }
+        if !self.notes.is_empty() {
+            let _ = writeln!(s, "\n### Notes\n");
+            for n in &self.notes {
+                let _ = writeln!(s, "- {n}");
+            }
+        }
+        s
+    }
+}
+
+/// Median of a non-empty sample.
+pub fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floors_ratios_and_model() {
+        // 4 GB at 4000 GB/s is 1000 µs; 1100 µs measured is 1.1× the floor.
+        let p = Phase::new("decode", 512, 1100.0, 4e9, 4000.0);
+        assert!((p.floor_micros - 1000.0).abs() < 1e-9 && (p.ratio - 1.1).abs() < 1e-12);
+        // 32 MB weights in 8 µs at a 4000 GB/s ceiling is 100%.
+        let q = Projection::new("q_proj", 4096, 4096, 7, 8.388608, 20.0, 4000.0);
+        assert!((q.ours_pct_ceiling - 100.0).abs() < 1e-6, "{}", q.ours_pct_ceiling);
+        assert!((q.speedup - 20.0 / 8.388608).abs() < 1e-9);
+        // τ = 4 tokens per 5 ms round against 4 ms decode steps: 800 tok/s vs 250, 3.2×.
+        let m = model(512, 4.0, 5000.0, 4000.0);
+        assert!((m.tokens_per_s - 800.0).abs() < 1e-9 && (m.speedup - 3.2).abs() < 1e-12);
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn markdown_has_every_section() {
+        let r = Report {
+            device: "test GPU".into(),
+            date_utc: "2026-11-30".into(),
+            command: "dspark bench".into(),
+            ceiling_gbps: 4000.0,
+            phases: vec![Phase::new("decode", 512, 1100.0, 4e9, 4000.0)],
+            projections: vec![Projection::new("k_proj", 1024, 4096, 7, 4.0, 25.0, 4000.0)],
+            modelled: vec![model(512, 2.0, 5000.0, 4000.0)],
+            profiles: vec![Profile {
+                phase: "decode".into(),
+                ctx: 512,
+                kernel_micros: 10.0,
+                kernels: vec![KernelRow { name: "matvec_tc_bf16".into(), launches: 3, micros: 10.0 }],
+            }],
+            notes: vec!["a note".into()],
+        };
+        let md = r.markdown();
+        for want in ["**1.100**", "k_proj", "6.25×", "matvec_tc_bf16", "100.0%", "a note", "Modelled"] {
+            assert!(md.contains(want), "missing {want} in\n{md}");
+        }
+    }
+}

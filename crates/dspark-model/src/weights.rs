@@ -1,0 +1,136 @@
+//! Where the CUDA backends get their weights: a checkpoint, or random values made on the device.
+//!
+//! [`crate::cuda_qwen3::CudaQwen3`] and [`crate::cuda_dspark::CudaDraft`] are built by one
+//! constructor over a [`WeightSource`], so `dspark bench` times exactly the structs and code
+//! path `dspark generate --device cuda` runs, with Qwen3-8B-shaped random weights and no files
+//! (Architecture Invariant: the bench has no model code of its own).
+//!
+//! * [`Checkpoint`] uploads tensors in their checkpoint dtype (large matrices) or as f32 (small
+//!   vectors), after checking each shape.
+//! * [`RandomWeights`] makes bf16 matrices uniform in ±`scale` with a device hash, norm weights
+//!   of 1, and other small vectors uniform in ±`scale` from a host generator. It holds no
+//!   optional tensors, so a random draft borrows the target's embedding and output head, as the
+//!   published DSpark drafts do.
+
+use crate::cuda_layers::drv;
+use crate::error::{Error, Result};
+use crate::safetensors::Checkpoint;
+use cudarc::driver::CudaSlice;
+use dspark_kernels::cuda::ops::WeightBuf;
+use dspark_kernels::cuda::{CudaError, Gpu};
+use dspark_tensor::arena::Arena;
+use dspark_tensor::DType;
+use std::cell::Cell;
+use std::sync::Arc;
+
+/// A provider of named tensors for the device backends.
+pub trait WeightSource {
+    /// A matrix `shape` in the source's dtype.
+    fn matrix(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<WeightBuf>;
+    /// Several matrices of one width as one, rows of the first first (q|k|v, gate|up).
+    fn stacked(&self, arena: &Arena, parts: &[(&str, &[usize])]) -> Result<WeightBuf>;
+    /// A small tensor as f32.
+    fn vector(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>>;
+    /// A small tensor's values on the host.
+    fn host(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+    /// Whether an optional tensor is present.
+    fn contains(&self, name: &str) -> bool;
+}
+
+impl WeightSource for Checkpoint {
+    fn matrix(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<WeightBuf> {
+        let (dtype, bytes) = self.raw(name, shape)?;
+        arena.weight(dtype, bytes).map_err(drv)
+    }
+
+    fn stacked(&self, arena: &Arena, parts: &[(&str, &[usize])]) -> Result<WeightBuf> {
+        let raw = parts.iter().map(|(n, shape)| self.raw(n, shape)).collect::<Result<Vec<_>>>()?;
+        if raw.iter().all(|(d, _)| *d == raw[0].0) {
+            let bytes: Vec<u8> = raw.iter().flat_map(|(_, b)| b.iter().copied()).collect();
+            arena.weight(raw[0].0, &bytes).map_err(drv)
+        } else {
+            // Mixed dtypes (not seen in published checkpoints) are widened to f32.
+            let mut v = Vec::new();
+            for (n, shape) in parts {
+                v.extend(self.f32(n, shape)?);
+            }
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            arena.weight(DType::F32, &bytes).map_err(drv)
+        }
+    }
+
+    fn vector(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {
+        arena.upload(&self.f32(name, shape)?).map_err(drv)
+    }
+
+    fn host(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.f32(name, shape)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        Checkpoint::contains(self, name)
+    }
+}
+
+/// Random bf16 weights made on the device (see the module docs).
+pub struct RandomWeights {
+    gpu: Arc<Gpu>,
+    seed: Cell<u64>,
+    /// Half-width of the uniform distribution.
+    pub scale: f32,
+}
+
+impl RandomWeights {
+    /// `scale` 0.02 keeps a 36-layer residual stream finite and its softmaxes non-degenerate.
+    pub fn new(gpu: Arc<Gpu>, seed: u64, scale: f32) -> RandomWeights {
+        RandomWeights { gpu, seed: Cell::new(seed), scale }
+    }
+
+    fn next_seed(&self) -> u64 {
+        let s = self.seed.get();
+        self.seed.set(s.wrapping_add(1));
+        s
+    }
+
+    fn bf16(&self, arena: &Arena, n: usize) -> Result<WeightBuf> {
+        let mut buf = arena.zeros::<u16>(n).map_err(drv)?;
+        self.gpu.fill_uniform_bf16(&mut buf, self.next_seed(), self.scale).map_err(|e: CudaError| Error::Request(e.to_string()))?;
+        Ok(WeightBuf::Bf16(buf))
+    }
+}
+
+impl WeightSource for RandomWeights {
+    fn matrix(&self, arena: &Arena, _name: &str, shape: &[usize]) -> Result<WeightBuf> {
+        self.bf16(arena, shape.iter().product())
+    }
+
+    fn stacked(&self, arena: &Arena, parts: &[(&str, &[usize])]) -> Result<WeightBuf> {
+        self.bf16(arena, parts.iter().map(|(_, s)| s.iter().product::<usize>()).sum())
+    }
+
+    fn vector(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {
+        arena.upload(&self.host(name, shape)?).map_err(drv)
+    }
+
+    fn host(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let n: usize = shape.iter().product();
+        if name.ends_with("norm.weight") {
+            return Ok(vec![1.0; n]);
+        }
+        let mut z = self.next_seed().wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        Ok((0..n)
+            .map(|_| {
+                z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut x = z;
+                x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                x ^= x >> 31;
+                (((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * self.scale
+            })
+            .collect())
+    }
+
+    fn contains(&self, _name: &str) -> bool {
+        false
+    }
+}
