@@ -62,49 +62,65 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 //
 // The kernel above gives every (row, head) its own block, so at decode (1 row) only 32 blocks
 // run and each query head re-reads its KV head: the cache is streamed G = nh/nkv times by too few
-// SMs. Here a block owns one KV head and one slice of the keys ("flash-decoding"). The block
-// stages tiles of TK keys' K and V rows in shared memory with coalesced 16-byte loads — every
-// K/V byte of the slice is read from HBM once for all queries of the group (rows × G query
-// heads) — and prefetches the next tile into registers while it computes on this one. Warp w
-// takes queries w, w+4, … and keeps an online softmax per query; the block writes an
-// unnormalised partial (running max m, sum l, Σ p·v) per query and slice.
-// `attention_combine_f32` merges the slices in a fixed order: M = max m_s,
-// L = Σ l_s·e^(m_s−M), out = Σ o_s·e^(m_s−M) / L.
+// SMs. Here a block owns one KV head, one slice of the keys ("flash-decoding") and up to 16 of
+// the group's queries (rows × G query heads; a verify's 32 take two blocks, which share the
+// slice through L2). The block stages tiles of 32 keys' K and V rows in shared memory with
+// coalesced 16-byte loads, the next tile's loads in flight while it computes on this one.
+// Scores are lane-per-key: lane j takes the whole dot product q · k_j (four independent partial
+// sums, K rows padded by 4 floats so the 16-byte reads of a quarter-warp hit distinct banks), so
+// a tile needs one max and one sum reduction per query instead of one reduction per key — the
+// per-key shuffle chains were what made a first version latency-bound. Lane d then owns output
+// dims d, d+32, … and accumulates Σ_j p_j · v_j with p_j broadcast by shuffle. Each query keeps
+// an online softmax across tiles; the block writes an unnormalised partial (running max m, sum
+// l, Σ p·v) per query and slice, merged by `attention_combine_f32` in a fixed order:
+// M = max m_s, L = Σ l_s·e^(m_s−M), out = Σ o_s·e^(m_s−M) / L.
 // Layout of the partials: o [splits, rows, nh, hd], ml [splits, rows, nh, 2].
-// PER = hd / 32 values per lane; the query capacity is SPLIT_WARPS · maxq(PER).
 
 #define SPLIT_WARPS 4
-#define TK 16
+#define SPLIT_Q 16  // queries per block
+#define TK 32       // keys per tile
 
 template <int PER>
 __device__ void attention_split(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                 float* part_o, float* part_ml, int rows, int nh, int nkv, int kv_len, int causal,
                                 int first_pos) {
-    constexpr int HD = PER * 32, V4 = HD / 4;            // float4 per K row
-    constexpr int MAXQ = PER <= 4 ? 8 : 4;               // queries per warp
-    constexpr int LOADS = (TK * V4) / (SPLIT_WARPS * 32);  // float4 of K (and of V) per thread per tile
-    __shared__ float4 sk[TK * V4], sv[TK * V4];
-    const int kvh = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    constexpr int HD = PER * 32, D4 = HD / 4;
+    constexpr int QW = SPLIT_Q / SPLIT_WARPS;                  // queries per warp
+    constexpr int LOADS = (TK * D4) / (SPLIT_WARPS * 32);      // float4 of K (and of V) per thread per tile
+    __shared__ float4 sq[SPLIT_Q][D4];
+    __shared__ float4 sk[TK][D4 + 1];
+    __shared__ float sv[TK][HD];
+    // blockIdx.x = kv head × query group, the groups of one head adjacent so their blocks run
+    // together and the second reads the slice from L2.
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int G = nh / nkv, Q = rows * G;
+    const int G = nh / nkv, Q = rows * G, groups = (Q + SPLIT_Q - 1) / SPLIT_Q;
+    const int kvh = blockIdx.x / groups, q0 = (blockIdx.x % groups) * SPLIT_Q;
+    const int split = blockIdx.y, splits = gridDim.y;
     const int chunk = (kv_len + splits - 1) / splits;
     const int j0 = split * chunk, j1 = min(kv_len, j0 + chunk);
     const float scale = rsqrtf((float)HD);
 
-    float qv[MAXQ][PER], o[MAXQ][PER], m[MAXQ], l[MAXQ];
-    int vis[MAXQ];
+    for (int i = threadIdx.x; i < SPLIT_Q * D4; i += blockDim.x) {
+        int qi = q0 + i / D4, c = i % D4;
+        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (qi < Q) {
+            int r = qi / G, h = kvh * G + qi % G;
+            val = reinterpret_cast<const float4*>(q + ((size_t)r * nh + h) * HD)[c];
+            val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
+        }
+        sq[i / D4][c] = val;
+    }
+
+    float o[QW][PER], m[QW], l[QW];
+    int vis[QW];
 #pragma unroll
-    for (int i = 0; i < MAXQ; i++) {
-        int qi = warp + SPLIT_WARPS * i;
-        int r = qi / G, h = kvh * G + qi % G;
+    for (int i = 0; i < QW; i++) {
+        int qi = q0 + warp + SPLIT_WARPS * i;
         m[i] = -INFINITY;
         l[i] = 0.f;
-        vis[i] = qi < Q ? (causal ? min(first_pos + r + 1, kv_len) : kv_len) : 0;
+        vis[i] = qi < Q ? (causal ? min(first_pos + qi / G + 1, kv_len) : kv_len) : 0;
 #pragma unroll
-        for (int d = 0; d < PER; d++) {
-            o[i][d] = 0.f;
-            qv[i][d] = qi < Q ? q[((size_t)r * nh + h) * HD + lane + 32 * d] * scale : 0.f;
-        }
+        for (int e = 0; e < PER; e++) o[i][e] = 0.f;
     }
 
     float4 pk[LOADS], pv[LOADS];
@@ -112,9 +128,9 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
 #pragma unroll
         for (int i = 0; i < LOADS; i++) {
             int idx = threadIdx.x + i * SPLIT_WARPS * 32;
-            int key = t0 + idx / V4, c = idx % V4;
+            int key = t0 + idx / D4, c = idx % D4;
             if (key < j1) {
-                size_t off = ((size_t)key * nkv + kvh) * V4 + c;
+                size_t off = ((size_t)key * nkv + kvh) * D4 + c;
                 pk[i] = reinterpret_cast<const float4*>(k)[off];
                 pv[i] = reinterpret_cast<const float4*>(v)[off];
             } else {
@@ -125,45 +141,51 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     };
     if (j0 < j1) fetch(j0);
     for (int t0 = j0; t0 < j1; t0 += TK) {
-        __syncthreads();  // the previous tile is no longer read
+        __syncthreads();  // the previous tile (and, the first time, sq) is no longer being written/read
 #pragma unroll
         for (int i = 0; i < LOADS; i++) {
-            sk[threadIdx.x + i * SPLIT_WARPS * 32] = pk[i];
-            sv[threadIdx.x + i * SPLIT_WARPS * 32] = pv[i];
+            int idx = threadIdx.x + i * SPLIT_WARPS * 32;
+            sk[idx / D4][idx % D4] = pk[i];
+            reinterpret_cast<float4*>(&sv[idx / D4][0])[idx % D4] = pv[i];
         }
         __syncthreads();
         if (t0 + TK < j1) fetch(t0 + TK);  // in flight while this tile is computed
-        const int n = min(TK, j1 - t0);
-        for (int jj = 0; jj < n; jj++) {
-            const float* kr = reinterpret_cast<const float*>(sk + jj * V4);
-            const float* vr = reinterpret_cast<const float*>(sv + jj * V4);
-            const int j = t0 + jj;
+        const int j = t0 + lane;
 #pragma unroll
-            for (int i = 0; i < MAXQ; i++) {
-                if (j < vis[i]) {  // uniform across the warp
-                    float s = 0.f;
+        for (int i = 0; i < QW; i++) {
+            if (t0 >= vis[i]) continue;  // uniform across the warp
+            const float4* qr = sq[warp + SPLIT_WARPS * i];
+            float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma unroll
-                    for (int d = 0; d < PER; d++) s += qv[i][d] * kr[lane + 32 * d];
-                    s = warp_sum(s);
-                    float m_new = fmaxf(m[i], s);
-                    float corr = expf(m[i] - m_new);
-                    float p = expf(s - m_new);
+            for (int c = 0; c < D4; c++) {
+                float4 kk = sk[lane][c], qq = qr[c];
+                s0 += qq.x * kk.x; s1 += qq.y * kk.y; s2 += qq.z * kk.z; s3 += qq.w * kk.w;
+            }
+            const bool valid = j < j1 && j < vis[i];
+            float s = valid ? (s0 + s1) + (s2 + s3) : -INFINITY;
+            float m_new = fmaxf(m[i], warp_max(s));  // finite: key t0 is visible
+            float p = valid ? expf(s - m_new) : 0.f;
+            float corr = expf(m[i] - m_new);
+            l[i] = l[i] * corr + warp_sum(p);
+            m[i] = m_new;
 #pragma unroll
-                    for (int d = 0; d < PER; d++) o[i][d] = o[i][d] * corr + p * vr[lane + 32 * d];
-                    l[i] = l[i] * corr + p;
-                    m[i] = m_new;
-                }
+            for (int e = 0; e < PER; e++) o[i][e] *= corr;
+            const int n = min(TK, j1 - t0);
+            for (int jj = 0; jj < n; jj++) {
+                float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+                for (int e = 0; e < PER; e++) o[i][e] += pj * sv[jj][lane + 32 * e];
             }
         }
     }
 #pragma unroll
-    for (int i = 0; i < MAXQ; i++) {
-        int qi = warp + SPLIT_WARPS * i;
+    for (int i = 0; i < QW; i++) {
+        int qi = q0 + warp + SPLIT_WARPS * i;
         if (qi >= Q) continue;
         int r = qi / G, h = kvh * G + qi % G;
         size_t slot = ((size_t)split * rows + r) * nh + h;
 #pragma unroll
-        for (int d = 0; d < PER; d++) part_o[slot * HD + lane + 32 * d] = o[i][d];
+        for (int e = 0; e < PER; e++) part_o[slot * HD + lane + 32 * e] = o[i][e];
         if (lane == 0) {
             part_ml[slot * 2] = m[i];
             part_ml[slot * 2 + 1] = l[i];
@@ -177,25 +199,35 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
              int nkv, int kv_len, int causal, int first_pos) {                                                      \
         attention_split<PER>(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos);                  \
     }
-SPLIT_KERNEL(1, attention_split_hd32_f32)
 SPLIT_KERNEL(2, attention_split_hd64_f32)
 SPLIT_KERNEL(4, attention_split_hd128_f32)
-SPLIT_KERNEL(8, attention_split_hd256_f32)
 
-// One block of hd threads per (row, head).
+// One block of hd threads per (row, head); splits ≤ 64. The slice weights e^(m_s−M) are computed
+// once into shared memory, then every thread's loop over slices has independent loads.
 extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml, float* out, int rows,
                                                  int nh, int hd, int splits) {
+    __shared__ float sw[64];
+    __shared__ float sL;
     const int rh = blockIdx.x, d = threadIdx.x;
     const size_t stride = (size_t)rows * nh;
-    float M = -INFINITY;
-    for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[(s * stride + rh) * 2]);
-    float L = 0.f, acc = 0.f;
-    for (int s = 0; s < splits; s++) {
-        float ms = part_ml[(s * stride + rh) * 2];
-        if (ms == -INFINITY) continue;  // this slice saw no visible key
-        float c = expf(ms - M);
-        L += part_ml[(s * stride + rh) * 2 + 1] * c;
-        if (d < hd) acc += part_o[(s * stride + rh) * hd + d] * c;
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x;
+        float m0 = lane < splits ? part_ml[(lane * stride + rh) * 2] : -INFINITY;
+        float m1 = lane + 32 < splits ? part_ml[((lane + 32) * stride + rh) * 2] : -INFINITY;
+        float M = warp_max(fmaxf(m0, m1));
+        // A slice that saw no visible key has m = −inf and weight 0.
+        float w0 = m0 == -INFINITY ? 0.f : expf(m0 - M), w1 = m1 == -INFINITY ? 0.f : expf(m1 - M);
+        float l0 = lane < splits ? part_ml[(lane * stride + rh) * 2 + 1] : 0.f;
+        float l1 = lane + 32 < splits ? part_ml[((lane + 32) * stride + rh) * 2 + 1] : 0.f;
+        sw[lane] = w0;
+        sw[lane + 32] = w1;
+        float L = warp_sum(l0 * w0 + l1 * w1);
+        if (lane == 0) sL = L;
     }
-    if (d < hd) out[(size_t)rh * hd + d] = acc / L;
+    __syncthreads();
+    if (d >= hd) return;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < splits; s++) acc += part_o[(s * stride + rh) * hd + d] * sw[s];
+    out[(size_t)rh * hd + d] = acc / sL;
 }

@@ -20,8 +20,10 @@
 //   columns (column = activation row m), and the three partial products are added in f32. The
 //   tensor cores have throughput to spare for the 3× work; what matters is that every weight
 //   byte is loaded once, with wide loads, by enough warps to cover HBM latency.
-//   A `swiglu` variant computes x on the fly from the fused gate|up buffer
-//   (x[m, k] = silu(gu[m, k]) · gu[m, in + k]), folding the activation into the down projection.
+//   Blocks hold 8/ksplit tiles whose K is split over ksplit warps, ksplit chosen per shape on
+//   the host. A `swiglu` variant takes the gate|up matrix with rows interleaved
+//   (gate_0, up_0, gate_1, …), so each tile holds whole pairs and its epilogue writes
+//   silu(gate) ⊙ up: the MLP activation costs no launch and no extra pass.
 //
 // * `matvec_{bf16,f16,f32}` — the general kernel for any dtype and any in: one output row per
 //   warp, lanes strided over k, up to 16 rows of x per launch. Prefill chunks, f16/f32
@@ -64,7 +66,6 @@ extern "C" __global__ void matvec_f32(const float* w, const float* x, float* y, 
 // ---- tensor-core path -------------------------------------------------------------------------
 
 #define TC_WARPS 8
-#define TC_UNROLL 4
 
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
     __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
@@ -92,28 +93,24 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
-// Loads x[row, k .. k+8) (or the swiglu of the gate|up buffer there) as 8 floats.
-template <bool SWIGLU>
 __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, float* v) {
-    if (SWIGLU) {
-        const float* g = x + (size_t)row * 2 * in + k;
-        float4 g0 = *reinterpret_cast<const float4*>(g), g1 = *reinterpret_cast<const float4*>(g + 4);
-        float4 u0 = *reinterpret_cast<const float4*>(g + in), u1 = *reinterpret_cast<const float4*>(g + in + 4);
-        v[0] = silu(g0.x) * u0.x; v[1] = silu(g0.y) * u0.y; v[2] = silu(g0.z) * u0.z; v[3] = silu(g0.w) * u0.w;
-        v[4] = silu(g1.x) * u1.x; v[5] = silu(g1.y) * u1.y; v[6] = silu(g1.z) * u1.z; v[7] = silu(g1.w) * u1.w;
-    } else {
-        const float* p = x + (size_t)row * in + k;
-        float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-    }
+    const float* p = x + (size_t)row * in + k;
+    float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
-template <bool SWIGLU>
+// One block = 8 warps = 8/ksplit tiles of 16 output rows, each tile's K split over ksplit warps
+// (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many tiles need no split, few tiles need it to keep
+// enough loads in flight). SWIGLU: W's rows interleave gate and up (row 2i = gate_i, 2i+1 =
+// up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to y [m, out/2] instead.
+template <int UNROLL, bool SWIGLU>
 __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
-                          int out, int accumulate) {
+                          int out, int accumulate, int ksplit) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * 16;
+    const int tiles_per_block = TC_WARPS / ksplit;
+    const int tile = blockIdx.x * tiles_per_block + warp / ksplit, kpart = warp % ksplit;
+    const int row0 = tile * 16;
     const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);  // clamped: loads stay in bounds
     const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
     const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
@@ -125,13 +122,15 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[p][i] = 0.f;
 
-    const int stride = TC_WARPS * 32;  // k advanced by the block per chunk round
-    for (int base = warp * 32 + 8 * t; base < in; base += stride * TC_UNROLL) {
-        uint4 va[TC_UNROLL], vb[TC_UNROLL];
-        float xv[TC_UNROLL][8];
+    const int stride = ksplit * 32;  // k between a warp's consecutive chunks
+    // The loop bound is per warp, not per lane: mma.sync needs all 32 lanes, so lanes past the
+    // end of k load zeros instead of leaving the loop.
+    for (int chunk = kpart * 32; chunk < in; chunk += stride * UNROLL) {
+        uint4 va[UNROLL], vb[UNROLL];
+        float xv[UNROLL][8];
 #pragma unroll
-        for (int u = 0; u < TC_UNROLL; u++) {
-            int k = base + u * stride;
+        for (int u = 0; u < UNROLL; u++) {
+            int k = chunk + u * stride + 8 * t;
             if (k < in) {
                 va[u] = __ldg(wa + k / 8);
                 vb[u] = __ldg(wb + k / 8);
@@ -139,15 +138,19 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
                 va[u] = make_uint4(0, 0, 0, 0);
                 vb[u] = make_uint4(0, 0, 0, 0);
             }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int k = chunk + u * stride + 8 * t;
             if (has_x && k < in) {
-                load_x8<SWIGLU>(x, g, k, in, xv[u]);
+                load_x8(x, g, k, in, xv[u]);
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++) xv[u][i] = 0.f;
             }
         }
 #pragma unroll
-        for (int u = 0; u < TC_UNROLL; u++) {
+        for (int u = 0; u < UNROLL; u++) {
             uint32_t h[4], md[4], lo[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) split3(xv[u][2 * j], xv[u][2 * j + 1], h[j], md[j], lo[j]);
@@ -170,26 +173,65 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
         part[warp][r][col] = s;
     }
     __syncthreads();
-    if (threadIdx.x < 128) {
-        int r = threadIdx.x >> 3, col = threadIdx.x & 7;
-        int o = row0 + r;
-        if (col < m && o < out) {
-            float s = 0.f;
-#pragma unroll
-            for (int wi = 0; wi < TC_WARPS; wi++) s += part[wi][r][col];
-            size_t idx = (size_t)col * out + o;
-            y[idx] = accumulate ? y[idx] + s : s;
+    // Partial sums of a tile's warps are added in a fixed order: deterministic, M-independent.
+    if (!SWIGLU) {
+        for (int idx = threadIdx.x; idx < tiles_per_block * 128; idx += blockDim.x) {
+            int tl = idx >> 7, r = (idx >> 3) & 15, col = idx & 7;
+            int o = (blockIdx.x * tiles_per_block + tl) * 16 + r;
+            if (col < m && o < out) {
+                float s = 0.f;
+                for (int kp = 0; kp < ksplit; kp++) s += part[tl * ksplit + kp][r][col];
+                size_t i = (size_t)col * out + o;
+                y[i] = accumulate ? y[i] + s : s;
+            }
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < tiles_per_block * 64; idx += blockDim.x) {
+            int tl = idx >> 6, p = (idx >> 3) & 7, col = idx & 7;
+            int o = (blockIdx.x * tiles_per_block + tl) * 16 + 2 * p;
+            if (col < m && o + 1 < out) {
+                float gs = 0.f, us = 0.f;
+                for (int kp = 0; kp < ksplit; kp++) {
+                    gs += part[tl * ksplit + kp][2 * p][col];
+                    us += part[tl * ksplit + kp][2 * p + 1][col];
+                }
+                y[(size_t)col * (out / 2) + o / 2] = silu(gs) * us;
+            }
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32)
-    matvec_tc_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc) {
-    matvec_tc<false>(w, x, y, m, in, out, acc);
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
+    matvec_tc_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<4, false>(w, x, y, m, in, out, acc, ksplit);
 }
 
-// x is the [m, 2·in] gate|up buffer; the matvec input is silu(gate) ⊙ up.
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32)
-    matvec_tc_swiglu_bf16(const __nv_bfloat16* w, const float* gate_up, float* y, int m, int in, int out, int acc) {
-    matvec_tc<true>(w, gate_up, y, m, in, out, acc);
+// W rows interleave gate and up; y is act [m, out/2] = silu(gate) ⊙ up.
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
+    matvec_tc_swiglu_bf16(const __nv_bfloat16* w, const float* x, float* act, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<4, true>(w, x, act, m, in, out, acc, ksplit);
+}
+
+// Variants measured by `dspark bench --matvec-variants` only (occupancy and loads in flight);
+// the models always launch matvec_tc_bf16.
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
+    matvec_tc_u4b3_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<4, false>(w, x, y, m, in, out, acc, ksplit);
+}
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 1)
+    matvec_tc_u8b1_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<8, false>(w, x, y, m, in, out, acc, ksplit);
+}
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 4)
+    matvec_tc_u2b4_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<2, false>(w, x, y, m, in, out, acc, ksplit);
+}
+
+// Interleaved gate|up rows → act = silu(gate) ⊙ up for the general path: gu [rows, 2·inter]
+// with column 2i = gate_i, 2i+1 = up_i; act [rows, inter].
+extern "C" __global__ void swiglu_pairs_f32(const float* gu, float* act, int inter, int rows) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)rows * inter) return;
+    size_t r = idx / inter, i = idx % inter;
+    act[idx] = silu(gu[r * 2 * inter + 2 * i]) * gu[r * 2 * inter + 2 * i + 1];
 }

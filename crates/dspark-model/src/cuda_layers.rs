@@ -7,7 +7,7 @@
 //! q, k = RoPE(norm(q)), RoPE(norm(k)); K/V cache rows [cache_row, cache_row + n) ← k, v   (one launch)
 //! o = attention(q, cache rows [0, kv_len))                (causal for the target, not the draft)
 //! x += Wo o                                               (matvec in accumulate mode)
-//! u = RMSNorm_post(x);  x += down(silu(gate u) ⊙ up u)    (gate|up one matvec; SwiGLU folded into down)
+//! u = RMSNorm_post(x);  x += down(silu(gate u) ⊙ up u)    (gate|up one matvec, SwiGLU in its epilogue)
 //! ```
 //!
 //! That is 9 launches per layer. Weights stay in the checkpoint dtype; every buffer comes from
@@ -39,7 +39,7 @@ pub struct GpuLayer {
     pub q_norm: CudaSlice<f32>,
     pub k_norm: CudaSlice<f32>,
     pub post_attention_layernorm: CudaSlice<f32>,
-    /// `[2·I, H]`: gate rows then up rows.
+    /// `[2·I, H]`: gate_proj and up_proj rows interleaved (gate_0, up_0, gate_1, …).
     pub gate_up: WeightBuf,
     pub down_proj: WeightBuf,
 }
@@ -62,7 +62,7 @@ impl GpuLayer {
             q_norm: ck.vector(arena, &n("self_attn.q_norm.weight"), &[hd])?,
             k_norm: ck.vector(arena, &n("self_attn.k_norm.weight"), &[hd])?,
             post_attention_layernorm: ck.vector(arena, &n("post_attention_layernorm.weight"), &[h])?,
-            gate_up: ck.stacked(arena, &[(&n("mlp.gate_proj.weight"), &[i, h]), (&n("mlp.up_proj.weight"), &[i, h])])?,
+            gate_up: ck.interleaved(arena, &n("mlp.gate_proj.weight"), &n("mlp.up_proj.weight"), &[i, h])?,
             down_proj: ck.matrix(arena, &n("mlp.down_proj.weight"), &[h, i])?,
         })
     }
@@ -172,16 +172,14 @@ pub fn layer_step(
     gpu.matvec(&lw.o_proj, &s.o.slice(..n * q), x, (n, q, h), true).map_err(e)?;
     gpu.rmsnorm(&x.as_view(), &lw.post_attention_layernorm.as_view(), eps, n, &mut s.u.slice_mut(..n * h))
         .map_err(e)?;
-    gpu.matvec(&lw.gate_up, &s.u.slice(..n * h), &mut s.gate_up.slice_mut(..n * 2 * inter), (n, h, 2 * inter), false)
-        .map_err(e)?;
-    gpu.swiglu_matvec(
-        &lw.down_proj,
-        &s.gate_up.slice(..n * 2 * inter),
+    gpu.matvec_swiglu(
+        &lw.gate_up,
+        &s.u.slice(..n * h),
+        &mut s.gate_up.slice_mut(..n * 2 * inter),
         &mut s.act.slice_mut(..n * inter),
-        x,
-        (n, inter, h),
-        true,
+        (n, h, inter),
     )
     .map_err(e)?;
+    gpu.matvec(&lw.down_proj, &s.act.slice(..n * inter), x, (n, inter, h), true).map_err(e)?;
     Ok(())
 }

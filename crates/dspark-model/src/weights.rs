@@ -29,6 +29,9 @@ pub trait WeightSource {
     fn matrix(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<WeightBuf>;
     /// Several matrices of one width as one, rows of the first first (q|k|v, gate|up).
     fn stacked(&self, arena: &Arena, parts: &[(&str, &[usize])]) -> Result<WeightBuf>;
+    /// Two matrices of one shape `[rows, cols]` with their rows interleaved: a_0, b_0, a_1, b_1, …
+    /// (gate|up, so every 16-row tile of the fused projection holds whole gate/up pairs).
+    fn interleaved(&self, arena: &Arena, a: &str, b: &str, shape: &[usize]) -> Result<WeightBuf>;
     /// A small tensor as f32.
     fn vector(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>>;
     /// A small tensor's values on the host.
@@ -55,6 +58,31 @@ impl WeightSource for Checkpoint {
                 v.extend(self.f32(n, shape)?);
             }
             let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            arena.weight(DType::F32, &bytes).map_err(drv)
+        }
+    }
+
+    fn interleaved(&self, arena: &Arena, a: &str, b: &str, shape: &[usize]) -> Result<WeightBuf> {
+        let (da, ba) = self.raw(a, shape)?;
+        let (db, bb) = self.raw(b, shape)?;
+        let rows = shape[0];
+        if da == db {
+            let row = ba.len() / rows;
+            let mut bytes = Vec::with_capacity(2 * ba.len());
+            for r in 0..rows {
+                bytes.extend_from_slice(&ba[r * row..(r + 1) * row]);
+                bytes.extend_from_slice(&bb[r * row..(r + 1) * row]);
+            }
+            arena.weight(da, &bytes).map_err(drv)
+        } else {
+            let (fa, fb) = (self.f32(a, shape)?, self.f32(b, shape)?);
+            let row = fa.len() / rows;
+            let mut bytes = Vec::with_capacity(8 * fa.len());
+            for r in 0..rows {
+                for v in fa[r * row..(r + 1) * row].iter().chain(&fb[r * row..(r + 1) * row]) {
+                    bytes.extend_from_slice(&v.to_le_bytes());
+                }
+            }
             arena.weight(DType::F32, &bytes).map_err(drv)
         }
     }
@@ -106,6 +134,10 @@ impl WeightSource for RandomWeights {
 
     fn stacked(&self, arena: &Arena, parts: &[(&str, &[usize])]) -> Result<WeightBuf> {
         self.bf16(arena, parts.iter().map(|(_, s)| s.iter().product::<usize>()).sum())
+    }
+
+    fn interleaved(&self, arena: &Arena, _a: &str, _b: &str, shape: &[usize]) -> Result<WeightBuf> {
+        self.bf16(arena, 2 * shape.iter().product::<usize>())
     }
 
     fn vector(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {

@@ -55,6 +55,9 @@ pub struct BenchArgs {
     /// Skip the per-projection cuBLAS comparison.
     #[arg(long)]
     pub no_projections: bool,
+    /// Tuning: also time these tensor-core matvec kernel variants on every projection.
+    #[arg(long, value_delimiter = ',')]
+    pub matvec_variants: Vec<String>,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -162,19 +165,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
             modelled.push(model(ctx, tau, round_us, decode));
         }
 
-        // Profiles: one decode step and one draft round with per-launch events.
-        gpu.set_profiling(true);
+        // Profiles: one decode step, one verify, and one draft round fed by that verify's
+        // captures, with per-launch events.
+        gpu.set_profiling(true)?;
         target.forward_greedy(&[anchor], LogitRows::Last)?;
         target.truncate(ctx)?;
         profiles.push(profile(&gpu, "decode", ctx)?);
+        let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
+        target.truncate(ctx)?;
+        profiles.push(profile(&gpu, "verify8", ctx)?);
         draft.append_captured(&pending)?;
         draft.propose(anchor)?;
         draft.truncate_context(ctx)?;
         profiles.push(profile(&gpu, "draft_round", ctx)?);
-        target.forward_greedy(&verify, LogitRows::All)?;
-        target.truncate(ctx)?;
-        profiles.push(profile(&gpu, "verify8", ctx)?);
-        gpu.set_profiling(false);
+        gpu.set_profiling(false)?;
     }
     drop(draft);
     drop(target);
@@ -195,8 +199,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ("markov_w2", 151936, 256),
         ];
         for (i, (name, out, inp)) in shapes.into_iter().enumerate() {
-            let (ours, cublas) = projections::time_projection(&gpu, &blas, out, inp, 7, args.seed + i as u64)?;
-            projs.push(Projection::new(name, out, inp, 7, ours, cublas, ceiling));
+            let variants: Vec<&str> = args.matvec_variants.iter().map(String::as_str).collect();
+            let (ours, cublas, vt) =
+                projections::time_projection(&gpu, &blas, (out, inp, 7), args.seed + i as u64, &variants)?;
+            let mut p = Projection::new(name, out, inp, 7, ours, cublas, ceiling);
+            let w = p.weight_bytes;
+            p.variants = variants
+                .iter()
+                .zip(vt)
+                .map(|(n, us)| (n.to_string(), us, 100.0 * w / (us * 1e3) / ceiling))
+                .collect();
+            projs.push(p);
         }
     }
 

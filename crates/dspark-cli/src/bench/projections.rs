@@ -19,8 +19,15 @@ use half::bf16;
 /// Bytes of weights the rotation spans.
 const ROTATION_BYTES: usize = 512 << 20;
 
-/// (µs per call of ours, µs per call of cuBLAS) for `W [out, in]` at `m` rows.
-pub fn time_projection(gpu: &Gpu, blas: &CudaBlas, out: usize, inp: usize, m: usize, seed: u64) -> Result<(f64, f64)> {
+/// (µs per call of ours, µs per call of cuBLAS, µs per call of each named tensor-core variant)
+/// for `W [out, in]` at `m` rows.
+pub fn time_projection(
+    gpu: &Gpu,
+    blas: &CudaBlas,
+    (out, inp, m): (usize, usize, usize),
+    seed: u64,
+    variants: &[&str],
+) -> Result<(f64, f64, Vec<f64>)> {
     let bytes = out * inp * 2;
     let copies = ROTATION_BYTES.div_ceil(bytes).max(1);
     let mut weights = Vec::with_capacity(copies);
@@ -62,7 +69,14 @@ pub fn time_projection(gpu: &Gpu, blas: &CudaBlas, out: usize, inp: usize, m: us
         unsafe { blas.gemm(cfg, &w, &x16, &mut y16) }.context("cublasGemmEx")?;
         Ok(())
     })?;
-    Ok((ours, cublas))
+    let mut vt = Vec::new();
+    for name in variants {
+        vt.push(timed(gpu, calls, |i| {
+            gpu.matvec_tc_variant(name, &weights[i % copies], &x.as_view(), &mut y.as_view_mut(), (m, inp, out))
+                .context("matvec variant")
+        })?);
+    }
+    Ok((ours, cublas, vt))
 }
 
 /// Mean µs per call over `calls` calls after a warm-up of the same length, between events.

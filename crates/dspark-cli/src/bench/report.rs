@@ -44,6 +44,9 @@ pub struct Projection {
     pub cublas_pct_ceiling: f64,
     /// cublas_micros / ours_micros.
     pub speedup: f64,
+    /// Kernel variants timed by `--matvec-variants` (tuning runs only): (name, µs, % ceiling).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<(String, f64, f64)>,
 }
 
 impl Projection {
@@ -62,6 +65,7 @@ impl Projection {
             cublas_micros: cublas,
             cublas_pct_ceiling: pct(cublas),
             speedup: cublas / ours,
+            variants: Vec::new(),
         }
     }
 }
@@ -155,6 +159,10 @@ impl Report {
                 p.cublas_pct_ceiling,
                 p.speedup
             );
+        }
+        for p in self.projections.iter().filter(|p| !p.variants.is_empty()) {
+            let v: Vec<String> = p.variants.iter().map(|(n, us, pct)| format!("{n} {us:.2} µs ({pct:.1}%)")).collect();
+            let _ = writeln!(s, "- variants {}: {}", p.name, v.join(", "));
         }
         let _ = writeln!(s, "\n### Modelled end-to-end (from the measured round and decode times; τ assumed, not measured)\n");
         let _ = writeln!(s, "| ctx | τ | round µs | tok/s | plain tok/s | speed-up |");

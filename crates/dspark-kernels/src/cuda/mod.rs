@@ -68,6 +68,9 @@ pub struct Gpu {
     profiling: AtomicBool,
     /// (kernel name, start, end) of every launch while profiling is on.
     profile: Mutex<Vec<(String, CudaEvent, CudaEvent)>>,
+    /// Events made ahead of time, so a profiled launch costs the host two records, not two
+    /// event creations (a host slower than the GPU would show up as kernel time).
+    event_pool: Mutex<Vec<CudaEvent>>,
 }
 
 /// Total time and launch count of one kernel name in a profile.
@@ -117,14 +120,23 @@ impl Gpu {
             compute_capability: (major, minor),
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
+            event_pool: Mutex::new(Vec::new()),
         })
     }
 
     /// Turns per-launch timing on or off. While on, every op wrapper records a CUDA event
     /// before and after its launch (this serialises nothing but adds two event records per
     /// launch, so profiles are taken in separate runs from the timed ones).
-    pub fn set_profiling(&self, on: bool) {
+    pub fn set_profiling(&self, on: bool) -> CudaResult<()> {
+        if on {
+            let mut pool = self.event_pool.lock().map_err(|_| CudaError::Shape("event pool poisoned".into()))?;
+            let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            while pool.len() < 4096 {
+                pool.push(self.ctx.new_event(flags)?);
+            }
+        }
         self.profiling.store(on, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Runs `launch` and, while profiling, brackets it with events under `name`.
@@ -133,9 +145,21 @@ impl Gpu {
             return launch();
         }
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self.stream.record_event(flags)?;
+        let (start, end) = {
+            let mut pool = self.event_pool.lock().map_err(|_| CudaError::Shape("event pool poisoned".into()))?;
+            (pool.pop(), pool.pop())
+        };
+        let start = match start {
+            Some(e) => e,
+            None => self.ctx.new_event(flags)?,
+        };
+        let end = match end {
+            Some(e) => e,
+            None => self.ctx.new_event(flags)?,
+        };
+        start.record(&self.stream)?;
         launch()?;
-        let end = self.stream.record_event(flags)?;
+        end.record(&self.stream)?;
         if let Ok(mut p) = self.profile.lock() {
             p.push((name.to_string(), start, end));
         }
@@ -149,8 +173,11 @@ impl Gpu {
             Err(_) => Vec::new(),
         };
         let mut totals: Vec<KernelTime> = Vec::new();
+        let mut used = Vec::with_capacity(2 * records.len());
         for (name, start, end) in records {
             let us = start.elapsed_ms(&end)? as f64 * 1e3;
+            used.push(start);
+            used.push(end);
             match totals.iter_mut().find(|t| t.name == name) {
                 Some(t) => {
                     t.launches += 1;
@@ -158,6 +185,9 @@ impl Gpu {
                 }
                 None => totals.push(KernelTime { name, launches: 1, micros: us }),
             }
+        }
+        if let Ok(mut pool) = self.event_pool.lock() {
+            pool.extend(used);
         }
         totals.sort_by(|a, b| b.micros.total_cmp(&a.micros));
         Ok(totals)

@@ -89,6 +89,17 @@ impl OpScratch {
 /// Rows of x per tensor-core matvec launch (the n-tile width).
 const TC_ROWS: usize = 8;
 
+/// Warps sharing one 16-row tile's K in the tensor-core matvec: enough warps in flight
+/// (≥ 2048, about 16 per SM) for few-tile shapes, no split where tiles alone give that, and
+/// never so much that a warp has less than 4 chunks of 32 k.
+fn ksplit(tiles: usize, d_in: usize) -> usize {
+    let mut ks = 1;
+    while ks < 8 && tiles * ks < 2048 && d_in / (32 * ks * 2) >= 4 {
+        ks *= 2;
+    }
+    ks
+}
+
 fn aligned16<T>(gpu: &Gpu, v: &CudaView<T>) -> bool {
     use cudarc::driver::DevicePtr;
     let (ptr, _guard) = v.device_ptr(&gpu.stream);
@@ -299,24 +310,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// `out = silu(gate) ⊙ up` from the fused `[rows, 2·inter]` gate|up buffer.
-    pub fn swiglu(
-        &self,
-        gate_up: &CudaView<f32>,
-        inter: usize,
-        rows: usize,
-        out: &mut CudaViewMut<f32>,
-    ) -> CudaResult<()> {
-        check("swiglu gate_up", gate_up.len(), rows * 2 * inter)?;
-        check("swiglu out", out.len(), rows * inter)?;
-        let (i, r) = (inter as i32, rows as i32);
-        let mut b = self.stream.launch_builder(self.function("swiglu_f32")?);
-        b.arg(gate_up).arg(out).arg(&i).arg(&r);
-        // SAFETY: matches swiglu_f32(gate_up, out, inter, rows).
-        launch!(self, "swiglu_f32", b, cfg((rows * inter).div_ceil(256), 256));
-        Ok(())
-    }
-
     /// `y[m, o] (+)= Σ_k x[m, k] · W[o, k]` for `m` rows (any m).
     pub fn matvec(
         &self,
@@ -351,18 +344,17 @@ impl Gpu {
             let WeightView::U16(v) = &wv else { unreachable!() };
             aligned16(self, v)
         };
-        let (name, per, grid, block) = if tc {
-            ("matvec_tc_bf16".to_string(), TC_ROWS, d_out.div_ceil(16), 256)
-        } else {
-            (format!("matvec_{}", w.suffix()), 16, d_out.div_ceil(8), 256)
-        };
+        if tc {
+            return self.matvec_tc("matvec_tc_bf16", &wv, x, y, (m, d_in, d_out), accumulate);
+        }
+        let name = format!("matvec_{}", w.suffix());
         let mut start = 0;
         while start < m {
-            let rows = (m - start).min(per);
+            let rows = (m - start).min(16);
             let xs = x.slice(start * d_in..(start + rows) * d_in);
             let mut ys = y.slice_mut(start * d_out..(start + rows) * d_out);
             let (mm, di, dout, acc) = (rows as i32, d_in as i32, d_out as i32, accumulate as i32);
-            launch_v!(self, name, wv, cfg(grid, block), |b| {
+            launch_v!(self, name, wv, cfg(d_out.div_ceil(8), 256), |b| {
                 b.arg(&xs).arg(&mut ys).arg(&mm).arg(&di).arg(&dout).arg(&acc);
             });
             start += rows;
@@ -370,39 +362,84 @@ impl Gpu {
         Ok(())
     }
 
-    /// `y (+)= W · (silu(gate) ⊙ up)` from the fused `[m, 2·inter]` gate|up buffer: the MLP's
-    /// down projection with the SwiGLU folded into the tensor-core kernel's activation loads.
-    /// Shapes the tensor-core kernel does not take run `swiglu` into `act` and a plain matvec.
-    #[allow(clippy::too_many_arguments)]
-    pub fn swiglu_matvec(
+    /// Launches a tensor-core matvec kernel `name` (same signature as `matvec_tc_bf16`) in
+    /// chunks of 8 rows. `y` is `[m, d_out]`, or `[m, d_out / 2]` for the SwiGLU epilogue.
+    fn matvec_tc(
         &self,
-        w: &WeightBuf,
-        gate_up: &CudaView<f32>,
-        act: &mut CudaViewMut<f32>,
+        name: &str,
+        wv: &WeightView<'_>,
+        x: &CudaView<f32>,
         y: &mut CudaViewMut<f32>,
-        (m, inter, d_out): (usize, usize, usize),
+        (m, d_in, d_out): (usize, usize, usize),
         accumulate: bool,
     ) -> CudaResult<()> {
-        check("swiglu_matvec w", w.len(), d_out * inter)?;
-        check("swiglu_matvec gate_up", gate_up.len(), m * 2 * inter)?;
-        check("swiglu_matvec y", y.len(), m * d_out)?;
-        let tc = matches!(w, WeightBuf::Bf16(_)) && inter % 8 == 0 && aligned16(self, gate_up);
-        if !tc {
-            self.swiglu(gate_up, inter, m, act)?;
-            return self.matvec(w, &act.as_view(), y, (m, inter, d_out), accumulate);
-        }
-        let wv = w.view(0..w.len());
+        let y_cols = if name == "matvec_tc_swiglu_bf16" { d_out / 2 } else { d_out };
+        let tiles = d_out.div_ceil(16);
+        let ks = ksplit(tiles, d_in);
+        let grid = tiles.div_ceil(8 / ks);
         let mut start = 0;
         while start < m {
             let rows = (m - start).min(TC_ROWS);
-            let xs = gate_up.slice(start * 2 * inter..(start + rows) * 2 * inter);
-            let mut ys = y.slice_mut(start * d_out..(start + rows) * d_out);
-            let (mm, di, dout, acc) = (rows as i32, inter as i32, d_out as i32, accumulate as i32);
-            launch_v!(self, "matvec_tc_swiglu_bf16".to_string(), wv, cfg(d_out.div_ceil(16), 256), |b| {
-                b.arg(&xs).arg(&mut ys).arg(&mm).arg(&di).arg(&dout).arg(&acc);
+            let xs = x.slice(start * d_in..(start + rows) * d_in);
+            let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
+            let (mm, di, dout, acc, k) = (rows as i32, d_in as i32, d_out as i32, accumulate as i32, ks as i32);
+            launch_v!(self, name.to_string(), wv, cfg(grid, 256), |b| {
+                b.arg(&xs).arg(&mut ys).arg(&mm).arg(&di).arg(&dout).arg(&acc).arg(&k);
             });
             start += rows;
         }
+        Ok(())
+    }
+
+    /// Times-only entry for `dspark bench --matvec-variants`: a named tensor-core variant on a
+    /// bf16 weight.
+    pub fn matvec_tc_variant(
+        &self,
+        name: &str,
+        w: &WeightBuf,
+        x: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
+        shape: (usize, usize, usize),
+    ) -> CudaResult<()> {
+        check("matvec w", w.len(), shape.1 * shape.2)?;
+        check("matvec x", x.len(), shape.0 * shape.1)?;
+        check("matvec y", y.len(), shape.0 * shape.2)?;
+        if !matches!(w, WeightBuf::Bf16(_)) || shape.1 % 8 != 0 {
+            return Err(CudaError::Shape(format!("{name}: bf16 weights with in % 8 == 0 only")));
+        }
+        self.matvec_tc(name, &w.view(0..w.len()), x, y, shape, false)
+    }
+
+    /// `act = silu(gate) ⊙ up` where gate|up is one matrix `[2·inter, d_in]` with rows
+    /// interleaved (gate_0, up_0, gate_1, up_1, …): the MLP's first half in one launch on the
+    /// tensor-core path (the SwiGLU is its epilogue); other weights run the general matvec into
+    /// `gate_up` and a pairwise SwiGLU.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_swiglu(
+        &self,
+        w: &WeightBuf,
+        x: &CudaView<f32>,
+        gate_up: &mut CudaViewMut<f32>,
+        act: &mut CudaViewMut<f32>,
+        (m, d_in, inter): (usize, usize, usize),
+    ) -> CudaResult<()> {
+        check("matvec_swiglu w", w.len(), 2 * inter * d_in)?;
+        check("matvec_swiglu x", x.len(), m * d_in)?;
+        check("matvec_swiglu act", act.len(), m * inter)?;
+        let wv = w.view(0..w.len());
+        let tc = matches!(w, WeightBuf::Bf16(_)) && d_in % 8 == 0 && aligned16(self, x) && {
+            let WeightView::U16(v) = &wv else { unreachable!() };
+            aligned16(self, v)
+        };
+        if tc {
+            return self.matvec_tc("matvec_tc_swiglu_bf16", &wv, x, act, (m, d_in, 2 * inter), false);
+        }
+        self.matvec(w, x, gate_up, (m, d_in, 2 * inter), false)?;
+        let (i, r) = (inter as i32, m as i32);
+        let mut b = self.stream.launch_builder(self.function("swiglu_pairs_f32")?);
+        b.arg(gate_up).arg(act).arg(&i).arg(&r);
+        // SAFETY: matches swiglu_pairs_f32(gu, act, inter, rows); lengths checked above.
+        launch!(self, "swiglu_pairs_f32", b, cfg((m * inter).div_ceil(256), 256));
         Ok(())
     }
 
@@ -421,13 +458,10 @@ impl Gpu {
         causal: Option<usize>,
         scratch: &mut OpScratch,
     ) -> CudaResult<()> {
-        let per = head_dim / 32;
-        let maxq = if per <= 4 { 32 } else { 16 };
-        let fits = matches!(head_dim, 32 | 64 | 128 | 256)
+        let fits = matches!(head_dim, 64 | 128)
             && n_kv_heads > 0
             && n_heads % n_kv_heads == 0
             && rows <= SPLIT_ROWS
-            && rows * (n_heads / n_kv_heads) <= maxq
             && scratch.attn_o.len() >= MAX_SPLITS * rows * n_heads * head_dim
             && scratch.attn_ml.len() >= MAX_SPLITS * rows * n_heads * 2;
         if !fits {
@@ -451,7 +485,12 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function(&name)?);
         b.arg(q).arg(k).arg(v).arg(&mut scratch.attn_o).arg(&mut scratch.attn_ml);
         b.arg(&r).arg(&nh).arg(&nkv).arg(&kl).arg(&c).arg(&fp);
-        let grid = LaunchConfig { grid_dim: (n_kv_heads as u32, splits as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let groups = (rows * (n_heads / n_kv_heads)).div_ceil(16);
+        let grid = LaunchConfig {
+            grid_dim: ((n_kv_heads * groups) as u32, splits as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: matches attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos).
         launch!(self, &name, b, grid);
         let (hd, sp) = (head_dim as i32, splits as i32);
