@@ -11,7 +11,8 @@
 // markov_rnn_prep_f32: z = [state ; e ; h]; (g, c, o) = split₃(J·z + b);
 //   state ← σ(g)·state + (1 − σ(g))·tanh(c); u = tanh(o). J [3r, 2r + H] f32. One block; the
 //   new state is written after all of z has been read.
-// confidence_f32: logit = w[0..H)·h + (with_markov ? w[H..H+r)·e : 0) + b. One block.
+// confidence_f32: logit = w[0..H)·h + (with_markov ? w[H..H+r)·e : 0) + b. One block of 1024
+//   threads (a few loads each, all in flight).
 #include "common.cuh"
 
 template <typename T>

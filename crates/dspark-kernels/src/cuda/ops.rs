@@ -75,7 +75,7 @@ pub const MAX_SPLITS: usize = 64;
 pub const SPLIT_ROWS: usize = 16;
 /// Most logits rows and segments per row of one split argmax.
 pub const ARGMAX_ROWS: usize = 64;
-pub const ARGMAX_SEGMENTS: usize = 128;
+pub const ARGMAX_SEGMENTS: usize = 256;
 
 impl OpScratch {
     /// Element counts of the buffers for `heads × head_dim` query heads: (attn_o, attn_ml,
@@ -92,9 +92,9 @@ const TC_ROWS: usize = 8;
 /// Warps sharing one 16-row tile's K in the tensor-core matvec: enough warps in flight
 /// (≥ 2048, about 16 per SM) for few-tile shapes, no split where tiles alone give that, and
 /// never so much that a warp has less than 4 chunks of 32 k.
-fn ksplit(tiles: usize, d_in: usize) -> usize {
+fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
     let mut ks = 1;
-    while ks < 8 && tiles * ks < 2048 && d_in / (32 * ks * 2) >= 4 {
+    while ks < warps && tiles * ks < 2048 && d_in / (32 * ks * 2) >= 4 {
         ks *= 2;
     }
     ks
@@ -222,7 +222,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("rmsnorm_f32")?);
         b.arg(x).arg(w).arg(out).arg(&d).arg(&eps);
         // SAFETY: matches rmsnorm_f32(x, w, out, dim, eps); lengths checked above.
-        launch!(self, "rmsnorm_f32", b, cfg(rows, 256));
+        launch!(self, "rmsnorm_f32", b, cfg(rows, 1024));
         Ok(())
     }
 
@@ -244,7 +244,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("add_rmsnorm_f32")?);
         b.arg(residual).arg(delta).arg(w).arg(out).arg(&d).arg(&eps);
         // SAFETY: matches add_rmsnorm_f32(residual, delta, w, out, dim, eps).
-        launch!(self, "add_rmsnorm_f32", b, cfg(rows, 256));
+        launch!(self, "add_rmsnorm_f32", b, cfg(rows, 1024));
         Ok(())
     }
 
@@ -375,15 +375,16 @@ impl Gpu {
     ) -> CudaResult<()> {
         let y_cols = if name == "matvec_tc_swiglu_bf16" { d_out / 2 } else { d_out };
         let tiles = d_out.div_ceil(16);
-        let ks = ksplit(tiles, d_in);
-        let grid = tiles.div_ceil(8 / ks);
+        let warps = if name.contains("_pipe") { 4 } else { 8 };
+        let ks = ksplit(tiles, d_in, warps);
+        let grid = tiles.div_ceil(warps / ks);
         let mut start = 0;
         while start < m {
             let rows = (m - start).min(TC_ROWS);
             let xs = x.slice(start * d_in..(start + rows) * d_in);
             let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
             let (mm, di, dout, acc, k) = (rows as i32, d_in as i32, d_out as i32, accumulate as i32, ks as i32);
-            launch_v!(self, name.to_string(), wv, cfg(grid, 256), |b| {
+            launch_v!(self, name.to_string(), wv, cfg(grid, 32 * warps as u32), |b| {
                 b.arg(&xs).arg(&mut ys).arg(&mm).arg(&di).arg(&dout).arg(&acc).arg(&k);
             });
             start += rows;
@@ -547,7 +548,7 @@ impl Gpu {
         out: &mut CudaViewMut<u32>,
         scratch: &mut OpScratch,
     ) -> CudaResult<()> {
-        let segs = vocab.div_ceil(2048).clamp(1, ARGMAX_SEGMENTS);
+        let segs = vocab.div_ceil(1024).clamp(1, ARGMAX_SEGMENTS);
         if rows > ARGMAX_ROWS || scratch.argmax_v.len() < rows * segs || scratch.argmax_tickets.len() < rows {
             return self.argmax(logits, vocab, row_stride, rows, out);
         }
@@ -669,7 +670,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(self.function("confidence_f32")?);
         b.arg(w).arg(&bias).arg(h).arg(e).arg(logit).arg(&hh).arg(&rr).arg(&wm);
         // SAFETY: matches confidence_f32(w, b, h, e, logit, H, r, with_markov).
-        launch!(self, "confidence_f32", b, cfg(1, 256));
+        launch!(self, "confidence_f32", b, cfg(1, 1024));
         Ok(())
     }
 }
