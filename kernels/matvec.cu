@@ -103,12 +103,12 @@ __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, 
 // (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many tiles need no split, few tiles need it to keep
 // enough loads in flight). SWIGLU: W's rows interleave gate and up (row 2i = gate_i, 2i+1 =
 // up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to y [m, out/2] instead.
-template <int UNROLL, bool SWIGLU>
+template <int UNROLL, bool SWIGLU, int WARPS = TC_WARPS, bool CONTIG = false>
 __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
                           int out, int accumulate, int ksplit) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int tiles_per_block = TC_WARPS / ksplit;
+    const int tiles_per_block = WARPS / ksplit;
     const int tile = blockIdx.x * tiles_per_block + warp / ksplit, kpart = warp % ksplit;
     const int row0 = tile * 16;
     const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);  // clamped: loads stay in bounds
@@ -122,16 +122,21 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[p][i] = 0.f;
 
-    const int stride = ksplit * 32;  // k between a warp's consecutive chunks
+    // Interleaved: warp kpart takes chunks kpart, kpart + ksplit, … (stride ksplit·32).
+    // CONTIG: it takes one contiguous run of k, its UNROLL chunks per step adjacent in memory.
+    const int run = ((in + ksplit * 32 - 1) / (ksplit * 32)) * 32;
+    const int kbeg = CONTIG ? kpart * run : kpart * 32;
+    const int kend = CONTIG ? min(in, kbeg + run) : in;
+    const int stride = CONTIG ? 32 : ksplit * 32;  // k between a warp's consecutive chunks
     // The loop bound is per warp, not per lane: mma.sync needs all 32 lanes, so lanes past the
     // end of k load zeros instead of leaving the loop.
-    for (int chunk = kpart * 32; chunk < in; chunk += stride * UNROLL) {
+    for (int chunk = kbeg; chunk < kend; chunk += stride * UNROLL) {
         uint4 va[UNROLL], vb[UNROLL];
         float xv[UNROLL][8];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int k = chunk + u * stride + 8 * t;
-            if (k < in) {
+            if (k < kend) {
                 va[u] = __ldg(wa + k / 8);
                 vb[u] = __ldg(wb + k / 8);
             } else {
@@ -142,7 +147,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int k = chunk + u * stride + 8 * t;
-            if (has_x && k < in) {
+            if (has_x && k < kend) {
                 load_x8(x, g, k, in, xv[u]);
             } else {
 #pragma unroll
@@ -165,7 +170,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     }
 
     // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, cols 2t, 2t+1); col = m.
-    __shared__ float part[TC_WARPS][16][8];
+    __shared__ float part[WARPS][16][8];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float s = (acc[2][i] + acc[1][i]) + acc[0][i];
@@ -201,30 +206,30 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
     matvec_tc_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
     matvec_tc<4, false>(w, x, y, m, in, out, acc, ksplit);
 }
 
 // W rows interleave gate and up; y is act [m, out/2] = silu(gate) ⊙ up.
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
     matvec_tc_swiglu_bf16(const __nv_bfloat16* w, const float* x, float* act, int m, int in, int out, int acc, int ksplit) {
     matvec_tc<4, true>(w, x, act, m, in, out, acc, ksplit);
 }
 
-// Variants measured by `dspark bench --matvec-variants` only (occupancy and loads in flight);
-// the models always launch matvec_tc_bf16.
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
-    matvec_tc_u4b3_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+// Variants measured by `dspark bench --matvec-variants` only; the models always launch
+// matvec_tc_bf16 / matvec_tc_swiglu_bf16.
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
+    matvec_tc_u4b2_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
     matvec_tc<4, false>(w, x, y, m, in, out, acc, ksplit);
 }
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 1)
-    matvec_tc_u8b1_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<8, false>(w, x, y, m, in, out, acc, ksplit);
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
+    matvec_tc_c4b3_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<4, false, TC_WARPS, true>(w, x, y, m, in, out, acc, ksplit);
 }
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 4)
-    matvec_tc_u2b4_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<2, false>(w, x, y, m, in, out, acc, ksplit);
+extern "C" __global__ void __launch_bounds__(16 * 32, 1)
+    matvec_tc_w16_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<4, false, 16>(w, x, y, m, in, out, acc, ksplit);
 }
 
 // ---- pipelined variant (tuning) ---------------------------------------------------------------

@@ -375,7 +375,13 @@ impl Gpu {
     ) -> CudaResult<()> {
         let y_cols = if name == "matvec_tc_swiglu_bf16" { d_out / 2 } else { d_out };
         let tiles = d_out.div_ceil(16);
-        let warps = if name.contains("_pipe") { 4 } else { 8 };
+        let warps = if name.contains("_pipe") {
+            4
+        } else if name.contains("_w16") {
+            16
+        } else {
+            8
+        };
         let ks = ksplit(tiles, d_in, warps);
         let grid = tiles.div_ceil(warps / ks);
         let mut start = 0;
