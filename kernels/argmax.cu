@@ -51,6 +51,8 @@ extern "C" __global__ void argmax_f32(const float* logits, uint32_t* out, int vo
 // partial [rows, segments] pairs; tickets [rows] start at zero and are left at zero.
 extern "C" __global__ void argmax_split_f32(const float* logits, uint32_t* out, float* partial_v, uint32_t* partial_i,
                                             uint32_t* tickets, int vocab, int row_stride) {
+    pdl_trigger();
+    pdl_wait();
     const int seg = blockIdx.x, segs = gridDim.x, row = blockIdx.y;
     const int len = (vocab + segs - 1) / segs;
     const int lo = seg * len, hi = min(vocab, lo + len);

@@ -90,6 +90,8 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     __shared__ float4 sq[SPLIT_Q][D4];
     __shared__ float4 sk[TK][D4 + 1];
     __shared__ float sv[TK][HD];
+    pdl_trigger();
+    pdl_wait();
     // blockIdx.x = kv head × query group, the groups of one head adjacent so their blocks run
     // together and the second reads the slice from L2.
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -206,6 +208,8 @@ SPLIT_KERNEL(4, attention_split_hd128_f32)
 // once into shared memory, then every thread's loop over slices has independent loads.
 extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml, float* out, int rows,
                                                  int nh, int hd, int splits) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sw[64];
     __shared__ float sL;
     const int rh = blockIdx.x, d = threadIdx.x;

@@ -38,3 +38,20 @@ __device__ __forceinline__ float block_sum(float v) {
     __syncthreads();
     return r;
 }
+
+// Programmatic dependent launch (sm_90+). Kernels the host launches with the PDL attribute may
+// start while the previous kernel is still draining; each calls pdl_trigger() first (so its own
+// successor can be scheduled as soon as all of its blocks are resident) and pdl_wait() before it
+// reads or writes anything another kernel produces or consumes. Only reads of weights, which
+// no kernel writes, may come before the wait. Both are no-ops on older GPUs and when the kernel
+// was launched normally.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

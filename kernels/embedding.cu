@@ -20,6 +20,8 @@ extern "C" __global__ void embedding_f32(const float* t, const uint32_t* ids, fl
 // output rows into their slot of the token-major capture buffer [rows, T·H] the draft reads.
 // Launch: one block of 256 threads per row.
 extern "C" __global__ void copy_rows_f32(const float* src, float* dst, int cols, int src_stride, int dst_stride) {
+    pdl_trigger();
+    pdl_wait();
     const float* s = src + (size_t)blockIdx.x * src_stride;
     float* d = dst + (size_t)blockIdx.x * dst_stride;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) d[i] = s[i];

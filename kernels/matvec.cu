@@ -115,6 +115,8 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
     const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
     const bool has_x = g < m;
+    pdl_trigger();
+    bool waited = false;
 
     float acc[3][4];
 #pragma unroll
@@ -144,6 +146,11 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
                 vb[u] = make_uint4(0, 0, 0, 0);
             }
         }
+        // The first weights are in flight while the previous kernel finishes (PDL).
+        if (!waited) {
+            pdl_wait();
+            waited = true;
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int k = chunk + u * stride + 8 * t;
@@ -169,6 +176,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
         }
     }
 
+    if (!waited) pdl_wait();  // a warp with no k still writes y below
     // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, cols 2t, 2t+1); col = m.
     __shared__ float part[WARPS][16][8];
 #pragma unroll

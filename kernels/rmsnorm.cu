@@ -8,6 +8,8 @@
 #include "common.cuh"
 
 extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* out, int dim, float eps) {
+    pdl_trigger();
+    pdl_wait();
     const float* xr = x + (size_t)blockIdx.x * dim;
     float ss = 0.f;
 #pragma unroll 4

@@ -37,6 +37,8 @@ extern "C" __global__ void qk_norm_rope_f32(float* x, const float* w, const floa
 extern "C" __global__ void qkv_rope_append_f32(const float* qkv, const float* q_norm, const float* k_norm,
                                                const float* inv_freq, float* q_out, float* k_cache, float* v_cache,
                                                int nq, int nkv, int hd, int first_pos, int cache_row, float eps) {
+    pdl_trigger();
+    pdl_wait();
     const int heads = nq + 2 * nkv;
     const int row = blockIdx.x / heads, head = blockIdx.x % heads;
     const float* src = qkv + ((size_t)row * heads + head) * hd;

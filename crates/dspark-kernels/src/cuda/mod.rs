@@ -10,6 +10,7 @@
 //! shape bug is an error on the host rather than an out-of-bounds access on the device.
 
 pub mod ops;
+mod pdl;
 pub mod ptx;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError};
@@ -65,6 +66,9 @@ pub struct Gpu {
     functions: HashMap<&'static str, CudaFunction>,
     /// Compute capability (major, minor).
     pub compute_capability: (i32, i32),
+    /// Whether kernels that support it launch with programmatic dependent launch (sm_90+;
+    /// `DSPARK_NO_PDL=1` turns it off for A/B runs).
+    pub pdl: bool,
     profiling: AtomicBool,
     /// (kernel name, start, end) of every launch while profiling is on.
     profile: Mutex<Vec<(String, CudaEvent, CudaEvent)>>,
@@ -118,6 +122,7 @@ impl Gpu {
             modules,
             functions,
             compute_capability: (major, minor),
+            pdl: major >= 9 && std::env::var_os("DSPARK_NO_PDL").is_none(),
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),

@@ -4,6 +4,7 @@
 //! GPU's stream. Activations are f32 views; large weights are a [`WeightBuf`] in the
 //! checkpoint's dtype, small per-channel weights (norms, head vectors) f32.
 
+use super::pdl::{dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
@@ -198,11 +199,15 @@ impl Gpu {
         }
         check("copy_rows src", src.len(), (rows - 1) * src_stride + cols)?;
         check("copy_rows dst", dst.len(), (rows - 1) * dst_stride + cols)?;
-        let (c, ss, ds) = (cols as i32, src_stride as i32, dst_stride as i32);
-        let mut b = self.stream.launch_builder(self.function("copy_rows_f32")?);
-        b.arg(src).arg(dst).arg(&c).arg(&ss).arg(&ds);
-        // SAFETY: matches copy_rows_f32(src, dst, cols, src_stride, dst_stride).
-        launch!(self, "copy_rows_f32", b, cfg(rows, 256));
+        // copy_rows_f32(src, dst, cols, src_stride, dst_stride).
+        let args = [
+            dptr(self, src),
+            dptr_mut(self, dst),
+            Arg::I32(cols as i32),
+            Arg::I32(src_stride as i32),
+            Arg::I32(dst_stride as i32),
+        ];
+        self.launch_pdl("copy_rows_f32", (rows as u32, 1, 1), 256, &args)?;
         Ok(())
     }
 
@@ -218,11 +223,9 @@ impl Gpu {
         let dim = w.len();
         check("rmsnorm x", x.len(), rows * dim)?;
         check("rmsnorm out", out.len(), rows * dim)?;
-        let d = dim as i32;
-        let mut b = self.stream.launch_builder(self.function("rmsnorm_f32")?);
-        b.arg(x).arg(w).arg(out).arg(&d).arg(&eps);
-        // SAFETY: matches rmsnorm_f32(x, w, out, dim, eps); lengths checked above.
-        launch!(self, "rmsnorm_f32", b, cfg(rows, 1024));
+        // rmsnorm_f32(x, w, out, dim, eps); lengths checked above.
+        let args = [dptr(self, x), dptr(self, w), dptr_mut(self, out), Arg::I32(dim as i32), Arg::F32(eps)];
+        self.launch_pdl("rmsnorm_f32", (rows as u32, 1, 1), 1024, &args)?;
         Ok(())
     }
 
@@ -384,15 +387,27 @@ impl Gpu {
         };
         let ks = ksplit(tiles, d_in, warps);
         let grid = tiles.div_ceil(warps / ks);
+        let WeightView::U16(wv) = wv else {
+            return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
+        };
+        let w = dptr(self, wv);
         let mut start = 0;
         while start < m {
             let rows = (m - start).min(TC_ROWS);
             let xs = x.slice(start * d_in..(start + rows) * d_in);
             let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
-            let (mm, di, dout, acc, k) = (rows as i32, d_in as i32, d_out as i32, accumulate as i32, ks as i32);
-            launch_v!(self, name.to_string(), wv, cfg(grid, 32 * warps as u32), |b| {
-                b.arg(&xs).arg(&mut ys).arg(&mm).arg(&di).arg(&dout).arg(&acc).arg(&k);
-            });
+            // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit)
+            let args = [
+                w,
+                dptr(self, &xs),
+                dptr_mut(self, &mut ys),
+                Arg::I32(rows as i32),
+                Arg::I32(d_in as i32),
+                Arg::I32(d_out as i32),
+                Arg::I32(accumulate as i32),
+                Arg::I32(ks as i32),
+            ];
+            self.launch_pdl(name, (grid as u32, 1, 1), 32 * warps as u32, &args)?;
             start += rows;
         }
         Ok(())
@@ -489,22 +504,33 @@ impl Gpu {
             None => (0, 0),
         };
         let name = format!("attention_split_hd{head_dim}_f32");
-        let mut b = self.stream.launch_builder(self.function(&name)?);
-        b.arg(q).arg(k).arg(v).arg(&mut scratch.attn_o).arg(&mut scratch.attn_ml);
-        b.arg(&r).arg(&nh).arg(&nkv).arg(&kl).arg(&c).arg(&fp);
         let groups = (rows * (n_heads / n_kv_heads)).div_ceil(16);
-        let grid = LaunchConfig {
-            grid_dim: ((n_kv_heads * groups) as u32, splits as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matches attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos).
-        launch!(self, &name, b, grid);
-        let (hd, sp) = (head_dim as i32, splits as i32);
-        let mut b = self.stream.launch_builder(self.function("attention_combine_f32")?);
-        b.arg(&scratch.attn_o).arg(&scratch.attn_ml).arg(out).arg(&r).arg(&nh).arg(&hd).arg(&sp);
-        // SAFETY: matches attention_combine_f32(part_o, part_ml, out, rows, nh, hd, splits).
-        launch!(self, "attention_combine_f32", b, cfg(rows * n_heads, head_dim as u32));
+        // attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos)
+        let args = [
+            dptr(self, q),
+            dptr(self, k),
+            dptr(self, v),
+            dptr_mut(self, &mut scratch.attn_o),
+            dptr_mut(self, &mut scratch.attn_ml),
+            Arg::I32(r),
+            Arg::I32(nh),
+            Arg::I32(nkv),
+            Arg::I32(kl),
+            Arg::I32(c),
+            Arg::I32(fp),
+        ];
+        self.launch_pdl(&name, ((n_kv_heads * groups) as u32, splits as u32, 1), 128, &args)?;
+        // attention_combine_f32(part_o, part_ml, out, rows, nh, hd, splits)
+        let args = [
+            dptr(self, &scratch.attn_o),
+            dptr(self, &scratch.attn_ml),
+            dptr_mut(self, out),
+            Arg::I32(r),
+            Arg::I32(nh),
+            Arg::I32(head_dim as i32),
+            Arg::I32(splits as i32),
+        ];
+        self.launch_pdl("attention_combine_f32", ((rows * n_heads) as u32, 1, 1), head_dim as u32, &args)?;
         Ok(())
     }
 
@@ -534,13 +560,24 @@ impl Gpu {
         check("qkv_rope_append k_cache", k_cache.len(), (cache_row + rows) * nkv * hd)?;
         check("qkv_rope_append v_cache", v_cache.len(), (cache_row + rows) * nkv * hd)?;
         let threads = ((hd / 2).div_ceil(32) * 32) as u32;
-        let (a, b_, d, p, c) = (nq as i32, nkv as i32, hd as i32, first_pos as i32, cache_row as i32);
-        let mut b = self.stream.launch_builder(self.function("qkv_rope_append_f32")?);
-        b.arg(qkv).arg(q_norm).arg(k_norm).arg(inv_freq).arg(q_out).arg(k_cache).arg(v_cache);
-        b.arg(&a).arg(&b_).arg(&d).arg(&p).arg(&c).arg(&eps);
-        // SAFETY: matches qkv_rope_append_f32(qkv, q_norm, k_norm, inv_freq, q_out, k_cache,
-        // v_cache, nq, nkv, hd, first_pos, cache_row, eps); lengths checked above.
-        launch!(self, "qkv_rope_append_f32", b, cfg(rows * (nq + 2 * nkv), threads));
+        // qkv_rope_append_f32(qkv, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, nq, nkv,
+        // hd, first_pos, cache_row, eps); lengths checked above.
+        let args = [
+            dptr(self, qkv),
+            dptr(self, q_norm),
+            dptr(self, k_norm),
+            dptr(self, inv_freq),
+            dptr_mut(self, q_out),
+            dptr_mut(self, k_cache),
+            dptr_mut(self, v_cache),
+            Arg::I32(nq as i32),
+            Arg::I32(nkv as i32),
+            Arg::I32(hd as i32),
+            Arg::I32(first_pos as i32),
+            Arg::I32(cache_row as i32),
+            Arg::F32(eps),
+        ];
+        self.launch_pdl("qkv_rope_append_f32", ((rows * (nq + 2 * nkv)) as u32, 1, 1), threads, &args)?;
         Ok(())
     }
 
@@ -563,14 +600,18 @@ impl Gpu {
         }
         check("argmax logits", logits.len(), (rows - 1) * row_stride + vocab)?;
         check("argmax out", out.len(), rows)?;
-        let (v, s) = (vocab as i32, row_stride as i32);
-        let mut b = self.stream.launch_builder(self.function("argmax_split_f32")?);
-        b.arg(logits).arg(out).arg(&mut scratch.argmax_v).arg(&mut scratch.argmax_i).arg(&mut scratch.argmax_tickets);
-        b.arg(&v).arg(&s);
-        let grid = LaunchConfig { grid_dim: (segs as u32, rows as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: matches argmax_split_f32(logits, out, partial_v, partial_i, tickets, vocab,
-        // row_stride); the tickets start zeroed (arena) and the kernel leaves them zeroed.
-        launch!(self, "argmax_split_f32", b, grid);
+        // argmax_split_f32(logits, out, partial_v, partial_i, tickets, vocab, row_stride); the
+        // tickets start zeroed (arena) and the kernel leaves them zeroed.
+        let args = [
+            dptr(self, logits),
+            dptr_mut(self, out),
+            dptr_mut(self, &mut scratch.argmax_v),
+            dptr_mut(self, &mut scratch.argmax_i),
+            dptr_mut(self, &mut scratch.argmax_tickets),
+            Arg::I32(vocab as i32),
+            Arg::I32(row_stride as i32),
+        ];
+        self.launch_pdl("argmax_split_f32", (segs as u32, rows as u32, 1), 256, &args)?;
         Ok(())
     }
 
