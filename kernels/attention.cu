@@ -66,11 +66,12 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 // the group's queries (rows × G query heads; a verify's 32 take two blocks, which share the
 // slice through L2). The block stages tiles of 32 keys' K and V rows in shared memory with
 // coalesced 16-byte loads, the next tile's loads in flight while it computes on this one.
-// Scores are lane-per-key: lane j takes the whole dot product q · k_j (four independent partial
-// sums, K rows padded by 4 floats so the 16-byte reads of a quarter-warp hit distinct banks), so
-// a tile needs one max and one sum reduction per query instead of one reduction per key — the
-// per-key shuffle chains were what made a first version latency-bound. Lane d then owns output
-// dims d, d+32, … and accumulates Σ_j p_j · v_j with p_j broadcast by shuffle. Each query keeps
+// Scores are lane-per-key: lane j takes the whole dot products q_i · k_j for all of its warp's
+// queries in one pass (K rows padded by 4 floats so the 16-byte reads of a quarter-warp hit
+// distinct banks; each K element read serves every query), so a tile needs one max and one sum
+// reduction per query instead of one reduction per key — the per-key shuffle chains were what
+// made a first version latency-bound. Lane d then owns output dims d, d+32, … and accumulates
+// Σ_j p_j · v_j with p_j broadcast by shuffle, each V element read once for all queries. Each query keeps
 // an online softmax across tiles; the block writes an unnormalised partial (running max m, sum
 // l, Σ p·v) per query and slice, merged by `attention_combine_f32` in a fixed order:
 // M = max m_s, L = Σ l_s·e^(m_s−M), out = Σ o_s·e^(m_s−M) / L.
@@ -153,30 +154,46 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
         __syncthreads();
         if (t0 + TK < j1) fetch(t0 + TK);  // in flight while this tile is computed
         const int j = t0 + lane;
+        // Scores of this lane's key for all of the warp's queries in one pass over K, so each
+        // K element read from shared memory serves QW queries.
+        float sc[QW];
+#pragma unroll
+        for (int i = 0; i < QW; i++) sc[i] = 0.f;
+#pragma unroll 8
+        for (int c = 0; c < D4; c++) {
+            float4 kk = sk[lane][c];
+#pragma unroll
+            for (int i = 0; i < QW; i++) {
+                float4 qq = sq[warp + SPLIT_WARPS * i][c];
+                sc[i] += qq.x * kk.x + qq.y * kk.y + qq.z * kk.z + qq.w * kk.w;
+            }
+        }
+        float p[QW];
 #pragma unroll
         for (int i = 0; i < QW; i++) {
-            if (t0 >= vis[i]) continue;  // uniform across the warp
-            const float4* qr = sq[warp + SPLIT_WARPS * i];
-            float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma unroll
-            for (int c = 0; c < D4; c++) {
-                float4 kk = sk[lane][c], qq = qr[c];
-                s0 += qq.x * kk.x; s1 += qq.y * kk.y; s2 += qq.z * kk.z; s3 += qq.w * kk.w;
-            }
+            p[i] = 0.f;
+            if (t0 >= vis[i]) continue;  // uniform across the warp: no visible key in this tile
             const bool valid = j < j1 && j < vis[i];
-            float s = valid ? (s0 + s1) + (s2 + s3) : -INFINITY;
+            float s = valid ? sc[i] : -INFINITY;
             float m_new = fmaxf(m[i], warp_max(s));  // finite: key t0 is visible
-            float p = valid ? expf(s - m_new) : 0.f;
+            p[i] = valid ? expf(s - m_new) : 0.f;
             float corr = expf(m[i] - m_new);
-            l[i] = l[i] * corr + warp_sum(p);
+            l[i] = l[i] * corr + warp_sum(p[i]);
             m[i] = m_new;
 #pragma unroll
             for (int e = 0; e < PER; e++) o[i][e] *= corr;
-            const int n = min(TK, j1 - t0);
-            for (int jj = 0; jj < n; jj++) {
-                float pj = __shfl_sync(0xffffffffu, p, jj);
+        }
+        // Σ p_j · v_j: each V element read once for all the warp's queries.
+        const int n = min(TK, j1 - t0);
+        for (int jj = 0; jj < n; jj++) {
+            float vv[PER];
 #pragma unroll
-                for (int e = 0; e < PER; e++) o[i][e] += pj * sv[jj][lane + 32 * e];
+            for (int e = 0; e < PER; e++) vv[e] = sv[jj][lane + 32 * e];
+#pragma unroll
+            for (int i = 0; i < QW; i++) {
+                float pj = __shfl_sync(0xffffffffu, p[i], jj);
+#pragma unroll
+                for (int e = 0; e < PER; e++) o[i][e] += pj * vv[e];
             }
         }
     }
@@ -196,7 +213,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
 }
 
 #define SPLIT_KERNEL(PER, NAME)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)                                                  \
+    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)                                               \
         NAME(const float* q, const float* k, const float* v, float* part_o, float* part_ml, int rows, int nh,       \
              int nkv, int kv_len, int causal, int first_pos) {                                                      \
         attention_split<PER>(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos);                  \
@@ -204,34 +221,43 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
 SPLIT_KERNEL(2, attention_split_hd64_f32)
 SPLIT_KERNEL(4, attention_split_hd128_f32)
 
-// One block of hd threads per (row, head); splits ≤ 64. The slice weights e^(m_s−M) are computed
-// once into shared memory, then every thread's loop over slices has independent loads.
+// One block of hd threads per (row, head); splits ≤ 128. The slice weights e^(m_s−M) are
+// computed once into shared memory, then every thread's loop over slices has independent loads.
 extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml, float* out, int rows,
                                                  int nh, int hd, int splits) {
     pdl_trigger();
     pdl_wait();
-    __shared__ float sw[64];
+    __shared__ float sw[128];
     __shared__ float sL;
     const int rh = blockIdx.x, d = threadIdx.x;
     const size_t stride = (size_t)rows * nh;
     if (threadIdx.x < 32) {
-        int lane = threadIdx.x;
-        float m0 = lane < splits ? part_ml[(lane * stride + rh) * 2] : -INFINITY;
-        float m1 = lane + 32 < splits ? part_ml[((lane + 32) * stride + rh) * 2] : -INFINITY;
-        float M = warp_max(fmaxf(m0, m1));
-        // A slice that saw no visible key has m = −inf and weight 0.
-        float w0 = m0 == -INFINITY ? 0.f : expf(m0 - M), w1 = m1 == -INFINITY ? 0.f : expf(m1 - M);
-        float l0 = lane < splits ? part_ml[(lane * stride + rh) * 2 + 1] : 0.f;
-        float l1 = lane + 32 < splits ? part_ml[((lane + 32) * stride + rh) * 2 + 1] : 0.f;
-        sw[lane] = w0;
-        sw[lane + 32] = w1;
-        float L = warp_sum(l0 * w0 + l1 * w1);
+        const int lane = threadIdx.x;
+        float ms[4], ls[4];
+        float M = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int sp = lane + 32 * i;
+            ms[i] = sp < splits ? part_ml[(sp * stride + rh) * 2] : -INFINITY;
+            ls[i] = sp < splits ? part_ml[(sp * stride + rh) * 2 + 1] : 0.f;
+            M = fmaxf(M, ms[i]);
+        }
+        M = warp_max(M);
+        float L = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            // A slice that saw no visible key has m = −inf and weight 0.
+            float wgt = ms[i] == -INFINITY ? 0.f : expf(ms[i] - M);
+            sw[lane + 32 * i] = wgt;
+            L += ls[i] * wgt;
+        }
+        L = warp_sum(L);
         if (lane == 0) sL = L;
     }
     __syncthreads();
     if (d >= hd) return;
     float acc = 0.f;
 #pragma unroll 8
-    for (int s = 0; s < splits; s++) acc += part_o[(s * stride + rh) * hd + d] * sw[s];
+    for (int sp = 0; sp < splits; sp++) acc += part_o[(sp * stride + rh) * hd + d] * sw[sp];
     out[(size_t)rh * hd + d] = acc / sL;
 }

@@ -70,7 +70,7 @@ pub struct OpScratch {
 }
 
 /// Most key slices of one split attention launch.
-pub const MAX_SPLITS: usize = 64;
+pub const MAX_SPLITS: usize = 128;
 /// Most query rows the split attention takes (verify and draft blocks are ≤ 8; prefill uses the
 /// per-head kernel).
 pub const SPLIT_ROWS: usize = 16;
@@ -496,8 +496,11 @@ impl Gpu {
         if !aligned16(self, k) || !aligned16(self, v) {
             return Err(CudaError::Shape("attention_split: K/V cache views must be 16-byte aligned".into()));
         }
-        // About 32 keys per block, at most MAX_SPLITS slices.
-        let splits = kv_len.div_ceil(32).clamp(1, MAX_SPLITS);
+        // One 32-key tile per block for a single query row (decode: the most blocks, no serial
+        // tiles); 64 keys per block for several rows, where the partials would otherwise cost
+        // as much traffic as the slice itself. At most MAX_SPLITS slices.
+        let keys = if rows == 1 { 32 } else { 64 };
+        let splits = kv_len.div_ceil(keys).clamp(1, MAX_SPLITS);
         let (r, nh, nkv, kl) = (rows as i32, n_heads as i32, n_kv_heads as i32, kv_len as i32);
         let (c, fp) = match causal {
             Some(p) => (1i32, p as i32),
