@@ -78,15 +78,16 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 // Layout of the partials: o [splits, rows, nh, hd], ml [splits, rows, nh, 2].
 
 #define SPLIT_WARPS 4
-#define SPLIT_Q 16  // queries per block
-#define TK 32       // keys per tile
+#define TK 32  // keys per tile
 
-template <int PER>
+// QW queries per warp, SPLIT_Q = 4·QW per block: QW = 1 for decode (one row: G = 4 queries per
+// KV head), QW = 4 for verify and draft blocks.
+template <int PER, int QW>
 __device__ void attention_split(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                 float* part_o, float* part_ml, int rows, int nh, int nkv, int kv_len, int causal,
                                 int first_pos) {
     constexpr int HD = PER * 32, D4 = HD / 4;
-    constexpr int QW = SPLIT_Q / SPLIT_WARPS;                  // queries per warp
+    constexpr int SPLIT_Q = QW * SPLIT_WARPS;                  // queries per block
     constexpr int LOADS = (TK * D4) / (SPLIT_WARPS * 32);      // float4 of K (and of V) per thread per tile
     __shared__ float4 sq[SPLIT_Q][D4];
     __shared__ float4 sk[TK][D4 + 1];
@@ -212,14 +213,16 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     }
 }
 
-#define SPLIT_KERNEL(PER, NAME)                                                                                     \
+#define SPLIT_KERNEL(PER, QW, NAME)                                                                                 \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)                                               \
         NAME(const float* q, const float* k, const float* v, float* part_o, float* part_ml, int rows, int nh,       \
              int nkv, int kv_len, int causal, int first_pos) {                                                      \
-        attention_split<PER>(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos);                  \
+        attention_split<PER, QW>(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos);              \
     }
-SPLIT_KERNEL(2, attention_split_hd64_f32)
-SPLIT_KERNEL(4, attention_split_hd128_f32)
+SPLIT_KERNEL(2, 4, attention_split_hd64_f32)
+SPLIT_KERNEL(4, 4, attention_split_hd128_f32)
+SPLIT_KERNEL(2, 1, attention_split_q1_hd64_f32)
+SPLIT_KERNEL(4, 1, attention_split_q1_hd128_f32)
 
 // One block of hd threads per (row, head); splits ≤ 128. The slice weights e^(m_s−M) are
 // computed once into shared memory, then every thread's loop over slices has independent loads.

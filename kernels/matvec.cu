@@ -231,6 +231,14 @@ extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
     matvec_tc_u4b2_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
     matvec_tc<4, false>(w, x, y, m, in, out, acc, ksplit);
 }
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
+    matvec_tc_u8b2_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<8, false>(w, x, y, m, in, out, acc, ksplit);
+}
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
+    matvec_tc_u8b3_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<8, false>(w, x, y, m, in, out, acc, ksplit);
+}
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
     matvec_tc_c4b3_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
     matvec_tc<4, false, TC_WARPS, true>(w, x, y, m, in, out, acc, ksplit);
