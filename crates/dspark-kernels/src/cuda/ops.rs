@@ -507,13 +507,13 @@ impl Gpu {
             None => (0, 0),
         };
         // A block takes 4 queries (one per warp) when that is the whole group, else 16.
-        let q = rows * (n_heads / n_kv_heads);
-        let (name, per_block) = if q <= 4 {
+        let group_queries = rows * (n_heads / n_kv_heads);
+        let (name, per_block) = if group_queries <= 4 {
             (format!("attention_split_q1_hd{head_dim}_f32"), 4)
         } else {
             (format!("attention_split_hd{head_dim}_f32"), 16)
         };
-        let groups = q.div_ceil(per_block);
+        let groups = group_queries.div_ceil(per_block);
         // attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos)
         let args = [
             dptr(self, q),
