@@ -103,7 +103,7 @@ __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, 
 // (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many tiles need no split, few tiles need it to keep
 // enough loads in flight). SWIGLU: W's rows interleave gate and up (row 2i = gate_i, 2i+1 =
 // up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to y [m, out/2] instead.
-template <int UNROLL, bool SWIGLU, int WARPS = TC_WARPS, bool CONTIG = false>
+template <int UNROLL, bool SWIGLU, int WARPS = TC_WARPS>
 __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
                           int out, int accumulate, int ksplit) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -124,12 +124,10 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[p][i] = 0.f;
 
-    // Interleaved: warp kpart takes chunks kpart, kpart + ksplit, … (stride ksplit·32).
-    // CONTIG: it takes one contiguous run of k, its UNROLL chunks per step adjacent in memory.
-    const int run = ((in + ksplit * 32 - 1) / (ksplit * 32)) * 32;
-    const int kbeg = CONTIG ? kpart * run : kpart * 32;
-    const int kend = CONTIG ? min(in, kbeg + run) : in;
-    const int stride = CONTIG ? 32 : ksplit * 32;  // k between a warp's consecutive chunks
+    // Warp kpart takes chunks kpart, kpart + ksplit, … (stride ksplit·32), so the block's warps
+    // together read each row's k contiguously.
+    const int kbeg = kpart * 32, kend = in;
+    const int stride = ksplit * 32;  // k between a warp's consecutive chunks
     // The loop bound is per warp, not per lane: mma.sync needs all 32 lanes, so lanes past the
     // end of k load zeros instead of leaving the loop.
     for (int chunk = kbeg; chunk < kend; chunk += stride * UNROLL) {
@@ -225,154 +223,14 @@ extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
     matvec_tc<4, true>(w, x, act, m, in, out, acc, ksplit);
 }
 
-// Variants measured by `dspark bench --matvec-variants` only; the models always launch
-// matvec_tc_bf16 / matvec_tc_swiglu_bf16.
+// Few tiles (≤ 512: q|k|v, o, down, fc): every warp takes a long K range, and the time is set by
+// how many sequential load round trips each warp makes, so each step keeps 8 chunks (8 KB per
+// warp) in flight at 2 blocks per SM. Many tiles (gate|up, lm_head, Markov W2): 4 chunks per
+// step at 3 blocks per SM keeps more warps resident, which wins there. Measured with
+// `dspark bench --matvec-variants` (docs/perf.md).
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
-    matvec_tc_u4b2_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<4, false>(w, x, y, m, in, out, acc, ksplit);
-}
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
-    matvec_tc_u8b2_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc_u8_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
     matvec_tc<8, false>(w, x, y, m, in, out, acc, ksplit);
-}
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
-    matvec_tc_u8b3_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<8, false>(w, x, y, m, in, out, acc, ksplit);
-}
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
-    matvec_tc_c4b3_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<4, false, TC_WARPS, true>(w, x, y, m, in, out, acc, ksplit);
-}
-extern "C" __global__ void __launch_bounds__(16 * 32, 1)
-    matvec_tc_w16_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<4, false, 16>(w, x, y, m, in, out, acc, ksplit);
-}
-
-// ---- pipelined variant (tuning) ---------------------------------------------------------------
-//
-// Same math, but each lane streams its weight chunks through a private STAGES-deep ring in
-// shared memory with cp.async, so loads stay in flight while the tensor cores work, and x for
-// the next step is fetched into registers one step ahead. A lane reads back exactly the 16-byte
-// slots it filled, so no barrier is needed between copy and use; a slot is refilled only after
-// the MMAs that consumed it. Blocks of 4 warps (48 KB of ring), ksplit ≤ 4.
-
-#define PIPE_WARPS 4
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool full) {
-    unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    int n = full ? 16 : 0;  // 0: zero-fill, nothing read
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-template <int STAGES, int UNROLL>
-__device__ void matvec_tc_pipe(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m,
-                               int in, int out, int accumulate, int ksplit) {
-    __shared__ uint4 ring[PIPE_WARPS][STAGES][UNROLL][2][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int tiles_per_block = PIPE_WARPS / ksplit;
-    const int tile = blockIdx.x * tiles_per_block + warp / ksplit, kpart = warp % ksplit;
-    const int row0 = tile * 16;
-    const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);
-    const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
-    const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
-    const bool has_x = g < m;
-    const int stride = ksplit * 32;
-    const int step_k = stride * UNROLL;
-    const int first = kpart * 32;
-    const int nsteps = first < in ? (in - first + step_k - 1) / step_k : 0;  // warp-uniform
-
-    auto issue = [&](int s) {
-        int slot = s % STAGES;
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            int k = first + s * step_k + u * stride + 8 * t;
-            bool ok = s < nsteps && k < in;
-            int kk = ok ? k : 0;
-            cp_async16(&ring[warp][slot][u][0][lane], wa + kk / 8, ok);
-            cp_async16(&ring[warp][slot][u][1][lane], wb + kk / 8, ok);
-        }
-        cp_async_commit();
-    };
-    auto load_x = [&](int s, float (*xv)[8]) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            int k = first + s * step_k + u * stride + 8 * t;
-            if (has_x && s < nsteps && k < in) {
-                load_x8(x, g, k, in, xv[u]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++) xv[u][i] = 0.f;
-            }
-        }
-    };
-
-    float acc[3][4];
-#pragma unroll
-    for (int p = 0; p < 3; p++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[p][i] = 0.f;
-
-#pragma unroll
-    for (int s = 0; s < STAGES; s++) issue(s);
-    float xv[UNROLL][8];
-    load_x(0, xv);
-    for (int s = 0; s < nsteps; s++) {
-        cp_async_wait<STAGES - 1>();  // this lane's copies of step s have landed
-        const int slot = s % STAGES;
-        float xn[UNROLL][8];
-        load_x(s + 1, xn);  // next step's activations, in flight during the MMAs
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            uint4 va = ring[warp][slot][u][0][lane], vb = ring[warp][slot][u][1][lane];
-            uint32_t h[4], md[4], lo[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) split3(xv[u][2 * j], xv[u][2 * j + 1], h[j], md[j], lo[j]);
-            mma_bf16(acc[0], va.x, vb.x, va.y, vb.y, h[0], h[1]);
-            mma_bf16(acc[1], va.x, vb.x, va.y, vb.y, md[0], md[1]);
-            mma_bf16(acc[2], va.x, vb.x, va.y, vb.y, lo[0], lo[1]);
-            mma_bf16(acc[0], va.z, vb.z, va.w, vb.w, h[2], h[3]);
-            mma_bf16(acc[1], va.z, vb.z, va.w, vb.w, md[2], md[3]);
-            mma_bf16(acc[2], va.z, vb.z, va.w, vb.w, lo[2], lo[3]);
-        }
-        issue(s + STAGES);  // refill the slot just consumed
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++)
-#pragma unroll
-            for (int i = 0; i < 8; i++) xv[u][i] = xn[u][i];
-    }
-    cp_async_wait<0>();
-
-    __syncthreads();  // the ring is reused for the cross-warp reduction
-    float(*part)[16][8] = reinterpret_cast<float(*)[16][8]>(&ring[0][0][0][0][0]);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float sum = (acc[2][i] + acc[1][i]) + acc[0][i];
-        part[warp][g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)] = sum;
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < tiles_per_block * 128; idx += blockDim.x) {
-        int tl = idx >> 7, r = (idx >> 3) & 15, col = idx & 7;
-        int o = (blockIdx.x * tiles_per_block + tl) * 16 + r;
-        if (col < m && o < out) {
-            float sum = 0.f;
-            for (int kp = 0; kp < ksplit; kp++) sum += part[tl * ksplit + kp][r][col];
-            size_t i = (size_t)col * out + o;
-            y[i] = accumulate ? y[i] + sum : sum;
-        }
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32)
-    matvec_tc_pipe_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc_pipe<3, 4>(w, x, y, m, in, out, acc, ksplit);
-}
-extern "C" __global__ void __launch_bounds__(PIPE_WARPS * 32)
-    matvec_tc_pipe2_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc_pipe<6, 2>(w, x, y, m, in, out, acc, ksplit);
 }
 
 // Interleaved gate|up rows → act = silu(gate) ⊙ up for the general path: gu [rows, 2·inter]

@@ -55,7 +55,8 @@ pub struct BenchArgs {
     /// Skip the per-projection cuBLAS comparison.
     #[arg(long)]
     pub no_projections: bool,
-    /// Tuning: also time these tensor-core matvec kernel variants on every projection.
+    /// Tuning: also time these tensor-core matvec kernels (same signature as matvec_tc_bf16,
+    /// e.g. matvec_tc_u8_bf16) on every projection.
     #[arg(long, value_delimiter = ',')]
     pub matvec_variants: Vec<String>,
 }

@@ -348,7 +348,9 @@ impl Gpu {
             aligned16(self, v)
         };
         if tc {
-            return self.matvec_tc("matvec_tc_bf16", &wv, x, y, (m, d_in, d_out), accumulate);
+            // Few tiles → the 8-chunk kernel (each warp has a long K range); many → 4-chunk.
+            let name = if ksplit(d_out.div_ceil(16), d_in, 8) == 8 { "matvec_tc_u8_bf16" } else { "matvec_tc_bf16" };
+            return self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), accumulate);
         }
         let name = format!("matvec_{}", w.suffix());
         let mut start = 0;
@@ -378,13 +380,7 @@ impl Gpu {
     ) -> CudaResult<()> {
         let y_cols = if name == "matvec_tc_swiglu_bf16" { d_out / 2 } else { d_out };
         let tiles = d_out.div_ceil(16);
-        let warps = if name.contains("_pipe") {
-            4
-        } else if name.contains("_w16") {
-            16
-        } else {
-            8
-        };
+        let warps = 8;
         let ks = ksplit(tiles, d_in, warps);
         let grid = tiles.div_ceil(warps / ks);
         let WeightView::U16(wv) = wv else {
@@ -496,10 +492,10 @@ impl Gpu {
         if !aligned16(self, k) || !aligned16(self, v) {
             return Err(CudaError::Shape("attention_split: K/V cache views must be 16-byte aligned".into()));
         }
-        // One 32-key tile per block for a single query row (decode: the most blocks, no serial
-        // tiles); 64 keys per block for several rows, where the partials would otherwise cost
-        // as much traffic as the slice itself. At most MAX_SPLITS slices.
-        let keys = if rows == 1 { 32 } else { 64 };
+        // One 32-key tile per block (the most blocks, no serial tiles), except for several rows
+        // over a long context, where the partials would then cost as much traffic as the
+        // slice itself: 64 keys there. At most MAX_SPLITS slices.
+        let keys = if rows == 1 || kv_len <= 2048 { 32 } else { 64 };
         let splits = kv_len.div_ceil(keys).clamp(1, MAX_SPLITS);
         let (r, nh, nkv, kl) = (rows as i32, n_heads as i32, n_kv_heads as i32, kv_len as i32);
         let (c, fp) = match causal {

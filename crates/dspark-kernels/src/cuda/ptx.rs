@@ -37,7 +37,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "matvec",
         sm90: include_str!("../../ptx/matvec.sm90.ptx"),
         sm80: include_str!("../../ptx/matvec.sm80.ptx"),
-        functions: &["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_tc_bf16", "matvec_tc_swiglu_bf16", "matvec_tc_u4b2_bf16", "matvec_tc_u8b2_bf16", "matvec_tc_u8b3_bf16", "matvec_tc_c4b3_bf16", "matvec_tc_w16_bf16", "matvec_tc_pipe_bf16", "matvec_tc_pipe2_bf16", "swiglu_pairs_f32"],
+        functions: &["matvec_bf16", "matvec_f16", "matvec_f32", "matvec_tc_bf16", "matvec_tc_swiglu_bf16", "matvec_tc_u8_bf16", "swiglu_pairs_f32"],
     },
     PtxModule {
         name: "random",
