@@ -217,7 +217,8 @@ fn tensor_core_matvec_rows_and_swiglu_epilogue() {
             let xd = up(&g, &x);
             let mut gu = poisoned(&g, m * 2 * inter);
             let mut act = poisoned(&g, m * inter);
-            g.matvec_swiglu(&w, &xd.as_view(), &mut gu.as_view_mut(), &mut act.as_view_mut(), (m, d_in, inter)).unwrap();
+            g.matvec_swiglu(&w, &xd.as_view(), &mut gu.as_view_mut(), &mut act.as_view_mut(), (m, d_in, inter))
+                .unwrap();
             let e = rel_err(&down(&g, &act), &want);
             assert!(e <= 1e-5, "matvec_swiglu {dtype} {m}x{d_in}->{inter}: {e}");
         }
@@ -338,7 +339,9 @@ fn copy_rows_strided() {
     let got = down(&g, &dd);
     for r in 0..rows {
         assert_eq!(&got[140 + r * ds..][..cols], &src[r * ss..][..cols]);
-        assert!(got[140 + r * ds + cols..][..ds - cols - if r == rows - 1 { 140 } else { 0 }].iter().all(|x| x.is_nan()));
+        assert!(got[140 + r * ds + cols..][..ds - cols - if r == rows - 1 { 140 } else { 0 }]
+            .iter()
+            .all(|x| x.is_nan()));
     }
 }
 

@@ -180,11 +180,23 @@ impl CudaQwen3 {
         let Some(from) = logit_from else { return Ok(0) };
         let rows = n - from;
         let eps = c.rms_norm_eps as f32;
-        gpu.rmsnorm(&self.x.slice(from * h..n * h), &self.norm.as_view(), eps, rows, &mut self.scratch.u.slice_mut(..rows * h))
-            .map_err(gpu_err)?;
+        gpu.rmsnorm(
+            &self.x.slice(from * h..n * h),
+            &self.norm.as_view(),
+            eps,
+            rows,
+            &mut self.scratch.u.slice_mut(..rows * h),
+        )
+        .map_err(gpu_err)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        gpu.matvec(head, &self.scratch.u.slice(..rows * h), &mut self.logits.slice_mut(..rows * v), (rows, h, v), false)
-            .map_err(gpu_err)?;
+        gpu.matvec(
+            head,
+            &self.scratch.u.slice(..rows * h),
+            &mut self.logits.slice_mut(..rows * v),
+            (rows, h, v),
+            false,
+        )
+        .map_err(gpu_err)?;
         Ok(rows)
     }
 
@@ -235,7 +247,8 @@ impl TargetModel for CudaQwen3 {
         check_capture(&self.cfg, layers)?;
         self.capture = layers.to_vec();
         let need = CHUNK * layers.len() * self.cfg.hidden_size;
-        let mut cap = self.captured.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
+        let mut cap =
+            self.captured.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
         if cap.rows.len() < need {
             // Planned once, when the draft is attached, never while decoding.
             cap.rows = self.arena.zeros::<f32>(need).map_err(drv)?;
@@ -273,8 +286,15 @@ impl TargetModel for CudaQwen3 {
             let n = self.run_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()))?;
             if n > 0 {
                 let gpu = self.gpu.clone();
-                gpu.argmax_split(&self.logits.slice(..n * v), v, v, n, &mut self.next_ids.slice_mut(..n), &mut self.scratch.ops)
-                    .map_err(gpu_err)?;
+                gpu.argmax_split(
+                    &self.logits.slice(..n * v),
+                    v,
+                    v,
+                    n,
+                    &mut self.next_ids.slice_mut(..n),
+                    &mut self.scratch.ops,
+                )
+                .map_err(gpu_err)?;
                 let mut host = vec![0u32; n];
                 gpu.stream.memcpy_dtoh(&self.next_ids.slice(..n), &mut host).map_err(drv)?;
                 ids.extend_from_slice(&host);
@@ -286,8 +306,11 @@ impl TargetModel for CudaQwen3 {
         let captured = if last > 0 || self.capture.is_empty() {
             Captured::Host(host_captured)
         } else {
-            let generation =
-                self.captured.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?.generation;
+            let generation = self
+                .captured
+                .lock()
+                .map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?
+                .generation;
             Captured::Device(DeviceRows { buffer: capture_id(&self.captured), generation, rows: tokens.len() })
         };
         Ok(Greedy { ids, captured })

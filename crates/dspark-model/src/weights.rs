@@ -122,7 +122,9 @@ impl RandomWeights {
 
     fn bf16(&self, arena: &Arena, n: usize) -> Result<WeightBuf> {
         let mut buf = arena.zeros::<u16>(n).map_err(drv)?;
-        self.gpu.fill_uniform_bf16(&mut buf, self.next_seed(), self.scale).map_err(|e: CudaError| Error::Request(e.to_string()))?;
+        self.gpu
+            .fill_uniform_bf16(&mut buf, self.next_seed(), self.scale)
+            .map_err(|e: CudaError| Error::Request(e.to_string()))?;
         Ok(WeightBuf::Bf16(buf))
     }
 }

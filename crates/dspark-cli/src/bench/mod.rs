@@ -74,8 +74,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if max_ctx > tcfg.max_position_embeddings {
         bail!("--contexts: {max_ctx} positions exceed max_position_embeddings {}", tcfg.max_position_embeddings);
     }
-    let mut target = CudaQwen3::from_source(gpu.clone(), tcfg, &RandomWeights::new(gpu.clone(), args.seed, 0.02), max_ctx)?;
-    let mut draft = CudaDraft::from_source(dcfg, &RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02), &target)?;
+    let mut target =
+        CudaQwen3::from_source(gpu.clone(), tcfg, &RandomWeights::new(gpu.clone(), args.seed, 0.02), max_ctx)?;
+    let mut draft =
+        CudaDraft::from_source(dcfg, &RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02), &target)?;
     target.set_capture(draft.target_layer_ids())?;
     gpu.stream.synchronize()?;
 
@@ -141,9 +143,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Ok(())
         })?;
         let dctx = (ctx + COMMITTED + block) as f64;
-        let draft_bytes = (fc + dlayers + lm_head + block * w2) as f64
-            + d_kv * dctx
-            + 2.0 * block as f64 * logits_row;
+        let draft_bytes = (fc + dlayers + lm_head + block * w2) as f64 + d_kv * dctx + 2.0 * block as f64 * logits_row;
         phases.push(Phase::new("draft_round", ctx, draft_us, draft_bytes, ceiling));
 
         // A whole round as the loop runs it: append, propose, verify, compare, roll back.
@@ -171,14 +171,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         gpu.set_profiling(true)?;
         target.forward_greedy(&[anchor], LogitRows::Last)?;
         target.truncate(ctx)?;
-        profiles.push(profile(&gpu, "decode", ctx)?);
+        profiles.push(profile(&gpu, "decode", ctx, decode)?);
         let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
         target.truncate(ctx)?;
-        profiles.push(profile(&gpu, "verify8", ctx)?);
+        profiles.push(profile(&gpu, "verify8", ctx, verify_us)?);
         draft.append_captured(&pending)?;
         draft.propose(anchor)?;
         draft.truncate_context(ctx)?;
-        profiles.push(profile(&gpu, "draft_round", ctx)?);
+        profiles.push(profile(&gpu, "draft_round", ctx, draft_us)?);
         gpu.set_profiling(false)?;
     }
     drop(draft);
@@ -205,11 +205,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 projections::time_projection(&gpu, &blas, (out, inp, 7), args.seed + i as u64, &variants)?;
             let mut p = Projection::new(name, out, inp, 7, ours, cublas, ceiling);
             let w = p.weight_bytes;
-            p.variants = variants
-                .iter()
-                .zip(vt)
-                .map(|(n, us)| (n.to_string(), us, 100.0 * w / (us * 1e3) / ceiling))
-                .collect();
+            p.variants =
+                variants.iter().zip(vt).map(|(n, us)| (n.to_string(), us, 100.0 * w / (us * 1e3) / ceiling)).collect();
             projs.push(p);
         }
     }
@@ -232,7 +229,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     print!("{}", report.markdown());
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
@@ -251,13 +249,19 @@ fn time(iters: usize, mut f: impl FnMut() -> dspark_model::Result<()>) -> Result
     Ok(median(&mut xs))
 }
 
-fn profile(gpu: &Gpu, phase: &str, ctx: usize) -> Result<Profile> {
+fn profile(gpu: &Gpu, phase: &str, ctx: usize, unprofiled_micros: f64) -> Result<Profile> {
     let kernels: Vec<KernelRow> = gpu
         .take_profile()?
         .into_iter()
         .map(|k| KernelRow { name: k.name, launches: k.launches, micros: k.micros })
         .collect();
-    Ok(Profile { phase: phase.into(), ctx, kernel_micros: kernels.iter().map(|k| k.micros).sum(), kernels })
+    Ok(Profile {
+        phase: phase.into(),
+        ctx,
+        kernel_micros: kernels.iter().map(|k| k.micros).sum(),
+        unprofiled_micros,
+        kernels,
+    })
 }
 
 /// (bytes read + bytes written) / time of a 4 GiB device-to-device copy, GB/s.

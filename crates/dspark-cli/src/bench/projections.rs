@@ -9,8 +9,8 @@
 //! cuBLAS call it.
 
 use anyhow::{Context, Result};
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cuda::ops::WeightBuf;
 use dspark_kernels::cuda::Gpu;
@@ -45,8 +45,7 @@ pub fn time_projection(
     let calls = (3 * copies).max(30);
 
     let ours = timed(gpu, calls, |i| {
-        gpu.matvec(&weights[i % copies], &x.as_view(), &mut y.as_view_mut(), (m, inp, out), false)
-            .context("matvec")
+        gpu.matvec(&weights[i % copies], &x.as_view(), &mut y.as_view_mut(), (m, inp, out), false).context("matvec")
     })?;
     let cfg = GemmConfig {
         transa: cublasOperation_t::CUBLAS_OP_T,

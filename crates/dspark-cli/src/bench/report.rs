@@ -93,9 +93,11 @@ pub fn model(ctx: usize, tau: f64, round_micros: f64, decode_micros: f64) -> Mod
 pub struct Profile {
     pub phase: String,
     pub ctx: usize,
-    /// Sum of the kernels' event-bracketed times; the rest of the phase's wall time is gaps,
-    /// host work and transfers.
+    /// Sum of the kernels' event-bracketed times. Each bracket also holds the launch's own
+    /// start-up, so the sum exceeds the unprofiled time; compare with `unprofiled_micros`.
     pub kernel_micros: f64,
+    /// The same phase's median wall time without per-launch events (from the phase table).
+    pub unprofiled_micros: f64,
     pub kernels: Vec<KernelRow>,
 }
 
@@ -142,8 +144,13 @@ impl Report {
                 p.ratio
             );
         }
-        let _ = writeln!(s, "\n### Projections at M = {} (bf16 weights; µs per call; % of the copy ceiling)\n", self.projections.first().map_or(7, |p| p.m));
-        let _ = writeln!(s, "| projection | out × in | MB | ours µs | ours % | cuBLAS µs | cuBLAS % | ours vs cuBLAS |");
+        let _ = writeln!(
+            s,
+            "\n### Projections at M = {} (bf16 weights; µs per call; % of the copy ceiling)\n",
+            self.projections.first().map_or(7, |p| p.m)
+        );
+        let _ =
+            writeln!(s, "| projection | out × in | MB | ours µs | ours % | cuBLAS µs | cuBLAS % | ours vs cuBLAS |");
         let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|");
         for p in &self.projections {
             let _ = writeln!(
@@ -164,7 +171,10 @@ impl Report {
             let v: Vec<String> = p.variants.iter().map(|(n, us, pct)| format!("{n} {us:.2} µs ({pct:.1}%)")).collect();
             let _ = writeln!(s, "- variants {}: {}", p.name, v.join(", "));
         }
-        let _ = writeln!(s, "\n### Modelled end-to-end (from the measured round and decode times; τ assumed, not measured)\n");
+        let _ = writeln!(
+            s,
+            "\n### Modelled end-to-end (from the measured round and decode times; τ assumed, not measured)\n"
+        );
         let _ = writeln!(s, "| ctx | τ | round µs | tok/s | plain tok/s | speed-up |");
         let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|");
         for m in &self.modelled {
@@ -175,7 +185,11 @@ impl Report {
             );
         }
         for p in &self.profiles {
-            let _ = writeln!(s, "\n### Profile: {} at ctx {} (kernels sum to {:.1} µs)\n", p.phase, p.ctx, p.kernel_micros);
+            let _ = writeln!(
+                s,
+                "\n### Profile: {} at ctx {} (event-bracketed kernels sum to {:.1} µs; unprofiled phase {:.1} µs)\n",
+                p.phase, p.ctx, p.kernel_micros, p.unprofiled_micros
+            );
             let _ = writeln!(s, "| kernel | launches | µs | share |");
             let _ = writeln!(s, "|---|---:|---:|---:|");
             for k in &p.kernels {
@@ -244,6 +258,7 @@ mod tests {
                 phase: "decode".into(),
                 ctx: 512,
                 kernel_micros: 10.0,
+                unprofiled_micros: 9.0,
                 kernels: vec![KernelRow { name: "matvec_tc_bf16".into(), launches: 3, micros: 10.0 }],
             }],
             notes: vec!["a note".into()],

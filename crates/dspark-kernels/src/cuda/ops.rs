@@ -558,7 +558,10 @@ impl Gpu {
     ) -> CudaResult<()> {
         let hd = k_norm.len();
         if hd % 2 != 0 || hd > 512 || inv_freq.len() != hd / 2 || (nq > 0 && q_norm.len() != hd) {
-            return Err(CudaError::Shape(format!("qkv_rope_append: head_dim {hd} with {} frequencies", inv_freq.len())));
+            return Err(CudaError::Shape(format!(
+                "qkv_rope_append: head_dim {hd} with {} frequencies",
+                inv_freq.len()
+            )));
         }
         check("qkv_rope_append qkv", qkv.len(), rows * (nq + 2 * nkv) * hd)?;
         check("qkv_rope_append q_out", q_out.len(), rows * nq * hd)?;
