@@ -224,15 +224,20 @@ SPLIT_KERNEL(4, 4, attention_split_hd128_f32)
 SPLIT_KERNEL(2, 1, attention_split_q1_hd64_f32)
 SPLIT_KERNEL(4, 1, attention_split_q1_hd128_f32)
 
-// One block of hd threads per (row, head); splits ≤ 128. The slice weights e^(m_s−M) are
-// computed once into shared memory, then every thread's loop over slices has independent loads.
+// One block of 4·hd threads per (row, head); splits ≤ 128. The slice weights e^(m_s−M) are
+// computed once into shared memory; then four thread groups each sum every 4th slice for their
+// dim (independent loads, a quarter of the serial chain) and the four sums are added in a fixed
+// order.
+#define COMBINE_GROUPS 4
 extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml, float* out, int rows,
                                                  int nh, int hd, int splits) {
     pdl_trigger();
     pdl_wait();
     __shared__ float sw[128];
     __shared__ float sL;
-    const int rh = blockIdx.x, d = threadIdx.x;
+    __shared__ float sacc[COMBINE_GROUPS][256];
+    const int rh = blockIdx.x;
+    const int d = threadIdx.x % hd, grp = threadIdx.x / hd;
     const size_t stride = (size_t)rows * nh;
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
@@ -258,9 +263,13 @@ extern "C" __global__ void attention_combine_f32(const float* part_o, const floa
         if (lane == 0) sL = L;
     }
     __syncthreads();
-    if (d >= hd) return;
     float acc = 0.f;
 #pragma unroll 8
-    for (int sp = 0; sp < splits; sp++) acc += part_o[(sp * stride + rh) * hd + d] * sw[sp];
-    out[(size_t)rh * hd + d] = acc / sL;
+    for (int sp = grp; sp < splits; sp += COMBINE_GROUPS) acc += part_o[(sp * stride + rh) * hd + d] * sw[sp];
+    sacc[grp][d] = acc;
+    __syncthreads();
+    if (grp == 0) {
+        float total = ((sacc[0][d] + sacc[1][d]) + sacc[2][d]) + sacc[3][d];
+        out[(size_t)rh * hd + d] = total / sL;
+    }
 }

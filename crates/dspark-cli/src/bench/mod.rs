@@ -55,6 +55,12 @@ pub struct BenchArgs {
     /// Skip the per-projection cuBLAS comparison.
     #[arg(long)]
     pub no_projections: bool,
+    /// Rows of activations in the projection comparison (the draft block is 7).
+    #[arg(long, default_value_t = 7)]
+    pub projection_rows: usize,
+    /// Tuning: only the projection comparison, no model phases.
+    #[arg(long)]
+    pub projections_only: bool,
     /// Tuning: also time these tensor-core matvec kernels (same signature as matvec_tc_bf16,
     /// e.g. matvec_tc_u8_bf16) on every projection.
     #[arg(long, value_delimiter = ',')]
@@ -67,6 +73,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let gpu = Arc::new(Gpu::new(0).context("dspark bench needs a CUDA GPU")?);
     let device = device_name(&gpu);
+    if args.projection_rows == 0 || args.projection_rows > 64 {
+        bail!("--projection-rows must be 1..=64");
+    }
     eprintln!("bench: {device}; building Qwen3-8B + DSpark-8B with random bf16 weights");
     let tcfg = configs::qwen3_8b()?;
     let dcfg = configs::dspark_8b()?;
@@ -104,7 +113,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let block = draft.block_size();
     let logits_row = (tcfg.vocab_size * 4) as f64;
 
-    for &ctx in &args.contexts {
+    for &ctx in args.contexts.iter().filter(|_| !args.projections_only) {
         eprintln!("bench: prefill {ctx} tokens");
         target.truncate(0)?;
         draft.reset();
@@ -201,9 +210,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ];
         for (i, (name, out, inp)) in shapes.into_iter().enumerate() {
             let variants: Vec<&str> = args.matvec_variants.iter().map(String::as_str).collect();
-            let (ours, cublas, vt) =
-                projections::time_projection(&gpu, &blas, (out, inp, 7), args.seed + i as u64, &variants)?;
-            let mut p = Projection::new(name, out, inp, 7, ours, cublas, ceiling);
+            let (ours, cublas, vt) = projections::time_projection(
+                &gpu,
+                &blas,
+                (out, inp, args.projection_rows),
+                args.seed + i as u64,
+                &variants,
+            )?;
+            let mut p = Projection::new(name, out, inp, args.projection_rows, ours, cublas, ceiling);
             let w = p.weight_bytes;
             p.variants =
                 variants.iter().zip(vt).map(|(n, us)| (n.to_string(), us, 100.0 * w / (us * 1e3) / ceiling)).collect();

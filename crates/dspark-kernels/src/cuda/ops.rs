@@ -378,11 +378,13 @@ impl Gpu {
         (m, d_in, d_out): (usize, usize, usize),
         accumulate: bool,
     ) -> CudaResult<()> {
-        let y_cols = if name == "matvec_tc_swiglu_bf16" { d_out / 2 } else { d_out };
-        let tiles = d_out.div_ceil(16);
+        let y_cols = if name.contains("swiglu") { d_out / 2 } else { d_out };
+        // Rows per warp: 16, or 32 for the two-tile kernels.
+        let rows_per_warp = if name.contains("_t2") { 32 } else { 16 };
+        let slabs = d_out.div_ceil(rows_per_warp);
         let warps = 8;
-        let ks = ksplit(tiles, d_in, warps);
-        let grid = tiles.div_ceil(warps / ks);
+        let ks = ksplit(slabs, d_in, warps);
+        let grid = slabs.div_ceil(warps / ks);
         let WeightView::U16(wv) = wv else {
             return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
         };
@@ -535,7 +537,7 @@ impl Gpu {
             Arg::I32(head_dim as i32),
             Arg::I32(splits as i32),
         ];
-        self.launch_pdl("attention_combine_f32", ((rows * n_heads) as u32, 1, 1), head_dim as u32, &args)?;
+        self.launch_pdl("attention_combine_f32", ((rows * n_heads) as u32, 1, 1), 4 * head_dim as u32, &args)?;
         Ok(())
     }
 

@@ -58,6 +58,8 @@ pub const MODULES: &[PtxModule] = &[
             "matvec_tc_bf16",
             "matvec_tc_swiglu_bf16",
             "matvec_tc_u8_bf16",
+            "matvec_tc_t2_bf16",
+            "matvec_tc_t2_swiglu_bf16",
             "swiglu_pairs_f32",
         ],
     },
