@@ -99,41 +99,30 @@ __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, 
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
-// One block = 8 warps = 8/ksplit slabs of TPW tiles of 16 output rows; each slab's K is split
-// over ksplit warps (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many slabs need no split, few
-// need it to keep enough loads in flight). A warp multiplies the same activation fragment into
-// its TPW tiles, so TPW = 2 halves the activation traffic per weight byte (every block reads
-// all of x from L2). SWIGLU: W's rows interleave gate and up (row 2i = gate_i, 2i+1 = up_i)
-// and the epilogue writes act[m, i] = silu(gate_i) · up_i to y [m, out/2] instead.
-template <int UNROLL, bool SWIGLU, int TPW = 1>
+// One block = 8 warps = 8/ksplit tiles of 16 output rows, each tile's K split over ksplit warps
+// (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many tiles need no split, few tiles need it to keep
+// enough loads in flight). SWIGLU: W's rows interleave gate and up (row 2i = gate_i, 2i+1 =
+// up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to y [m, out/2] instead.
+template <int UNROLL, bool SWIGLU, int WARPS = TC_WARPS>
 __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
                           int out, int accumulate, int ksplit) {
-    constexpr int ROWS = 16 * TPW;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int slabs_per_block = TC_WARPS / ksplit;
-    const int slab = blockIdx.x * slabs_per_block + warp / ksplit, kpart = warp % ksplit;
-    const int row0 = slab * ROWS;
-    const uint4* wa[TPW];
-    const uint4* wb[TPW];
-#pragma unroll
-    for (int tp = 0; tp < TPW; tp++) {
-        // Clamped: loads stay in bounds; rows past `out` are never written.
-        int ra = min(row0 + 16 * tp + g, out - 1), rb = min(row0 + 16 * tp + g + 8, out - 1);
-        wa[tp] = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
-        wb[tp] = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
-    }
+    const int tiles_per_block = WARPS / ksplit;
+    const int tile = blockIdx.x * tiles_per_block + warp / ksplit, kpart = warp % ksplit;
+    const int row0 = tile * 16;
+    const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);  // clamped: loads stay in bounds
+    const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
+    const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
     const bool has_x = g < m;
     pdl_trigger();
     bool waited = false;
 
-    float acc[TPW][3][4];
+    float acc[3][4];
 #pragma unroll
-    for (int tp = 0; tp < TPW; tp++)
+    for (int p = 0; p < 3; p++)
 #pragma unroll
-        for (int p = 0; p < 3; p++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[tp][p][i] = 0.f;
+        for (int i = 0; i < 4; i++) acc[p][i] = 0.f;
 
     // Warp kpart takes chunks kpart, kpart + ksplit, … (stride ksplit·32), so the block's warps
     // together read each row's k contiguously.
@@ -142,20 +131,17 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     // The loop bound is per warp, not per lane: mma.sync needs all 32 lanes, so lanes past the
     // end of k load zeros instead of leaving the loop.
     for (int chunk = kbeg; chunk < kend; chunk += stride * UNROLL) {
-        uint4 va[UNROLL][TPW], vb[UNROLL][TPW];
+        uint4 va[UNROLL], vb[UNROLL];
         float xv[UNROLL][8];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int k = chunk + u * stride + 8 * t;
-#pragma unroll
-            for (int tp = 0; tp < TPW; tp++) {
-                if (k < kend) {
-                    va[u][tp] = __ldg(wa[tp] + k / 8);
-                    vb[u][tp] = __ldg(wb[tp] + k / 8);
-                } else {
-                    va[u][tp] = make_uint4(0, 0, 0, 0);
-                    vb[u][tp] = make_uint4(0, 0, 0, 0);
-                }
+            if (k < kend) {
+                va[u] = __ldg(wa + k / 8);
+                vb[u] = __ldg(wb + k / 8);
+            } else {
+                va[u] = make_uint4(0, 0, 0, 0);
+                vb[u] = make_uint4(0, 0, 0, 0);
             }
         }
         // The first weights are in flight while the previous kernel finishes (PDL).
@@ -178,53 +164,47 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
             uint32_t h[4], md[4], lo[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) split3(xv[u][2 * j], xv[u][2 * j + 1], h[j], md[j], lo[j]);
-#pragma unroll
-            for (int tp = 0; tp < TPW; tp++) {
-                const uint4 a = va[u][tp], b = vb[u][tp];
-                // MMA 0: real k +0..+3; MMA 1: real k +4..+7 (see the header for the mapping).
-                mma_bf16(acc[tp][0], a.x, b.x, a.y, b.y, h[0], h[1]);
-                mma_bf16(acc[tp][1], a.x, b.x, a.y, b.y, md[0], md[1]);
-                mma_bf16(acc[tp][2], a.x, b.x, a.y, b.y, lo[0], lo[1]);
-                mma_bf16(acc[tp][0], a.z, b.z, a.w, b.w, h[2], h[3]);
-                mma_bf16(acc[tp][1], a.z, b.z, a.w, b.w, md[2], md[3]);
-                mma_bf16(acc[tp][2], a.z, b.z, a.w, b.w, lo[2], lo[3]);
-            }
+            // MMA 0: real k +0..+3; MMA 1: real k +4..+7 (see the header for the mapping).
+            mma_bf16(acc[0], va[u].x, vb[u].x, va[u].y, vb[u].y, h[0], h[1]);
+            mma_bf16(acc[1], va[u].x, vb[u].x, va[u].y, vb[u].y, md[0], md[1]);
+            mma_bf16(acc[2], va[u].x, vb[u].x, va[u].y, vb[u].y, lo[0], lo[1]);
+            mma_bf16(acc[0], va[u].z, vb[u].z, va[u].w, vb[u].w, h[2], h[3]);
+            mma_bf16(acc[1], va[u].z, vb[u].z, va[u].w, vb[u].w, md[2], md[3]);
+            mma_bf16(acc[2], va[u].z, vb[u].z, va[u].w, vb[u].w, lo[2], lo[3]);
         }
     }
 
     if (!waited) pdl_wait();  // a warp with no k still writes y below
     // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, cols 2t, 2t+1); col = m.
-    __shared__ float part[TC_WARPS][ROWS][8];
+    __shared__ float part[WARPS][16][8];
 #pragma unroll
-    for (int tp = 0; tp < TPW; tp++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float s = (acc[tp][2][i] + acc[tp][1][i]) + acc[tp][0][i];
-            int r = 16 * tp + g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-            part[warp][r][col] = s;
-        }
+    for (int i = 0; i < 4; i++) {
+        float s = (acc[2][i] + acc[1][i]) + acc[0][i];
+        int r = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        part[warp][r][col] = s;
+    }
     __syncthreads();
-    // Partial sums of a slab's warps are added in a fixed order: deterministic, M-independent.
+    // Partial sums of a tile's warps are added in a fixed order: deterministic, M-independent.
     if (!SWIGLU) {
-        for (int idx = threadIdx.x; idx < slabs_per_block * ROWS * 8; idx += blockDim.x) {
-            int sl = idx / (ROWS * 8), r = (idx / 8) % ROWS, col = idx & 7;
-            int o = (blockIdx.x * slabs_per_block + sl) * ROWS + r;
+        for (int idx = threadIdx.x; idx < tiles_per_block * 128; idx += blockDim.x) {
+            int tl = idx >> 7, r = (idx >> 3) & 15, col = idx & 7;
+            int o = (blockIdx.x * tiles_per_block + tl) * 16 + r;
             if (col < m && o < out) {
                 float s = 0.f;
-                for (int kp = 0; kp < ksplit; kp++) s += part[sl * ksplit + kp][r][col];
+                for (int kp = 0; kp < ksplit; kp++) s += part[tl * ksplit + kp][r][col];
                 size_t i = (size_t)col * out + o;
                 y[i] = accumulate ? y[i] + s : s;
             }
         }
     } else {
-        for (int idx = threadIdx.x; idx < slabs_per_block * ROWS * 4; idx += blockDim.x) {
-            int sl = idx / (ROWS * 4), p = (idx / 8) % (ROWS / 2), col = idx & 7;
-            int o = (blockIdx.x * slabs_per_block + sl) * ROWS + 2 * p;
+        for (int idx = threadIdx.x; idx < tiles_per_block * 64; idx += blockDim.x) {
+            int tl = idx >> 6, p = (idx >> 3) & 7, col = idx & 7;
+            int o = (blockIdx.x * tiles_per_block + tl) * 16 + 2 * p;
             if (col < m && o + 1 < out) {
                 float gs = 0.f, us = 0.f;
                 for (int kp = 0; kp < ksplit; kp++) {
-                    gs += part[sl * ksplit + kp][2 * p][col];
-                    us += part[sl * ksplit + kp][2 * p + 1][col];
+                    gs += part[tl * ksplit + kp][2 * p][col];
+                    us += part[tl * ksplit + kp][2 * p + 1][col];
                 }
                 y[(size_t)col * (out / 2) + o / 2] = silu(gs) * us;
             }
@@ -251,16 +231,6 @@ extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
     matvec_tc_u8_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
     matvec_tc<8, false>(w, x, y, m, in, out, acc, ksplit);
-}
-
-// Two tiles per warp (half the activation traffic), for the few-tile shapes and for gate|up.
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
-    matvec_tc_t2_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<4, false, 2>(w, x, y, m, in, out, acc, ksplit);
-}
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
-    matvec_tc_t2_swiglu_bf16(const __nv_bfloat16* w, const float* x, float* act, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<4, true, 2>(w, x, act, m, in, out, acc, ksplit);
 }
 
 // Interleaved gate|up rows → act = silu(gate) ⊙ up for the general path: gu [rows, 2·inter]

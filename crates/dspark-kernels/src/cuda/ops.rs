@@ -379,12 +379,10 @@ impl Gpu {
         accumulate: bool,
     ) -> CudaResult<()> {
         let y_cols = if name.contains("swiglu") { d_out / 2 } else { d_out };
-        // Rows per warp: 16, or 32 for the two-tile kernels.
-        let rows_per_warp = if name.contains("_t2") { 32 } else { 16 };
-        let slabs = d_out.div_ceil(rows_per_warp);
+        let tiles = d_out.div_ceil(16);
         let warps = 8;
-        let ks = ksplit(slabs, d_in, warps);
-        let grid = slabs.div_ceil(warps / ks);
+        let ks = ksplit(tiles, d_in, warps);
+        let grid = tiles.div_ceil(warps / ks);
         let WeightView::U16(wv) = wv else {
             return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
         };
