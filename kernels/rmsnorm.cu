@@ -1,8 +1,7 @@
 // RMSNorm, y = x / sqrt(mean(x²) + eps) · w, per row of `dim` values, f32.
 //
-// rmsnorm_f32:      out = norm(x).
-// add_rmsnorm_f32:  residual += delta, then out = norm(residual) — the residual add of the
-//                   previous sub-layer fused with the next pre-norm, saving a pass over x.
+// rmsnorm_f32: out = norm(x). (The residual adds that precede it are fused into the matvec
+// that produces them, in accumulate mode.)
 // Launch: one block per row, 1024 threads, so a 4096-wide row is four loads per thread in flight
 // at once (the loops are unrolled); the sum of squares is a block reduction.
 #include "common.cuh"
@@ -14,21 +13,6 @@ extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* ou
     float ss = 0.f;
 #pragma unroll 4
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-    float inv = rsqrtf(block_sum(ss) / dim + eps);
-    float* o = out + (size_t)blockIdx.x * dim;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
-}
-
-extern "C" __global__ void add_rmsnorm_f32(float* residual, const float* delta, const float* w, float* out, int dim, float eps) {
-    float* xr = residual + (size_t)blockIdx.x * dim;
-    const float* d = delta + (size_t)blockIdx.x * dim;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = xr[i] + d[i];
-        xr[i] = v;
-        ss += v * v;
-    }
     float inv = rsqrtf(block_sum(ss) / dim + eps);
     float* o = out + (size_t)blockIdx.x * dim;
 #pragma unroll 4

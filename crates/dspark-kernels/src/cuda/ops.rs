@@ -114,6 +114,19 @@ fn check(what: &str, got: usize, want: usize) -> CudaResult<()> {
     Ok(())
 }
 
+/// Buffer lengths (q, k, v, out) of an attention call against its shape.
+fn check_attention(
+    (q, k, v, out): (usize, usize, usize, usize),
+    rows: usize,
+    kv_len: usize,
+    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+) -> CudaResult<()> {
+    check("attention q", q, rows * n_heads * head_dim)?;
+    check("attention k", k, kv_len * n_kv_heads * head_dim)?;
+    check("attention v", v, kv_len * n_kv_heads * head_dim)?;
+    check("attention out", out, rows * n_heads * head_dim)
+}
+
 fn cfg(grid: usize, block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
@@ -229,55 +242,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// `residual += delta; out = rmsnorm(residual) · w`.
-    pub fn add_rmsnorm(
-        &self,
-        residual: &mut CudaViewMut<f32>,
-        delta: &CudaView<f32>,
-        w: &CudaView<f32>,
-        eps: f32,
-        rows: usize,
-        out: &mut CudaViewMut<f32>,
-    ) -> CudaResult<()> {
-        let dim = w.len();
-        check("add_rmsnorm residual", residual.len(), rows * dim)?;
-        check("add_rmsnorm delta", delta.len(), rows * dim)?;
-        check("add_rmsnorm out", out.len(), rows * dim)?;
-        let d = dim as i32;
-        let mut b = self.stream.launch_builder(self.function("add_rmsnorm_f32")?);
-        b.arg(residual).arg(delta).arg(w).arg(out).arg(&d).arg(&eps);
-        // SAFETY: matches add_rmsnorm_f32(residual, delta, w, out, dim, eps).
-        launch!(self, "add_rmsnorm_f32", b, cfg(rows, 1024));
-        Ok(())
-    }
-
-    /// Per-head RMSNorm (`w` of length head_dim) then RoPE at positions `first_pos ..`, in place
-    /// on `x` `[rows, heads, head_dim]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn qk_norm_rope(
-        &self,
-        x: &mut CudaViewMut<f32>,
-        w: &CudaView<f32>,
-        inv_freq: &CudaView<f32>,
-        rows: usize,
-        heads: usize,
-        first_pos: usize,
-        eps: f32,
-    ) -> CudaResult<()> {
-        let hd = w.len();
-        if hd % 2 != 0 || hd > 512 || inv_freq.len() != hd / 2 {
-            return Err(CudaError::Shape(format!("qk_norm_rope: head_dim {hd} with {} frequencies", inv_freq.len())));
-        }
-        check("qk_norm_rope x", x.len(), rows * heads * hd)?;
-        let threads = ((hd / 2).div_ceil(32) * 32) as u32;
-        let (h, d, p) = (heads as i32, hd as i32, first_pos as i32);
-        let mut b = self.stream.launch_builder(self.function("qk_norm_rope_f32")?);
-        b.arg(x).arg(w).arg(inv_freq).arg(&h).arg(&d).arg(&p).arg(&eps);
-        // SAFETY: matches qk_norm_rope_f32(x, w, inv_freq, heads, hd, first_pos, eps).
-        launch!(self, "qk_norm_rope_f32", b, cfg(rows * heads, threads));
-        Ok(())
-    }
-
     /// Attention of `rows` queries over the first `kv_len` cache rows. `causal`: row r sits at
     /// `first_pos + r` and sees keys `0..=first_pos + r`; otherwise every key.
     #[allow(clippy::too_many_arguments)]
@@ -297,10 +261,7 @@ impl Gpu {
                 "attention: head_dim {head_dim} must be a multiple of 32 up to 256, heads {n_heads} a multiple of kv heads {n_kv_heads}"
             )));
         }
-        check("attention q", q.len(), rows * n_heads * head_dim)?;
-        check("attention k", k.len(), kv_len * n_kv_heads * head_dim)?;
-        check("attention v", v.len(), kv_len * n_kv_heads * head_dim)?;
-        check("attention out", out.len(), rows * n_heads * head_dim)?;
+        check_attention((q.len(), k.len(), v.len(), out.len()), rows, kv_len, (n_heads, n_kv_heads, head_dim))?;
         let (nh, nkv, hd, kl) = (n_heads as i32, n_kv_heads as i32, head_dim as i32, kv_len as i32);
         let (c, fp) = match causal {
             Some(p) => (1i32, p as i32),
@@ -485,10 +446,7 @@ impl Gpu {
         if !fits {
             return self.attention(q, k, v, out, rows, kv_len, (n_heads, n_kv_heads, head_dim), causal);
         }
-        check("attention q", q.len(), rows * n_heads * head_dim)?;
-        check("attention k", k.len(), kv_len * n_kv_heads * head_dim)?;
-        check("attention v", v.len(), kv_len * n_kv_heads * head_dim)?;
-        check("attention out", out.len(), rows * n_heads * head_dim)?;
+        check_attention((q.len(), k.len(), v.len(), out.len()), rows, kv_len, (n_heads, n_kv_heads, head_dim))?;
         if !aligned16(self, k) || !aligned16(self, v) {
             return Err(CudaError::Shape("attention_split: K/V cache views must be 16-byte aligned".into()));
         }
