@@ -103,27 +103,9 @@ __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, 
 // (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many tiles need no split, few tiles need it to keep
 // enough loads in flight). SWIGLU: W's rows interleave gate and up (row 2i = gate_i, 2i+1 =
 // up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to y [m, out/2] instead.
-// Cross-kernel L2 prefetch: each block, once its own loads are done, asks L2 for its share of
-// the first `pf_prefix` bytes of every one of `pf_rows` rows (`pf_row_bytes` apart) of the
-// matrix the *next* matvec will stream — exactly what that kernel's warps load in their first
-// step. The next kernel's first round trip then hits L2 instead of HBM, and the fetch uses the
-// bandwidth this kernel's tail leaves idle. A hint only: nothing depends on it for correctness.
-__device__ __forceinline__ void prefetch_next(const char* pf, int pf_rows, int pf_row_bytes, int pf_prefix) {
-    if (pf == nullptr) return;
-    const int per_row = pf_prefix / 128;
-    const long lines = (long)pf_rows * per_row;
-    const long per_block = (lines + gridDim.x - 1) / gridDim.x;
-    const long lo = blockIdx.x * per_block, hi = min(lines, lo + per_block);
-    for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        const char* p = pf + (i / per_row) * (long)pf_row_bytes + (i % per_row) * 128;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-    }
-}
-
 template <int UNROLL, bool SWIGLU, int WARPS = TC_WARPS>
 __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
-                          int out, int accumulate, int ksplit, const char* pf, int pf_rows, int pf_row_bytes,
-                          int pf_prefix) {
+                          int out, int accumulate, int ksplit) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int tiles_per_block = WARPS / ksplit;
@@ -193,7 +175,6 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     }
 
     if (!waited) pdl_wait();  // a warp with no k still writes y below
-    prefetch_next(pf, pf_rows, pf_row_bytes, pf_prefix);
     // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, cols 2t, 2t+1); col = m.
     __shared__ float part[WARPS][16][8];
 #pragma unroll
@@ -232,16 +213,14 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 }
 
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
-    matvec_tc_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,
-                   const char* pf, int pf_rows, int pf_row_bytes, int pf_prefix) {
-    matvec_tc<4, false>(w, x, y, m, in, out, acc, ksplit, pf, pf_rows, pf_row_bytes, pf_prefix);
+    matvec_tc_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<4, false>(w, x, y, m, in, out, acc, ksplit);
 }
 
 // W rows interleave gate and up; y is act [m, out/2] = silu(gate) ⊙ up.
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
-    matvec_tc_swiglu_bf16(const __nv_bfloat16* w, const float* x, float* act, int m, int in, int out, int acc, int ksplit,
-                          const char* pf, int pf_rows, int pf_row_bytes, int pf_prefix) {
-    matvec_tc<4, true>(w, x, act, m, in, out, acc, ksplit, pf, pf_rows, pf_row_bytes, pf_prefix);
+    matvec_tc_swiglu_bf16(const __nv_bfloat16* w, const float* x, float* act, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<4, true>(w, x, act, m, in, out, acc, ksplit);
 }
 
 // Few tiles (≤ 512: q|k|v, o, down, fc): every warp takes a long K range, and the time is set by
@@ -250,9 +229,8 @@ extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
 // step at 3 blocks per SM keeps more warps resident, which wins there. Measured with
 // `dspark bench --matvec-variants` (docs/perf.md).
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
-    matvec_tc_u8_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,
-                      const char* pf, int pf_rows, int pf_row_bytes, int pf_prefix) {
-    matvec_tc<8, false>(w, x, y, m, in, out, acc, ksplit, pf, pf_rows, pf_row_bytes, pf_prefix);
+    matvec_tc_u8_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
+    matvec_tc<8, false>(w, x, y, m, in, out, acc, ksplit);
 }
 
 // Interleaved gate|up rows → act = silu(gate) ⊙ up for the general path: gu [rows, 2·inter]

@@ -341,7 +341,6 @@ impl Drafter for CudaDraft {
                 &self.inv_freq,
                 cache,
                 false,
-                self.layers.get(i + 1),
             )?;
         }
         gpu.rmsnorm(&self.x.slice(..b * h), &self.norm.as_view(), eps, b, &mut self.hidden.slice_mut(..b * h))

@@ -121,8 +121,7 @@ pub struct CacheRows<'a> {
     pub kv_len: usize,
 }
 
-/// Runs one layer over `n` rows of `x` (`[n, H]`, updated in place). `next` is the layer that
-/// runs after this one, whose first weights the last matvec prefetches into L2.
+/// Runs one layer over `n` rows of `x` (`[n, H]`, updated in place).
 #[allow(clippy::too_many_arguments)]
 pub fn layer_step(
     gpu: &Gpu,
@@ -135,7 +134,6 @@ pub fn layer_step(
     inv_freq: &CudaSlice<f32>,
     cache: CacheRows<'_>,
     causal: bool,
-    next: Option<&GpuLayer>,
 ) -> Result<()> {
     let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps as f32);
     let (q, kv, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
@@ -143,8 +141,6 @@ pub fn layer_step(
     let e = gpu_err;
     let qkv_dim = q + 2 * kv;
     gpu.rmsnorm(&x.as_view(), &lw.input_layernorm.as_view(), eps, n, &mut s.u.slice_mut(..n * h)).map_err(e)?;
-    // Each matvec asks L2 for the first step of the matvec after it (kernels/matvec.cu).
-    gpu.prefetch_next(&lw.o_proj, 0, h, q);
     gpu.matvec(&lw.qkv_proj, &s.u.slice(..n * h), &mut s.qkv.slice_mut(..n * qkv_dim), (n, h, qkv_dim), false)
         .map_err(e)?;
     gpu.qkv_rope_append(
@@ -173,11 +169,9 @@ pub fn layer_step(
         &mut s.ops,
     )
     .map_err(e)?;
-    gpu.prefetch_next(&lw.gate_up, 0, 2 * inter, h);
     gpu.matvec(&lw.o_proj, &s.o.slice(..n * q), x, (n, q, h), true).map_err(e)?;
     gpu.rmsnorm(&x.as_view(), &lw.post_attention_layernorm.as_view(), eps, n, &mut s.u.slice_mut(..n * h))
         .map_err(e)?;
-    gpu.prefetch_next(&lw.down_proj, 0, h, inter);
     gpu.matvec_swiglu(
         &lw.gate_up,
         &s.u.slice(..n * h),
@@ -186,9 +180,6 @@ pub fn layer_step(
         (n, h, inter),
     )
     .map_err(e)?;
-    if let Some(nl) = next {
-        gpu.prefetch_next(&nl.qkv_proj, 0, qkv_dim, h);
-    }
     gpu.matvec(&lw.down_proj, &s.act.slice(..n * inter), x, (n, inter, h), true).map_err(e)?;
     Ok(())
 }

@@ -170,7 +170,6 @@ impl CudaQwen3 {
                 &self.inv_freq,
                 cache,
                 true,
-                self.layers.get(l + 1),
             )?;
             for (slot, _) in self.capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
                 gpu.copy_rows(&self.x.slice(..n * h), &mut cap.rows.slice_mut(slot * h..), n, h, (h, t * h))

@@ -69,11 +69,6 @@ pub struct Gpu {
     /// Whether kernels that support it launch with programmatic dependent launch (sm_90+;
     /// `DSPARK_NO_PDL=1` turns it off for A/B runs).
     pub pdl: bool,
-    /// Whether tensor-core matvecs prefetch the next projection's first step into L2
-    /// (`DSPARK_NO_L2_PREFETCH=1` turns it off for A/B runs).
-    pub l2_prefetch: bool,
-    /// The prefetch the next tensor-core matvec launch carries (see `Gpu::prefetch_next`).
-    pub(crate) pending_prefetch: Mutex<Option<ops::Prefetch>>,
     profiling: AtomicBool,
     /// (kernel name, start, end) of every launch while profiling is on.
     profile: Mutex<Vec<(String, CudaEvent, CudaEvent)>>,
@@ -128,8 +123,6 @@ impl Gpu {
             functions,
             compute_capability: (major, minor),
             pdl: major >= 9 && std::env::var_os("DSPARK_NO_PDL").is_none(),
-            l2_prefetch: std::env::var_os("DSPARK_NO_L2_PREFETCH").is_none(),
-            pending_prefetch: Mutex::new(None),
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),

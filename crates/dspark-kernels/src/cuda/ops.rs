@@ -87,20 +87,6 @@ impl OpScratch {
     }
 }
 
-/// What a tensor-core matvec asks L2 to fetch for the matvec after it: the first `prefix`
-/// bytes of each of `rows` rows `row_bytes` apart, starting at `ptr`.
-#[derive(Clone, Copy, Debug)]
-pub struct Prefetch {
-    ptr: u64,
-    rows: i32,
-    row_bytes: i32,
-    prefix: i32,
-}
-
-/// Largest prefetch (bytes) worth asking for: it must still be in the 50 MB L2 when the next
-/// kernel starts.
-const MAX_PREFETCH: usize = 24 << 20;
-
 /// Rows of x per tensor-core matvec launch (the n-tile width).
 const TC_ROWS: usize = 8;
 
@@ -327,7 +313,6 @@ impl Gpu {
             let name = if ksplit(d_out.div_ceil(16), d_in, 8) == 8 { "matvec_tc_u8_bf16" } else { "matvec_tc_bf16" };
             return self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), accumulate);
         }
-        self.take_prefetch(); // the general kernel does not prefetch; drop the request
         let name = format!("matvec_{}", w.suffix());
         let mut start = 0;
         while start < m {
@@ -363,15 +348,12 @@ impl Gpu {
             return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
         };
         let w = dptr(self, wv);
-        let pf = self.take_prefetch();
         let mut start = 0;
         while start < m {
             let rows = (m - start).min(TC_ROWS);
-            // The prefetch rides on the last launch, the one right before the next matvec.
-            let p = if start + rows == m { pf } else { None };
             let xs = x.slice(start * d_in..(start + rows) * d_in);
             let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
-            // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit, pf, pf_rows, pf_row_bytes, pf_prefix)
+            // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit)
             let args = [
                 w,
                 dptr(self, &xs),
@@ -381,43 +363,11 @@ impl Gpu {
                 Arg::I32(d_out as i32),
                 Arg::I32(accumulate as i32),
                 Arg::I32(ks as i32),
-                Arg::Ptr(p.map_or(0, |p| p.ptr)),
-                Arg::I32(p.map_or(0, |p| p.rows)),
-                Arg::I32(p.map_or(0, |p| p.row_bytes)),
-                Arg::I32(p.map_or(0, |p| p.prefix)),
             ];
             self.launch_pdl(name, (grid as u32, 1, 1), 32 * warps as u32, &args)?;
             start += rows;
         }
         Ok(())
-    }
-
-    /// Asks the next tensor-core matvec launch to prefetch into L2 what a matvec over rows
-    /// `row0 .. row0 + d_out` of `w` (`d_in` wide) loads in its first step — call it just
-    /// before the launch that precedes that matvec. Weights nobody writes, so the prefetch can
-    /// run while earlier kernels still do; skipped for non-bf16 weights and for prefetches too
-    /// large to survive in L2.
-    pub fn prefetch_next(&self, w: &WeightBuf, row0: usize, d_out: usize, d_in: usize) {
-        let WeightBuf::Bf16(buf) = w else { return };
-        if !self.l2_prefetch || d_in % 64 != 0 || buf.len() < (row0 + d_out) * d_in {
-            return;
-        }
-        let ks = ksplit(d_out.div_ceil(16), d_in, 8);
-        let unroll = if ks == 8 { 8 } else { 4 };
-        let prefix = (ks * 32 * unroll).min(d_in) * 2 / 128 * 128;
-        if prefix == 0 || d_out * prefix > MAX_PREFETCH {
-            return;
-        }
-        let view = buf.slice(row0 * d_in..);
-        let Arg::Ptr(ptr) = dptr(self, &view) else { return };
-        let p = Prefetch { ptr, rows: d_out as i32, row_bytes: (d_in * 2) as i32, prefix: prefix as i32 };
-        if let Ok(mut pending) = self.pending_prefetch.lock() {
-            *pending = Some(p);
-        }
-    }
-
-    fn take_prefetch(&self) -> Option<Prefetch> {
-        self.pending_prefetch.lock().ok().and_then(|mut p| p.take())
     }
 
     /// Times-only entry for `dspark bench --matvec-variants`: a named tensor-core variant on a
