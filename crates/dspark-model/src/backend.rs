@@ -183,3 +183,27 @@ pub(crate) fn check_truncate(len: usize, to: usize) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captured_prefix_keeps_whole_rows() {
+        let host = Captured::Host((0..12).map(|v| v as f32).collect());
+        match host.prefix(2, 4) {
+            Captured::Host(v) => assert_eq!(v, vec![0., 1., 2., 3., 4., 5., 6., 7.]),
+            other => panic!("{other:?}"),
+        }
+        let dev = Captured::Device(DeviceRows { buffer: 7, generation: 3, rows: 8 });
+        match dev.prefix(5, 4) {
+            Captured::Device(d) => assert_eq!((d.buffer, d.generation, d.rows), (7, 3, 5)),
+            other => panic!("{other:?}"),
+        }
+        // Asking for more rows than there are keeps what there is.
+        match dev.prefix(20, 4) {
+            Captured::Device(d) => assert_eq!(d.rows, 8),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -7,7 +7,9 @@
 //! * the lossless property on 100+ random target/draft pairs written to disk: CUDA speculative
 //!   == CUDA greedy == CPU greedy;
 //! * zero device allocations during decode, verify and draft rounds (arena counter and the
-//!   driver's free-memory figure both unchanged).
+//!   driver's free-memory figure both unchanged);
+//! * the device greedy path: on-device argmax == host argmax of the logits, device captures
+//!   handed to the draft == host captures, stale capture handles refused.
 //!
 //! Compiled only with `--features gpu-tests` (`cargo xtask test --gpu`).
 #![cfg(feature = "gpu-tests")]
@@ -216,4 +218,34 @@ fn decoding_allocates_no_device_memory() {
     assert!(out.spec.unwrap().rounds() > 10);
     assert_eq!((target.arena.allocations(), draft.arena.allocations()), (ta, da), "arena allocations during decoding");
     assert_eq!(free_after, free_before, "device free memory changed during decoding");
+}
+
+#[test]
+fn device_greedy_path_and_capture_hand_off() {
+    // forward_greedy's on-device argmax equals the argmax of forward's host logits, and the
+    // device captures it hands the draft equal the host captures.
+    let dir = root().join("fixtures/qwen3-tiny-f32");
+    let g = golden("dspark-tiny-vanilla");
+    let prompt = ids(&g["prompt_ids"]);
+    let mut a = CudaQwen3::load(gpu(), &dir, 256).unwrap();
+    let mut b = CudaQwen3::load(gpu(), &dir, 256).unwrap();
+    let mut draft_a = CudaDraft::load(&root().join("fixtures/dspark-tiny-vanilla"), &a).unwrap();
+    let mut draft_b = CudaDraft::load(&root().join("fixtures/dspark-tiny-vanilla"), &b).unwrap();
+    for (t, d) in [(&mut a, &draft_a), (&mut b, &draft_b)] {
+        t.set_capture(d.target_layer_ids()).unwrap();
+    }
+    let vocab = a.config().vocab_size;
+    let host = a.forward(&prompt, LogitRows::All).unwrap();
+    let dev = b.forward_greedy(&prompt, LogitRows::All).unwrap();
+    let want: Vec<u32> =
+        (0..host.rows).map(|r| dspark_kernels::cpu::argmax::argmax(host.row(r, vocab)) as u32).collect();
+    assert_eq!(dev.ids, want);
+    assert!(matches!(dev.captured, dspark_model::Captured::Device(_)), "a short forward keeps its captures on the GPU");
+    draft_a.append_context(&host.captured).unwrap();
+    draft_b.append_captured(&dev.captured).unwrap();
+    assert_eq!(draft_a.propose(want[want.len() - 1]).unwrap(), draft_b.propose(want[want.len() - 1]).unwrap());
+    // A handle from before the target's next forward is refused, not read.
+    b.forward_greedy(&[want[0]], LogitRows::Last).unwrap();
+    let err = draft_b.append_captured(&dev.captured).unwrap_err().to_string();
+    assert!(err.contains("stale"), "{err}");
 }

@@ -687,3 +687,24 @@ impl Gpu {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ksplit;
+
+    #[test]
+    fn ksplit_follows_the_tile_count() {
+        // Qwen3-8B shapes: q|k|v (384 tiles) and o/down/fc (256) split 8 ways; gate|up (1536)
+        // 2 ways; lm_head and Markov W2 (9496) not at all.
+        assert_eq!(ksplit(384, 4096, 8), 8);
+        assert_eq!(ksplit(256, 12288, 8), 8);
+        assert_eq!(ksplit(1536, 4096, 8), 2);
+        assert_eq!(ksplit(9496, 4096, 8), 1);
+        assert_eq!(ksplit(9496, 256, 8), 1);
+        // A narrow K never leaves a warp with fewer than 4 chunks of 32.
+        assert_eq!(ksplit(2, 64, 8), 1);
+        assert_eq!(ksplit(4, 512, 8), 4);
+        assert_eq!(ksplit(4, 256, 8), 2);
+        assert_eq!(ksplit(4, 4096, 4), 4);
+    }
+}
