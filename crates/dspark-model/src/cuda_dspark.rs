@@ -280,13 +280,7 @@ impl Drafter for CudaDraft {
 
     fn append_context(&mut self, features: &[f32]) -> Result<()> {
         let row = self.cfg.num_taps() * self.cfg.layer.hidden_size;
-        if features.len() % row != 0 {
-            return Err(Error::Request(format!(
-                "draft context features of length {} are not whole rows of {row}",
-                features.len()
-            )));
-        }
-        self.check_room(features.len() / row)?;
+        self.check_room(self.cfg.feature_rows(features.len())?)?;
         for chunk in features.chunks(CHUNK * row) {
             let m = chunk.len() / row;
             let mut buf = self.features.take().ok_or_else(|| Error::Request("draft feature buffer in use".into()))?;

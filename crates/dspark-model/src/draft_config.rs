@@ -134,6 +134,20 @@ impl DraftConfig {
         self.target_layer_ids.len()
     }
 
+    /// Rows in `len` floats of `[n, T · hidden]` context features, or an error naming the
+    /// row width when they are not whole rows.
+    pub fn feature_rows(&self, len: usize) -> Result<usize> {
+        let row = self.num_taps() * self.layer.hidden_size;
+        if len % row != 0 {
+            return Err(Error::Request(format!(
+                "draft context features of length {len} are not whole rows of {} taps × {}",
+                self.num_taps(),
+                self.layer.hidden_size
+            )));
+        }
+        Ok(len / row)
+    }
+
     /// Width of the confidence head's input: `hidden`, plus `markov_rank` when it also reads
     /// the previous token's Markov embedding.
     pub fn confidence_in(&self) -> usize {

@@ -312,15 +312,9 @@ impl Drafter for CpuDraft {
     }
 
     fn append_context(&mut self, features: &[f32]) -> Result<()> {
+        let n = self.cfg.feature_rows(features.len())?;
         let l = &self.cfg.layer;
         let (h, t) = (l.hidden_size, self.cfg.num_taps());
-        if features.len() % (t * h) != 0 {
-            return Err(Error::Request(format!(
-                "draft context features of length {} are not whole rows of {t}×{h}",
-                features.len()
-            )));
-        }
-        let n = features.len() / (t * h);
         if n == 0 {
             return Ok(());
         }

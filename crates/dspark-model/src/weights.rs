@@ -15,6 +15,7 @@
 use crate::cuda_layers::drv;
 use crate::error::{Error, Result};
 use crate::safetensors::Checkpoint;
+use crate::testing::Rng;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cuda::ops::WeightBuf;
 use dspark_kernels::cuda::{CudaError, Gpu};
@@ -151,17 +152,8 @@ impl WeightSource for RandomWeights {
         if name.ends_with("norm.weight") {
             return Ok(vec![1.0; n]);
         }
-        let mut z = self.next_seed().wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        Ok((0..n)
-            .map(|_| {
-                z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut x = z;
-                x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                x ^= x >> 31;
-                (((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * self.scale
-            })
-            .collect())
+        let mut rng = Rng(self.next_seed().wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        Ok((0..n).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * self.scale).collect())
     }
 
     fn contains(&self, _name: &str) -> bool {

@@ -304,14 +304,10 @@ impl Gpu {
         check("matvec x", x.len(), m * d_in)?;
         check("matvec y", y.len(), m * d_out)?;
         let wv = w.view(row0 * d_in..(row0 + d_out) * d_in);
-        let tc = matches!(w, WeightBuf::Bf16(_)) && d_in % 8 == 0 && aligned16(self, x) && {
-            let WeightView::U16(v) = &wv else { unreachable!() };
-            aligned16(self, v)
-        };
-        if tc {
+        if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
             // Few tiles → the 8-chunk kernel (each warp has a long K range); many → 4-chunk.
             let name = if ksplit(d_out.div_ceil(16), d_in, 8) == 8 { "matvec_tc_u8_bf16" } else { "matvec_tc_bf16" };
-            return self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), accumulate);
+            return self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate);
         }
         let name = format!("matvec_{}", w.suffix());
         let mut start = 0;
@@ -329,7 +325,8 @@ impl Gpu {
     }
 
     /// Launches a tensor-core matvec kernel `name` (same signature as `matvec_tc_bf16`) in
-    /// chunks of 8 rows. `y` is `[m, d_out]`, or `[m, d_out / 2]` for the SwiGLU epilogue.
+    /// chunks of 8 rows. `y` is `[m, y_cols]`: `d_out`, or `d_out / 2` for the SwiGLU epilogue.
+    #[allow(clippy::too_many_arguments)]
     fn matvec_tc(
         &self,
         name: &str,
@@ -337,9 +334,9 @@ impl Gpu {
         x: &CudaView<f32>,
         y: &mut CudaViewMut<f32>,
         (m, d_in, d_out): (usize, usize, usize),
+        y_cols: usize,
         accumulate: bool,
     ) -> CudaResult<()> {
-        let y_cols = if name.contains("swiglu") { d_out / 2 } else { d_out };
         let tiles = d_out.div_ceil(16);
         let warps = 8;
         let ks = ksplit(tiles, d_in, warps);
@@ -370,6 +367,12 @@ impl Gpu {
         Ok(())
     }
 
+    /// Whether a 16-bit weight view and its activations can take the tensor-core kernels:
+    /// `d_in % 8 == 0` and 16-byte aligned buffers (the callers check the dtype is bf16).
+    fn tc_ok(&self, wv: &WeightView<'_>, x: &CudaView<f32>, d_in: usize) -> bool {
+        matches!(wv, WeightView::U16(v) if aligned16(self, v)) && d_in % 8 == 0 && aligned16(self, x)
+    }
+
     /// Times-only entry for `dspark bench --matvec-variants`: a named tensor-core variant on a
     /// bf16 weight.
     pub fn matvec_tc_variant(
@@ -386,7 +389,7 @@ impl Gpu {
         if !matches!(w, WeightBuf::Bf16(_)) || shape.1 % 8 != 0 {
             return Err(CudaError::Shape(format!("{name}: bf16 weights with in % 8 == 0 only")));
         }
-        self.matvec_tc(name, &w.view(0..w.len()), x, y, shape, false)
+        self.matvec_tc(name, &w.view(0..w.len()), x, y, shape, shape.2, false)
     }
 
     /// `act = silu(gate) ⊙ up` where gate|up is one matrix `[2·inter, d_in]` with rows
@@ -406,12 +409,8 @@ impl Gpu {
         check("matvec_swiglu x", x.len(), m * d_in)?;
         check("matvec_swiglu act", act.len(), m * inter)?;
         let wv = w.view(0..w.len());
-        let tc = matches!(w, WeightBuf::Bf16(_)) && d_in % 8 == 0 && aligned16(self, x) && {
-            let WeightView::U16(v) = &wv else { unreachable!() };
-            aligned16(self, v)
-        };
-        if tc {
-            return self.matvec_tc("matvec_tc_swiglu_bf16", &wv, x, act, (m, d_in, 2 * inter), false);
+        if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
+            return self.matvec_tc("matvec_tc_swiglu_bf16", &wv, x, act, (m, d_in, 2 * inter), inter, false);
         }
         self.matvec(w, x, gate_up, (m, d_in, 2 * inter), false)?;
         let (i, r) = (inter as i32, m as i32);

@@ -30,16 +30,23 @@ impl Gpu {
     /// Launches `name` on the op stream, with the PDL attribute when the GPU supports it.
     pub(crate) fn launch_pdl(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> CudaResult<()> {
         let f = self.function(name)?;
-        let mut slots: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
+        // Fixed-size arrays: this runs ~300 times per decoded token, so no heap allocation.
+        const MAX_ARGS: usize = 16;
+        if args.len() > MAX_ARGS {
+            return Err(CudaError::Shape(format!("{name}: {} kernel arguments, at most {MAX_ARGS}", args.len())));
+        }
+        let mut slots = [0u64; MAX_ARGS];
+        for (slot, a) in slots.iter_mut().zip(args) {
+            *slot = match *a {
                 Arg::Ptr(p) => p,
                 Arg::I32(v) => v as u32 as u64,
                 Arg::F32(v) => v.to_bits() as u64,
-            })
-            .collect();
-        let mut params: Vec<*mut std::ffi::c_void> =
-            slots.iter_mut().map(|v| v as *mut u64 as *mut std::ffi::c_void).collect();
+            };
+        }
+        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_ARGS];
+        for (p, slot) in params.iter_mut().zip(slots.iter_mut()) {
+            *p = slot as *mut u64 as *mut std::ffi::c_void;
+        }
         // SAFETY: a zeroed attribute is a valid "no attribute" value that we then fill in.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
