@@ -62,9 +62,8 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 //
 // The kernel above gives every (row, head) its own block, so at decode (1 row) only 32 blocks
 // run and each query head re-reads its KV head: the cache is streamed G = nh/nkv times by too few
-// SMs. Here a block owns one KV head, one slice of the keys ("flash-decoding") and up to 16 of
-// the group's queries (rows × G query heads; a verify's 32 take two blocks, which share the
-// slice through L2). The block stages tiles of 32 keys' K and V rows in shared memory with
+// SMs. Here a block owns one KV head, one slice of the keys ("flash-decoding") and up to 4·QW of
+// the group's queries (rows × G query heads). The block stages tiles of 32 keys' K and V rows in shared memory with
 // coalesced 16-byte loads, the next tile's loads in flight while it computes on this one.
 // Scores are lane-per-key: lane j takes the whole dot products q_i · k_j for all of its warp's
 // queries in one pass (K rows padded by 4 floats so the 16-byte reads of a quarter-warp hit
@@ -81,7 +80,8 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 #define TK 32  // keys per tile
 
 // QW queries per warp, SPLIT_Q = 4·QW per block: QW = 1 for decode (one row: G = 4 queries per
-// KV head), QW = 4 for verify and draft blocks.
+// KV head). Only QW = 1 is built: more queries per KV head (verify, the draft block) go to the
+// tensor-core kernel in attention_tc.cu, which measured faster there (docs/perf.md).
 template <int PER, int QW>
 __device__ void attention_split(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                 float* part_o, float* part_ml, int rows, int nh, int nkv, int kv_len, int causal,
@@ -219,8 +219,6 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
              int nkv, int kv_len, int causal, int first_pos) {                                                      \
         attention_split<PER, QW>(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos);              \
     }
-SPLIT_KERNEL(2, 4, attention_split_hd64_f32)
-SPLIT_KERNEL(4, 4, attention_split_hd128_f32)
 SPLIT_KERNEL(2, 1, attention_split_q1_hd64_f32)
 SPLIT_KERNEL(4, 1, attention_split_q1_hd128_f32)
 

@@ -233,6 +233,11 @@ fn split_attention_matches_reference() {
         (1, 1, 2, 1, 32, Some(0)),
         (4, 9, 4, 2, 32, Some(5)),
         (7, 70, 4, 2, 64, None),
+        // The tensor-core kernel (more than 4 queries per KV head): slices a row cannot see at
+        // all, a partial last tile, two query groups per KV head.
+        (4, 100, 8, 2, 64, Some(10)),
+        (2, 300, 32, 8, 128, Some(298)),
+        (16, 600, 32, 8, 128, Some(584)),
         (3, 100, 4, 4, 256, Some(97)),
         (1, 512, 32, 8, 128, Some(511)),
         (8, 520, 32, 8, 128, Some(512)),

@@ -112,7 +112,15 @@ impl Gpu {
             let src = if major >= 9 { m.sm90 } else { m.sm80 };
             let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src))?;
             for &name in m.functions {
-                functions.insert(name, module.load_function(name)?);
+                let f = module.load_function(name)?;
+                if let Some(bytes) = ops::dynamic_smem(name) {
+                    // Kernels that need more than the default 48 KB of dynamic shared memory.
+                    f.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )?;
+                }
+                functions.insert(name, f);
             }
             modules.push(module);
         }

@@ -101,6 +101,17 @@ fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
     ks
 }
 
+/// Dynamic shared memory of the kernels that use it: `attention_tc_hd*` stages Q (split in
+/// two), a 32-key K and V tile and the 32 × 33 score tile (kernels/attention_tc.cu, TC_SMEM).
+pub(crate) fn dynamic_smem(name: &str) -> Option<usize> {
+    let hd = match name {
+        "attention_tc_hd64_f32" => 64,
+        "attention_tc_hd128_f32" => 128,
+        _ => return None,
+    };
+    Some((2 * 32 + 2 * 32) * hd * 4 + 33 * 33 * 4)
+}
+
 fn aligned16<T>(gpu: &Gpu, v: &CudaView<T>) -> bool {
     use cudarc::driver::DevicePtr;
     let (ptr, _guard) = v.device_ptr(&gpu.stream);
@@ -459,12 +470,13 @@ impl Gpu {
             Some(p) => (1i32, p as i32),
             None => (0, 0),
         };
-        // A block takes 4 queries (one per warp) when that is the whole group, else 16.
+        // A block takes 4 queries (one per warp) when that is the whole group (decode); more
+        // queries (verify, the draft block) go to the tensor-core kernel, 32 per block.
         let group_queries = rows * (n_heads / n_kv_heads);
         let (name, per_block) = if group_queries <= 4 {
             (format!("attention_split_q1_hd{head_dim}_f32"), 4)
         } else {
-            (format!("attention_split_hd{head_dim}_f32"), 16)
+            (format!("attention_tc_hd{head_dim}_f32"), 32)
         };
         let groups = group_queries.div_ceil(per_block);
         // attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos)
@@ -481,7 +493,11 @@ impl Gpu {
             Arg::I32(c),
             Arg::I32(fp),
         ];
-        self.launch_pdl(&name, ((n_kv_heads * groups) as u32, splits as u32, 1), 128, &args)?;
+        let grid = ((n_kv_heads * groups) as u32, splits as u32, 1);
+        match dynamic_smem(&name) {
+            Some(smem) => self.launch_pdl_smem(&name, grid, 256, smem as u32, &args)?,
+            None => self.launch_pdl(&name, grid, 128, &args)?,
+        }
         // attention_combine_f32(part_o, part_ml, out, rows, nh, hd, splits)
         let args = [
             dptr(self, &scratch.attn_o),

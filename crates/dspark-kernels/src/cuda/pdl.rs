@@ -29,6 +29,19 @@ pub(crate) enum Arg {
 impl Gpu {
     /// Launches `name` on the op stream, with the PDL attribute when the GPU supports it.
     pub(crate) fn launch_pdl(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> CudaResult<()> {
+        self.launch_pdl_smem(name, grid, block, 0, args)
+    }
+
+    /// [`Gpu::launch_pdl`] with `smem` bytes of dynamic shared memory (above 48 KB the kernel's
+    /// limit must have been raised at load, see `Gpu::new`).
+    pub(crate) fn launch_pdl_smem(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> CudaResult<()> {
         let f = self.function(name)?;
         // Fixed-size arrays: this runs ~300 times per decoded token, so no heap allocation.
         const MAX_ARGS: usize = 16;
@@ -58,7 +71,7 @@ impl Gpu {
             blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: 0,
+            sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: u32::from(self.pdl),

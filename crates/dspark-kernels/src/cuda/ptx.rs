@@ -21,12 +21,16 @@ pub const MODULES: &[PtxModule] = &[
         sm80: include_str!("../../ptx/attention.sm80.ptx"),
         functions: &[
             "attention_f32",
-            "attention_split_hd64_f32",
-            "attention_split_hd128_f32",
             "attention_split_q1_hd64_f32",
             "attention_split_q1_hd128_f32",
             "attention_combine_f32",
         ],
+    },
+    PtxModule {
+        name: "attention_tc",
+        sm90: include_str!("../../ptx/attention_tc.sm90.ptx"),
+        sm80: include_str!("../../ptx/attention_tc.sm80.ptx"),
+        functions: &["attention_tc_hd64_f32", "attention_tc_hd128_f32"],
     },
     PtxModule {
         name: "embedding",

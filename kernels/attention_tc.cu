@@ -1,0 +1,273 @@
+// Split-KV attention for several query rows on the tensor cores (verify, draft block), f32.
+//
+// Same contract as attention_split in attention.cu: q [rows, nh, hd]; K, V caches [kv_len, nkv,
+// hd]; a block owns one KV head, one slice of the keys and up to 32 of the group's queries
+// (rows × G query heads, G = nh / nkv); it writes one unnormalised partial per query and slice —
+// running max m, sum l, Σ p·v — that attention_combine_f32 merges in a fixed order. Causal rows
+// sit at first_pos + r and see keys 0..=first_pos + r; causal = 0 lets every row see all keys.
+//
+// Why a second kernel: with 8 verify rows a KV head has 32 queries, and the lane-per-key f32 kernel
+// spends ~1.5 instructions per query·key product on shared-memory reads, shuffles and FMAs — at
+// 4096 keys that was 1.9 ms of a 7.6 ms verify, compute-bound, not HBM-bound. Here both products,
+// S = Q·Kᵀ and O = P·V, run as mma.m16n8k8 in TF32 with the 3xTF32 split: each f32 operand
+// x = big + small (big = x rounded to TF32, small = the remainder rounded to TF32) and
+// a·b ≈ big·big + big·small + small·big, which drops only the small·small term (~2⁻²² relative),
+// so results stay within the 1e-5 tests against the f32 CPU reference.
+//
+// Layout. A first version gave each of 4 warps 16 queries × 16 keys and the whole chain (split
+// Q, S, softmax, P·V): with one warp per SM quarter that chain was latency-bound and no faster
+// than the f32 kernel at 512 keys. Now a block of 8 warps works a 32-key tile in three short
+// phases separated by barriers, each spread over all warps:
+// 1. S = Q·Kᵀ: warp w takes m-tile w & 1 and keys 8·(w >> 1) .. +8; the scores go to shared memory.
+// 2. Online softmax: warp w owns rows 4w .. 4w+3, lane = key (one max and one sum reduction per
+//    row); P overwrites S, and each row's rescale factor e^(m_old − m_new) is stored beside it.
+// 3. O = O·corr + P·V: warp w takes m-tile w & 1 and a quarter of hd, over all 32 keys.
+// No warp shares a row's state with another, so nothing is merged at the end: the softmax warps
+// write m and l, the P·V warps Σ p·v. Q is scaled by 1/√hd and split into TF32 parts once per
+// block; K/V tiles are staged with coalesced 16-byte loads (the first tile's loads overlap Q's).
+// Shared memory is ~68 KB at hd = 128 (dynamic; the host raises the kernel's limit at load).
+
+// Fragment mapping (m16n8k8 .tf32: A a0 = [g][t], a1 = [g+8][t], a2 = [g][t+4], a3 = [g+8][t+4];
+// B b0 = [t][g], b1 = [t+4][g]; C c0, c1 = [g][2t, 2t+1], c2, c3 = [g+8][2t, 2t+1]; g = lane / 4,
+// t = lane % 4). The k-slot order inside an mma is free as long as A and B agree, so:
+// - S: a 16-dim chunk is two k8 steps; slot t / t+4 of step s is dim 4t + 2s / 4t + 2s + 1, so a
+//   lane reads one float4 of its Q row and one of its key's K row per chunk.
+// - P·V: slot t / t+4 is key 8s + 2t / 8s + 2t + 1 of k8 step s, so a lane's two P values of a
+//   row are adjacent and its two V rows share the swizzle below.
+// Shared-memory rows are XOR-swizzled (K and Q: float4 column ^ 4·(row & 1); V: float column ^
+// 8·((key / 2) & 3)) so that each of these fragment reads is free of bank conflicts.
+#include "common.cuh"
+
+#define TC_WARPS 8
+#define TC_TK 32  // keys per tile
+#define TC_Q 32   // queries per block: 2 m-tiles of 16
+#define TC_SP (TC_TK + 1)  // row stride of the score/P tile (padded against bank conflicts)
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// x = big + small, both TF32 (stored as f32 bit patterns with the low 13 mantissa bits zero).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+__device__ __forceinline__ void mma_tf32(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One 3xTF32 product of a split A fragment (ab, as) and a split B fragment (bb, bs): the big·big
+// term into `big`, the two cross terms into `small` (kept apart so the small terms are not
+// rounded against the large running sum).
+__device__ __forceinline__ void mma_3xtf32(float* big, float* small, const uint32_t* ab, const uint32_t* as,
+                                           const uint32_t* bb, const uint32_t* bs) {
+    mma_tf32(small, ab[0], ab[1], ab[2], ab[3], bs[0], bs[1]);
+    mma_tf32(small, as[0], as[1], as[2], as[3], bb[0], bb[1]);
+    mma_tf32(big, ab[0], ab[1], ab[2], ab[3], bb[0], bb[1]);
+}
+
+template <int PER>
+__device__ void attention_tc(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                             float* part_o, float* part_ml, int rows, int nh, int nkv, int kv_len, int causal,
+                             int first_pos) {
+    constexpr int HD = PER * 32, D4 = HD / 4, CHUNKS = HD / 16;
+    constexpr int NQ = HD / 32;  // n-tiles of 8 dims per warp in P·V (a quarter of hd)
+    constexpr int LOADS = (TC_TK * D4) / (TC_WARPS * 32);  // float4 of K (and of V) per thread per tile
+    extern __shared__ float4 dyn_smem[];
+    uint4(*sqb)[D4] = reinterpret_cast<uint4(*)[D4]>(dyn_smem);                 // Q big (TF32 bits)
+    uint4(*sqs)[D4] = reinterpret_cast<uint4(*)[D4]>(dyn_smem + TC_Q * D4);     // Q small
+    float4(*sk)[D4] = reinterpret_cast<float4(*)[D4]>(dyn_smem + 2 * TC_Q * D4);  // K tile
+    float(*sv)[HD] = reinterpret_cast<float(*)[HD]>(dyn_smem + (2 * TC_Q + TC_TK) * D4);  // V tile
+    float(*sp)[TC_SP] = reinterpret_cast<float(*)[TC_SP]>(dyn_smem + (2 * TC_Q + 2 * TC_TK) * D4);  // S, then P
+    float* scorr = &sp[TC_Q][0];  // per row: this tile's rescale of O
+    pdl_trigger();
+    pdl_wait();
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int G = nh / nkv, Q = rows * G, groups = (Q + TC_Q - 1) / TC_Q;
+    const int kvh = blockIdx.x / groups, q0 = (blockIdx.x % groups) * TC_Q;
+    const int split = blockIdx.y, splits = gridDim.y;
+    const int chunk = (kv_len + splits - 1) / splits;
+    const int j0 = split * chunk, j1 = min(kv_len, j0 + chunk);
+    const float scale = rsqrtf((float)HD);
+    auto slot_of = [&](int qi) { return ((size_t)split * rows + qi / G) * nh + kvh * G + qi % G; };
+
+    // The first tile's K/V loads go out before Q is staged, so the two latencies overlap.
+    float4 pk[LOADS], pv[LOADS];
+    auto fetch = [&](int t0) {
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) {
+            const int idx = threadIdx.x + i * TC_WARPS * 32, key = idx / D4, c = idx % D4;
+            pk[i] = pv[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t0 + key < j1) {
+                const size_t off = ((size_t)(t0 + key) * nkv + kvh) * D4 + c;
+                pk[i] = reinterpret_cast<const float4*>(k)[off];
+                pv[i] = reinterpret_cast<const float4*>(v)[off];
+            }
+        }
+    };
+    auto store_tile = [&]() {
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) {
+            const int idx = threadIdx.x + i * TC_WARPS * 32, key = idx / D4, c = idx % D4;
+            sk[key][c ^ ((key & 1) << 2)] = pk[i];
+            reinterpret_cast<float4*>(&sv[key][0])[c ^ (((key >> 1) & 3) << 1)] = pv[i];
+        }
+    };
+    fetch(j0);  // all zeros when the slice is empty
+    // Q, pre-scaled by 1/√hd and split once per block into TF32 big and small parts.
+    for (int i = threadIdx.x; i < TC_Q * D4; i += blockDim.x) {
+        const int row = i / D4, c = i % D4, qi = q0 + row;
+        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (qi < Q) {
+            val = reinterpret_cast<const float4*>(q + ((size_t)(qi / G) * nh + kvh * G + qi % G) * HD)[c];
+            val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
+        }
+        uint4 b, sm;
+        split_tf32(val.x, b.x, sm.x);
+        split_tf32(val.y, b.y, sm.y);
+        split_tf32(val.z, b.z, sm.z);
+        split_tf32(val.w, b.w, sm.w);
+        sqb[row][c ^ ((row & 1) << 2)] = b;
+        sqs[row][c ^ ((row & 1) << 2)] = sm;
+    }
+    store_tile();
+
+    // Roles. Scores: warp w computes S for m-tile w & 1 and keys 8·(w >> 1) .. +8 of the tile.
+    // Softmax: warp w owns query rows 4w .. 4w+3 (lane = key). P·V: warp w accumulates O for
+    // m-tile w & 1 and dims (hd/4)·(w >> 1) .. +hd/4 over all 32 keys.
+    const int mt = warp & 1, quarter = warp >> 1;
+    const int ra = mt * 16 + g, rb = ra + 8;  // the lane's two rows in the S and P·V fragments
+    float m_row[4], l_row[4];
+    int vis[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int qi = q0 + 4 * warp + i;
+        m_row[i] = -INFINITY;
+        l_row[i] = 0.f;
+        vis[i] = qi >= Q ? 0 : causal ? min(first_pos + qi / G + 1, kv_len) : kv_len;
+    }
+    float o[NQ][4];
+#pragma unroll
+    for (int n = 0; n < NQ; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+    for (int t0 = j0; t0 < j1; t0 += TC_TK) {
+        if (t0 != j0) {  // later tiles: load and store in one go (no registers held over the compute)
+            __syncthreads();  // the previous tile is no longer being read
+            fetch(t0);
+            store_tile();
+        }
+        __syncthreads();
+
+        // S = Q·Kᵀ for 16 queries × 8 keys (one n-tile), 3xTF32.
+        {
+            const int key = quarter * 8 + g, sw = (g & 1) << 2;  // rows ra, rb and the key share g's parity
+            float sb[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+            for (int ch = 0; ch < CHUNKS; ch++) {
+                const int c4 = ch * 4 + t;
+                const uint4 qab = sqb[ra][c4 ^ sw], qbb = sqb[rb][c4 ^ sw];
+                const uint4 qas = sqs[ra][c4 ^ sw], qbs = sqs[rb][c4 ^ sw];
+                const float4 kk = sk[key][c4 ^ sw];
+                uint32_t bb[4], bs[4];
+                split_tf32(kk.x, bb[0], bs[0]);
+                split_tf32(kk.y, bb[1], bs[1]);
+                split_tf32(kk.z, bb[2], bs[2]);
+                split_tf32(kk.w, bb[3], bs[3]);
+                const uint32_t ab0[4] = {qab.x, qbb.x, qab.y, qbb.y}, as0[4] = {qas.x, qbs.x, qas.y, qbs.y};
+                const uint32_t ab1[4] = {qab.z, qbb.z, qab.w, qbb.w}, as1[4] = {qas.z, qbs.z, qas.w, qbs.w};
+                mma_3xtf32(sb, ss, ab0, as0, &bb[0], &bs[0]);
+                mma_3xtf32(sb, ss, ab1, as1, &bb[2], &bs[2]);
+            }
+            const int col = quarter * 8 + 2 * t;
+            sp[ra][col] = sb[0] + ss[0];
+            sp[ra][col + 1] = sb[1] + ss[1];
+            sp[rb][col] = sb[2] + ss[2];
+            sp[rb][col + 1] = sb[3] + ss[3];
+        }
+        __syncthreads();
+
+        // Online softmax, one row at a time per warp, lane = key: P replaces S in place.
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = 4 * warp + i, key = t0 + lane;
+            const bool valid = key < j1 && key < vis[i];
+            const float s = valid ? sp[r][lane] : -INFINITY;
+            const float m_new = fmaxf(m_row[i], warp_max(s));
+            // A row with no visible key so far keeps m = −inf, l = 0 and O = 0 (all its p are 0).
+            const float corr = m_new == -INFINITY ? 1.f : expf(m_row[i] - m_new);
+            const float p = valid ? expf(s - m_new) : 0.f;
+            l_row[i] = l_row[i] * corr + warp_sum(p);
+            m_row[i] = m_new;
+            sp[r][lane] = p;
+            if (lane == 0) scorr[r] = corr;
+        }
+        __syncthreads();
+
+        // O = O·corr + P·V for 16 rows × hd/4 dims over the tile's 32 keys (4 k8 steps), 3xTF32.
+        const float ca = scorr[ra], cb = scorr[rb];
+#pragma unroll
+        for (int n = 0; n < NQ; n++) {
+            o[n][0] *= ca; o[n][1] *= ca;
+            o[n][2] *= cb; o[n][3] *= cb;
+        }
+#pragma unroll
+        for (int ks = 0; ks < TC_TK / 8; ks++) {
+            // Slot t ↔ key 8ks + 2t, slot t+4 ↔ key 8ks + 2t + 1, in A (P) and B (V) alike.
+            const int key = 8 * ks + 2 * t;
+            uint32_t pb[4], ps[4];
+            split_tf32(sp[ra][key], pb[0], ps[0]);
+            split_tf32(sp[rb][key], pb[1], ps[1]);
+            split_tf32(sp[ra][key + 1], pb[2], ps[2]);
+            split_tf32(sp[rb][key + 1], pb[3], ps[3]);
+#pragma unroll
+            for (int n = 0; n < NQ; n++) {
+                const int d = (quarter * (HD / 4) + 8 * n + g) ^ (t << 3);  // (key / 2) & 3 == t
+                uint32_t bb[2], bs[2];
+                split_tf32(sv[key][d], bb[0], bs[0]);
+                split_tf32(sv[key + 1][d], bb[1], bs[1]);
+                // O has one accumulator, so the small terms go in before the big one.
+                mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bs[0], bs[1]);
+                mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], bb[0], bb[1]);
+                mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bb[0], bb[1]);
+            }
+        }
+    }
+
+    // The unnormalised partial: m and l from the softmax warps, Σ p·v from the P·V warps.
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int qi = q0 + 4 * warp + i;
+        if (lane == 0 && qi < Q) {
+            part_ml[slot_of(qi) * 2] = m_row[i];
+            part_ml[slot_of(qi) * 2 + 1] = l_row[i];
+        }
+    }
+    const int qa = q0 + ra, qb = q0 + rb;
+#pragma unroll
+    for (int n = 0; n < NQ; n++) {
+        const int d = quarter * (HD / 4) + 8 * n + 2 * t;
+        if (qa < Q) *reinterpret_cast<float2*>(part_o + slot_of(qa) * HD + d) = make_float2(o[n][0], o[n][1]);
+        if (qb < Q) *reinterpret_cast<float2*>(part_o + slot_of(qb) * HD + d) = make_float2(o[n][2], o[n][3]);
+    }
+}
+
+// Dynamic shared memory of attention_tc for head dim hd (the host sets the same figure).
+#define TC_SMEM(HD) ((2 * TC_Q + 2 * TC_TK) * (HD) * 4 + (TC_Q + 1) * TC_SP * 4)
+
+#define TC_KERNEL(PER, NAME)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
+        NAME(const float* q, const float* k, const float* v, float* part_o, float* part_ml, int rows, int nh,      \
+             int nkv, int kv_len, int causal, int first_pos) {                                                     \
+        attention_tc<PER>(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos);                   \
+    }
+TC_KERNEL(2, attention_tc_hd64_f32)
+TC_KERNEL(4, attention_tc_hd128_f32)
