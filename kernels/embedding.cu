@@ -8,6 +8,8 @@
 
 template <typename T>
 __device__ void embedding(const T* table, const uint32_t* ids, float* out, int dim) {
+    pdl_trigger();
+    pdl_wait();  // ids may come from the previous kernel
     size_t row = (size_t)ids[blockIdx.x] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)blockIdx.x * dim + i] = load_w(table, row + i);
 }

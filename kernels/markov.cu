@@ -13,10 +13,14 @@
 //   new state is written after all of z has been read.
 // confidence_f32: logit = w[0..H)·h + (with_markov ? w[H..H+r)·e : 0) + b. One block of 1024
 //   threads (a few loads each, all in flight).
+// All four are launched with programmatic dependent launch (see common.cuh): they wait for the
+// previous kernel before reading anything, so the chain's launches overlap each other's tails.
 #include "common.cuh"
 
 template <typename T>
 __device__ void gather_row(const T* table, const uint32_t* idx, float* out, int dim) {
+    pdl_trigger();
+    pdl_wait();
     size_t base = (size_t)(*idx) * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[i] = load_w(table, base + i);
 }
@@ -28,6 +32,8 @@ __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x
 
 extern "C" __global__ void markov_gated_prep_f32(const float* G, const float* b, const float* h, const float* e, float* u,
                                                  int H, int r) {
+    pdl_trigger();
+    pdl_wait();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int row = warp; row < r; row += nw) {
         const float* g = G + (size_t)row * (H + r);
@@ -43,6 +49,8 @@ extern "C" __global__ void markov_rnn_prep_f32(const float* J, const float* b, c
                                                float* scratch, float* u, int H, int r) {
     // scratch holds the 3r pre-activations so the state is only updated after every row of J
     // has read the old state.
+    pdl_trigger();
+    pdl_wait();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int in = 2 * r + H;
     for (int row = warp; row < 3 * r; row += nw) {
@@ -64,6 +72,8 @@ extern "C" __global__ void markov_rnn_prep_f32(const float* J, const float* b, c
 
 extern "C" __global__ void confidence_f32(const float* w, float b, const float* h, const float* e, float* logit, int H, int r,
                                           int with_markov) {
+    pdl_trigger();
+    pdl_wait();
     float s = 0.f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) s += w[i] * h[i];
     if (with_markov)

@@ -142,16 +142,6 @@ fn cfg(grid: usize, block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// Pushes a weight view as the kernel's first argument and launches `<name>_<dtype>` (macro so
-/// the builder's borrow of the buffer lives as long as the launch).
-macro_rules! launch_w {
-    ($gpu:expr, $name:expr, $w:expr, $cfg:expr, |$b:ident| $push:block) => {{
-        let name = format!("{}_{}", $name, $w.suffix());
-        let view = $w.view(0..$w.len());
-        launch_v!($gpu, name, view, $cfg, |$b| $push);
-    }};
-}
-
 macro_rules! launch_v {
     ($gpu:expr, $name:expr, $view:expr, $cfg:expr, |$b:ident| $push:block) => {{
         let f = $gpu.function(&$name)?;
@@ -179,6 +169,14 @@ macro_rules! launch {
     }};
 }
 
+/// The device address of a weight view, for [`Arg::Ptr`].
+fn wptr(gpu: &Gpu, view: &WeightView<'_>) -> Arg {
+    match view {
+        WeightView::U16(s) => dptr(gpu, s),
+        WeightView::F32(s) => dptr(gpu, s),
+    }
+}
+
 impl Gpu {
     /// `out[r, :] = table[ids[r], :]`; table `[vocab, dim]`.
     pub fn embedding(
@@ -191,11 +189,10 @@ impl Gpu {
     ) -> CudaResult<()> {
         check("embedding ids", ids.len(), rows)?;
         check("embedding out", out.len(), rows * dim)?;
-        let d = dim as i32;
-        launch_w!(self, "embedding", table, cfg(rows, 256), |b| {
-            b.arg(ids).arg(out).arg(&d);
-        });
-        Ok(())
+        // embedding_*(table, ids, out, dim)
+        let args =
+            [wptr(self, &table.view(0..table.len())), dptr(self, ids), dptr_mut(self, out), Arg::I32(dim as i32)];
+        self.launch_pdl(&format!("embedding_{}", table.suffix()), (rows as u32, 1, 1), 256, &args)
     }
 
     /// Fills `out` with bf16 values uniform in `[−scale, scale)` from a counter hash of `seed`
@@ -627,11 +624,10 @@ impl Gpu {
     ) -> CudaResult<()> {
         check("gather_row idx", idx.len(), 1)?;
         check("gather_row out", out.len(), dim)?;
-        let d = dim as i32;
-        launch_w!(self, "gather_row", table, cfg(1, 256), |b| {
-            b.arg(idx).arg(out).arg(&d);
-        });
-        Ok(())
+        // gather_row_*(table, idx, out, dim)
+        let args =
+            [wptr(self, &table.view(0..table.len())), dptr(self, idx), dptr_mut(self, out), Arg::I32(dim as i32)];
+        self.launch_pdl(&format!("gather_row_{}", table.suffix()), (1, 1, 1), 256, &args)
     }
 
     /// Gated Markov head: `u = σ(G·[h ; e] + b) ⊙ e`. G `[r, H + r]`.
@@ -647,12 +643,17 @@ impl Gpu {
         check("markov gate weight", g.len(), r * (hd + r))?;
         check("markov gate bias", bias.len(), r)?;
         check("markov u", u.len(), r)?;
-        let (hh, rr) = (hd as i32, r as i32);
-        let mut b = self.stream.launch_builder(self.function("markov_gated_prep_f32")?);
-        b.arg(g).arg(bias).arg(h).arg(e).arg(u).arg(&hh).arg(&rr);
-        // SAFETY: matches markov_gated_prep_f32(G, b, h, e, u, H, r).
-        launch!(self, "markov_gated_prep_f32", b, cfg(1, 256));
-        Ok(())
+        // markov_gated_prep_f32(G, b, h, e, u, H, r)
+        let args = [
+            dptr(self, g),
+            dptr(self, bias),
+            dptr(self, h),
+            dptr(self, e),
+            dptr_mut(self, u),
+            Arg::I32(hd as i32),
+            Arg::I32(r as i32),
+        ];
+        self.launch_pdl("markov_gated_prep_f32", (1, 1, 1), 256, &args)
     }
 
     /// Recurrent Markov head step (state updated in place), `u = tanh(o)`. J `[3r, 2r + H]`.
@@ -673,12 +674,19 @@ impl Gpu {
         check("markov state", state.len(), r)?;
         check("markov scratch", scratch.len(), 3 * r)?;
         check("markov u", u.len(), r)?;
-        let (hh, rr) = (hd as i32, r as i32);
-        let mut b = self.stream.launch_builder(self.function("markov_rnn_prep_f32")?);
-        b.arg(j).arg(bias).arg(h).arg(e).arg(state).arg(scratch).arg(u).arg(&hh).arg(&rr);
-        // SAFETY: matches markov_rnn_prep_f32(J, b, h, e, state, scratch, u, H, r).
-        launch!(self, "markov_rnn_prep_f32", b, cfg(1, 256));
-        Ok(())
+        // markov_rnn_prep_f32(J, b, h, e, state, scratch, u, H, r)
+        let args = [
+            dptr(self, j),
+            dptr(self, bias),
+            dptr(self, h),
+            dptr(self, e),
+            dptr_mut(self, state),
+            dptr_mut(self, scratch),
+            dptr_mut(self, u),
+            Arg::I32(hd as i32),
+            Arg::I32(r as i32),
+        ];
+        self.launch_pdl("markov_rnn_prep_f32", (1, 1, 1), 256, &args)
     }
 
     /// Confidence logit `w[..H]·h + (w[H..]·e if with_markov) + bias` into `logit[0]`.
@@ -694,12 +702,18 @@ impl Gpu {
         let (hd, r) = (h.len(), if with_markov { e.len() } else { 0 });
         check("confidence weight", w.len(), hd + r)?;
         check("confidence out", logit.len(), 1)?;
-        let (hh, rr, wm) = (hd as i32, r as i32, with_markov as i32);
-        let mut b = self.stream.launch_builder(self.function("confidence_f32")?);
-        b.arg(w).arg(&bias).arg(h).arg(e).arg(logit).arg(&hh).arg(&rr).arg(&wm);
-        // SAFETY: matches confidence_f32(w, b, h, e, logit, H, r, with_markov).
-        launch!(self, "confidence_f32", b, cfg(1, 1024));
-        Ok(())
+        // confidence_f32(w, b, h, e, logit, H, r, with_markov)
+        let args = [
+            dptr(self, w),
+            Arg::F32(bias),
+            dptr(self, h),
+            dptr(self, e),
+            dptr_mut(self, logit),
+            Arg::I32(hd as i32),
+            Arg::I32(r as i32),
+            Arg::I32(with_markov as i32),
+        ];
+        self.launch_pdl("confidence_f32", (1, 1, 1), 1024, &args)
     }
 }
 
