@@ -457,10 +457,16 @@ impl Gpu {
         if !aligned16(self, k) || !aligned16(self, v) {
             return Err(CudaError::Shape("attention_split: K/V cache views must be 16-byte aligned".into()));
         }
-        // One 32-key tile per block (the most blocks, no serial tiles) up to 2048 keys; beyond,
-        // 64 keys per block, which measured faster at 4096 for one row and for eight (fewer
-        // partials to write and combine). At most MAX_SPLITS slices.
-        let keys = if kv_len <= 2048 { 32 } else { 64 };
+        // One 32-key tile per block (the most blocks, no serial tiles) up to 2048 keys. Beyond,
+        // one query row (decode) takes 64 keys per block and several rows (the tensor-core
+        // kernel) 128: at 4096 keys those measured fastest among 32/64/128/256 (fewer partials
+        // to write and combine; docs/perf.md). At most MAX_SPLITS slices.
+        let group_queries = rows * (n_heads / n_kv_heads);
+        let keys = match (kv_len <= 2048, group_queries <= 4) {
+            (true, _) => 32,
+            (false, true) => 64,
+            (false, false) => 128,
+        };
         let splits = kv_len.div_ceil(keys).clamp(1, MAX_SPLITS);
         let (r, nh, nkv, kl) = (rows as i32, n_heads as i32, n_kv_heads as i32, kv_len as i32);
         let (c, fp) = match causal {
@@ -469,7 +475,6 @@ impl Gpu {
         };
         // A block takes 4 queries (one per warp) when that is the whole group (decode); more
         // queries (verify, the draft block) go to the tensor-core kernel, 32 per block.
-        let group_queries = rows * (n_heads / n_kv_heads);
         let (name, per_block) = if group_queries <= 4 {
             (format!("attention_split_q1_hd{head_dim}_f32"), 4)
         } else {
