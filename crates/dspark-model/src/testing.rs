@@ -11,6 +11,7 @@ use crate::draft_config::{DraftConfig, MarkovKind, Packaging};
 use crate::dspark::{CpuDraft, DraftWeights};
 use crate::markov::{ConfidenceHead, MarkovHead, MarkovVariant};
 use crate::qwen3::{CpuQwen3, LayerWeights, Qwen3Weights};
+pub use dspark_tensor::DType;
 use std::path::PathBuf;
 
 /// SplitMix64: tiny, deterministic, good enough for test weights.
@@ -177,6 +178,18 @@ pub fn random_draft(seed: u64, target_cfg: &Qwen3Config, target: &Qwen3Weights, 
 /// Writes a random target as an HF folder (config.json + f32 model.safetensors), so the CUDA
 /// backend, which loads from files, can run the same model as the CPU reference.
 pub fn write_target_dir(dir: &std::path::Path, cfg: &Qwen3Config, w: &Qwen3Weights) -> std::io::Result<()> {
+    write_target_dir_as(dir, cfg, w, DType::F32)
+}
+
+/// [`write_target_dir`] with every tensor stored as `dtype` (rounded to nearest even): a bf16
+/// folder takes the CUDA backend's tensor-core path. Load the CPU reference from the folder too,
+/// so both see the rounded weights.
+pub fn write_target_dir_as(
+    dir: &std::path::Path,
+    cfg: &Qwen3Config,
+    w: &Qwen3Weights,
+    dtype: DType,
+) -> std::io::Result<()> {
     let config = serde_json::json!({
         "architectures": ["Qwen3ForCausalLM"],
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
@@ -196,11 +209,21 @@ pub fn write_target_dir(dir: &std::path::Path, cfg: &Qwen3Config, w: &Qwen3Weigh
     if let Some(head) = &w.lm_head {
         t.push(("lm_head.weight".into(), vec![v, h], head));
     }
-    write_f32(&dir.join("model.safetensors"), &t)
+    write_tensors(&dir.join("model.safetensors"), &t, dtype)
 }
 
 /// Writes a random draft in the DeepSpec native format (without embed/lm_head: borrowed).
 pub fn write_draft_dir(dir: &std::path::Path, cfg: &DraftConfig, w: &DraftWeights) -> std::io::Result<()> {
+    write_draft_dir_as(dir, cfg, w, DType::F32)
+}
+
+/// [`write_draft_dir`] with every tensor stored as `dtype` (see [`write_target_dir_as`]).
+pub fn write_draft_dir_as(
+    dir: &std::path::Path,
+    cfg: &DraftConfig,
+    w: &DraftWeights,
+    dtype: DType,
+) -> std::io::Result<()> {
     let l = &cfg.layer;
     let config = serde_json::json!({
         "architectures": ["Qwen3DSparkModel"],
@@ -244,7 +267,7 @@ pub fn write_draft_dir(dir: &std::path::Path, cfg: &DraftConfig, w: &DraftWeight
         t.push(("confidence_head.proj.weight".into(), vec![1, cfg.confidence_in()], &c.weight));
         t.push(("confidence_head.proj.bias".into(), vec![1], &bias_store));
     }
-    write_f32(&dir.join("model.safetensors"), &t)
+    write_tensors(&dir.join("model.safetensors"), &t, dtype)
 }
 
 fn push_layer<'a>(t: &mut Vec<(String, Vec<usize>, &'a [f32])>, cfg: &Qwen3Config, lw: &'a LayerWeights, prefix: &str) {
@@ -266,12 +289,39 @@ fn push_layer<'a>(t: &mut Vec<(String, Vec<usize>, &'a [f32])>, cfg: &Qwen3Confi
     }
 }
 
-fn write_f32(path: &std::path::Path, t: &[(String, Vec<usize>, &[f32])]) -> std::io::Result<()> {
-    let owned: Vec<(&str, dspark_tensor::DType, Vec<usize>, Vec<u8>)> = t
-        .iter()
-        .map(|(n, s, d)| {
-            (n.as_str(), dspark_tensor::DType::F32, s.clone(), d.iter().flat_map(|x| x.to_le_bytes()).collect())
-        })
-        .collect();
+fn write_tensors(path: &std::path::Path, t: &[(String, Vec<usize>, &[f32])], dtype: DType) -> std::io::Result<()> {
+    let encode = |x: f32| -> Vec<u8> {
+        match dtype {
+            DType::BF16 => bf16_bits(x).to_le_bytes().to_vec(),
+            _ => x.to_le_bytes().to_vec(),
+        }
+    };
+    if dtype == DType::F16 {
+        return Err(std::io::Error::other("test folders are written as f32 or bf16"));
+    }
+    let owned: Vec<(&str, DType, Vec<usize>, Vec<u8>)> =
+        t.iter().map(|(n, s, d)| (n.as_str(), dtype, s.clone(), d.iter().flat_map(|&x| encode(x)).collect())).collect();
     std::fs::write(path, crate::safetensors::serialize(&owned))
+}
+
+/// The bf16 nearest to a finite `x` (ties to even): the top half of its f32 bits, rounded.
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bf16_bits;
+
+    #[test]
+    fn bf16_rounding_is_nearest_even() {
+        let mut rng = super::Rng(3);
+        let mut values = rng.vec(10_000, 1.0);
+        // Exact halfway cases: ties go to the even bf16.
+        values.extend([f32::from_bits(0x3F80_8000), f32::from_bits(0x3F81_8000), 0.0, -0.0, 1.0, -2.5]);
+        for x in values {
+            assert_eq!(bf16_bits(x), half::bf16::from_f32(x).to_bits(), "{x}");
+        }
+    }
 }

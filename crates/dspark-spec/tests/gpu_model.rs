@@ -21,7 +21,8 @@ use dspark_model::draft_config::MarkovKind;
 use dspark_model::dspark::CpuDraft;
 use dspark_model::qwen3::CpuQwen3;
 use dspark_model::testing::{
-    random_draft, target_config, target_weights, write_draft_dir, write_target_dir, DraftSpec, Rng,
+    random_draft, target_config, target_weights, write_draft_dir, write_draft_dir_as, write_target_dir,
+    write_target_dir_as, DType, DraftSpec, Rng,
 };
 use dspark_model::{Drafter, LogitRows, TargetModel};
 use dspark_spec::{greedy, speculative, GenerateOptions, VerifyLen};
@@ -197,6 +198,90 @@ fn lossless_on_random_pairs() {
         cases += 1;
     }
     assert!(cases >= 100);
+}
+
+#[test]
+fn bf16_pairs_match_the_cpu_and_stay_lossless() {
+    // bf16 weights with in % 8 == 0 take the tensor-core matvecs, and head_dim 64 with several
+    // query rows per KV head (verify, the draft block) the tensor-core attention. Target and
+    // draft are written in bf16 and the CPU reference is loaded from the same files, so both run
+    // the same rounded weights. The draft cases cover the Markov variants, a confidence head and
+    // an f32 draft (general-path layers) on the bf16 target.
+    let cases = [
+        (MarkovKind::Vanilla, 8, false, DType::BF16),
+        (MarkovKind::Gated, 8, true, DType::BF16),
+        (MarkovKind::Rnn, 4, false, DType::BF16),
+        (MarkovKind::Vanilla, 0, false, DType::F32),
+    ];
+    for (case, (kind, rank, confidence, draft_dtype)) in cases.into_iter().enumerate() {
+        let seed = 1000 + case as u64;
+        let mut rng = Rng(seed);
+        // hidden 64, q 2 × 64, intermediate 136: every projection's in is a multiple of 8.
+        let cfg = target_config(96, 64, 3, 2, 1, 64, 128);
+        let w = target_weights(seed, &cfg);
+        let spec = DraftSpec {
+            layers: 2,
+            block_size: 4,
+            target_layer_ids: vec![0, 1],
+            markov_rank: rank,
+            markov_kind: kind,
+            confidence_head: confidence,
+            confidence_with_markov: confidence,
+        };
+        let d = random_draft(seed ^ 0xD5, &cfg, &w, &spec);
+        let dir = tempfile::tempdir().unwrap();
+        let (tdir, ddir) = (dir.path().join("t"), dir.path().join("d"));
+        std::fs::create_dir_all(&tdir).unwrap();
+        std::fs::create_dir_all(&ddir).unwrap();
+        write_target_dir_as(&tdir, &cfg, &w, DType::BF16).unwrap();
+        write_draft_dir_as(&ddir, d.config(), d.weights(), draft_dtype).unwrap();
+        let name = format!("case {case} ({kind:?}, rank {rank}, confidence {confidence}, draft {draft_dtype:?})");
+
+        // Prompt logits and captures (every layer), then a verify-shaped forward after a rollback.
+        let mut cpu = CpuQwen3::load(&tdir).unwrap();
+        let mut cuda = CudaQwen3::load(gpu(), &tdir, 128).unwrap();
+        let prompt: Vec<u32> = (0..11).map(|_| rng.below(96) as u32).collect();
+        cpu.set_capture(&[0, 1, 2]).unwrap();
+        cuda.set_capture(&[0, 1, 2]).unwrap();
+        let a = cpu.forward(&prompt, LogitRows::All).unwrap();
+        let b = cuda.forward(&prompt, LogitRows::All).unwrap();
+        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: logits");
+        assert!(rel_err(&b.captured, &a.captured) <= 1e-4, "{name}: captured layers");
+        cpu.truncate(4).unwrap();
+        cuda.truncate(4).unwrap();
+        let a = cpu.forward(&prompt[..7], LogitRows::Last).unwrap();
+        let b = cuda.forward(&prompt[..7], LogitRows::Last).unwrap();
+        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: last-row logits after a rollback");
+
+        // The draft, round by round, against the CPU draft on the same features and anchors.
+        let mut cpu_d = CpuDraft::load(&ddir, cpu.config(), cpu.weights()).unwrap();
+        let mut cuda_d = CudaDraft::load(&ddir, &cuda).unwrap();
+        let row = cpu_d.config().num_taps() * 64;
+        for (round, n) in [9, 1, 3, 8].into_iter().enumerate() {
+            let feats = rng.vec(n * row, 1.0);
+            cpu_d.append_context(&feats).unwrap();
+            cuda_d.append_context(&feats).unwrap();
+            let anchor = rng.below(96) as u32;
+            let (pa, pb) = (cpu_d.propose(anchor).unwrap(), cuda_d.propose(anchor).unwrap());
+            assert_eq!(pb.tokens, pa.tokens, "{name} round {round}");
+            match (pa.survival, pb.survival) {
+                (Some(x), Some(y)) => assert!(rel_err(&y, &x) <= 1e-4, "{name} round {round}: survival"),
+                (None, None) => {}
+                _ => panic!("{name}: confidence head on one backend only"),
+            }
+        }
+
+        // Greedy on both backends, and speculative decoding on the GPU: the same tokens.
+        let opts = GenerateOptions { max_tokens: 32, eos_token_ids: vec![] };
+        let mut cpu = CpuQwen3::load(&tdir).unwrap();
+        let mut t = CudaQwen3::load(gpu(), &tdir, 128).unwrap();
+        let mut dr = CudaDraft::load(&ddir, &t).unwrap();
+        let want = greedy(&mut cpu, &prompt, &opts, |_| {}).unwrap().tokens;
+        let plain = greedy(&mut t, &prompt, &opts, |_| {}).unwrap().tokens;
+        let spec_out = speculative(&mut t, &mut dr, &prompt, &opts, &VerifyLen::Fixed(4), |_| {}).unwrap().tokens;
+        assert_eq!(plain, want, "{name}: CUDA greedy != CPU greedy");
+        assert_eq!(spec_out, plain, "{name}: CUDA speculative != CUDA greedy");
+    }
 }
 
 #[test]
