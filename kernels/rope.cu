@@ -18,28 +18,36 @@ extern "C" __global__ void qkv_rope_append_f32(const float* qkv, const float* q_
                                                const float* inv_freq, float* q_out, float* k_cache, float* v_cache,
                                                int nq, int nkv, int hd, int first_pos, int cache_row, float eps) {
     pdl_trigger();
-    pdl_wait();
     const int heads = nq + 2 * nkv;
     const int row = blockIdx.x / heads, head = blockIdx.x % heads;
     const float* src = qkv + ((size_t)row * heads + head) * hd;
     const int half = hd / 2, i = threadIdx.x;
+    const bool is_v = head >= nq + nkv, is_q = head < nq;
+    // The norm weights and the rotation depend only on the weights and the position, not on
+    // the projection: they are loaded and computed before the wait for the previous kernel.
+    const float* w = is_q ? q_norm : k_norm;
+    float wa = 0.f, wb = 0.f, c = 1.f, s = 0.f;
+    if (!is_v && i < half) {
+        wa = w[i];
+        wb = w[i + half];
+        const float angle = (float)(first_pos + row) * inv_freq[i];
+        c = cosf(angle);
+        s = sinf(angle);
+    }
+    pdl_wait();
     float a = 0.f, b = 0.f;
     if (i < half) { a = src[i]; b = src[i + half]; }
-    if (head >= nq + nkv) {  // v: plain copy (uniform branch per block)
+    if (is_v) {  // v: plain copy (uniform branch per block)
         float* dst = v_cache + ((size_t)(cache_row + row) * nkv + (head - nq - nkv)) * hd;
         if (i < half) { dst[i] = a; dst[i + half] = b; }
         return;
     }
-    const bool is_q = head < nq;
-    const float* w = is_q ? q_norm : k_norm;
     float* dst = is_q ? q_out + ((size_t)row * nq + head) * hd
                       : k_cache + ((size_t)(cache_row + row) * nkv + (head - nq)) * hd;
     float inv = rsqrtf(block_sum(a * a + b * b) / hd + eps);
     if (i < half) {
-        a = a * inv * w[i];
-        b = b * inv * w[i + half];
-        float angle = (float)(first_pos + row) * inv_freq[i];
-        float c = cosf(angle), s = sinf(angle);
+        a = a * inv * wa;
+        b = b * inv * wb;
         dst[i] = a * c - b * s;
         dst[i + half] = b * c + a * s;
     }

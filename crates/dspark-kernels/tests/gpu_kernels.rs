@@ -384,14 +384,17 @@ fn embedding_and_gather_row() {
 fn rmsnorm_matches_reference() {
     let g = gpu();
     let mut rng = Rng(4);
-    for (rows, dim) in [(1, 64), (3, 100), (8, 4096)].into_iter().filter(|s| full_size() || s.1 < 1000) {
-        let x = rng.vec(rows * dim);
+    // float4 path (dim % 4 == 0, ≤ 4096, aligned) and the strided loop (odd dims, wider rows,
+    // and x starting one float into its buffer, so not 16-byte aligned).
+    let cases = [(1, 64, 0), (3, 100, 0), (8, 4096, 0), (2, 6, 0), (2, 5120, 0), (3, 100, 1)];
+    for (rows, dim, skew) in cases.into_iter().filter(|s| full_size() || s.1 < 1000) {
+        let x = rng.vec(rows * dim + skew);
         let w = rng.vec(dim);
-        let want = cpu::rmsnorm::rmsnorm(&x, &w, 1e-6);
+        let want = cpu::rmsnorm::rmsnorm(&x[skew..], &w, 1e-6);
         let (xd, wd) = (up(&g, &x), up(&g, &w));
         let mut out = poisoned(&g, rows * dim);
-        g.rmsnorm(&xd.as_view(), &wd.as_view(), 1e-6, rows, &mut out.as_view_mut()).unwrap();
-        assert!(rel_err(&down(&g, &out), &want) <= 1e-5, "rmsnorm {rows}x{dim}");
+        g.rmsnorm(&xd.slice(skew..), &wd.as_view(), 1e-6, rows, &mut out.as_view_mut()).unwrap();
+        assert!(rel_err(&down(&g, &out), &want) <= 1e-5, "rmsnorm {rows}x{dim} skew {skew}");
     }
 }
 

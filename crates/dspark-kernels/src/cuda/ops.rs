@@ -244,8 +244,18 @@ impl Gpu {
         let dim = w.len();
         check("rmsnorm x", x.len(), rows * dim)?;
         check("rmsnorm out", out.len(), rows * dim)?;
-        // rmsnorm_f32(x, w, out, dim, eps); lengths checked above.
-        let args = [dptr(self, x), dptr(self, w), dptr_mut(self, out), Arg::I32(dim as i32), Arg::F32(eps)];
+        // The one-float4-per-thread path needs whole, 16-byte aligned float4s in every row.
+        let (x_al, w_al) = (aligned16(self, x), aligned16(self, w));
+        let vec4 = dim % 4 == 0 && x_al && w_al && aligned16(self, &out.as_view());
+        // rmsnorm_f32(x, w, out, dim, eps, vec4); lengths checked above.
+        let args = [
+            dptr(self, x),
+            dptr(self, w),
+            dptr_mut(self, out),
+            Arg::I32(dim as i32),
+            Arg::F32(eps),
+            Arg::I32(vec4 as i32),
+        ];
         self.launch_pdl("rmsnorm_f32", (rows as u32, 1, 1), 1024, &args)?;
         Ok(())
     }
