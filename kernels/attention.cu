@@ -94,22 +94,16 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     __shared__ float sv[TK][HD];
     pdl_trigger();
     pdl_wait();
-    // blockIdx.x = kv head × query group, the groups of one head adjacent so their blocks run
-    // together and the second reads the slice from L2.
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int G = nh / nkv, Q = rows * G, groups = (Q + SPLIT_Q - 1) / SPLIT_Q;
-    const int kvh = blockIdx.x / groups, q0 = (blockIdx.x % groups) * SPLIT_Q;
-    const int split = blockIdx.y, splits = gridDim.y;
-    const int chunk = (kv_len + splits - 1) / splits;
-    const int j0 = split * chunk, j1 = min(kv_len, j0 + chunk);
+    const SplitBlock sb = split_block(rows, nh, nkv, kv_len, SPLIT_Q);
+    const int G = sb.G, Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
     const float scale = rsqrtf((float)HD);
 
     for (int i = threadIdx.x; i < SPLIT_Q * D4; i += blockDim.x) {
         int qi = q0 + i / D4, c = i % D4;
         float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
         if (qi < Q) {
-            int r = qi / G, h = kvh * G + qi % G;
-            val = reinterpret_cast<const float4*>(q + ((size_t)r * nh + h) * HD)[c];
+            val = reinterpret_cast<const float4*>(q + ((size_t)(qi / G) * nh + sb.head(qi)) * HD)[c];
             val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
         }
         sq[i / D4][c] = val;
@@ -202,8 +196,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     for (int i = 0; i < QW; i++) {
         int qi = q0 + warp + SPLIT_WARPS * i;
         if (qi >= Q) continue;
-        int r = qi / G, h = kvh * G + qi % G;
-        size_t slot = ((size_t)split * rows + r) * nh + h;
+        const size_t slot = sb.slot(qi, rows, nh);
 #pragma unroll
         for (int e = 0; e < PER; e++) part_o[slot * HD + lane + 32 * e] = o[i][e];
         if (lane == 0) {

@@ -92,13 +92,10 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     pdl_wait();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int G = nh / nkv, Q = rows * G, groups = (Q + TC_Q - 1) / TC_Q;
-    const int kvh = blockIdx.x / groups, q0 = (blockIdx.x % groups) * TC_Q;
-    const int split = blockIdx.y, splits = gridDim.y;
-    const int chunk = (kv_len + splits - 1) / splits;
-    const int j0 = split * chunk, j1 = min(kv_len, j0 + chunk);
+    const SplitBlock sb = split_block(rows, nh, nkv, kv_len, TC_Q);
+    const int G = sb.G, Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
     const float scale = rsqrtf((float)HD);
-    auto slot_of = [&](int qi) { return ((size_t)split * rows + qi / G) * nh + kvh * G + qi % G; };
+    auto slot_of = [&](int qi) { return sb.slot(qi, rows, nh); };
 
     // The first tile's K/V loads go out before Q is staged, so the two latencies overlap.
     float4 pk[LOADS], pv[LOADS];
@@ -128,7 +125,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
         const int row = i / D4, c = i % D4, qi = q0 + row;
         float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
         if (qi < Q) {
-            val = reinterpret_cast<const float4*>(q + ((size_t)(qi / G) * nh + kvh * G + qi % G) * HD)[c];
+            val = reinterpret_cast<const float4*>(q + ((size_t)(qi / G) * nh + sb.head(qi)) * HD)[c];
             val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
         }
         uint4 b, sm;

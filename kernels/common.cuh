@@ -55,3 +55,29 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+// The part of a split-KV attention launch one block owns (attention.cu, attention_tc.cu): grid
+// x = KV head × query group (the groups of one head adjacent), y = key slice. Query qi of the
+// head's group (0 ≤ qi < Q = rows · G) is query head kvh·G + qi % G of row qi / G; the block
+// takes queries q0 .. q0 + per_block and keys j0 .. j1. Partials are laid out [slice, row, nh].
+struct SplitBlock {
+    int G, Q, kvh, q0, split, j0, j1;
+    // The query's head, its row's partial slot in this slice.
+    __device__ __forceinline__ int head(int qi) const { return kvh * G + qi % G; }
+    __device__ __forceinline__ size_t slot(int qi, int rows, int nh) const {
+        return ((size_t)split * rows + qi / G) * nh + head(qi);
+    }
+};
+__device__ __forceinline__ SplitBlock split_block(int rows, int nh, int nkv, int kv_len, int per_block) {
+    SplitBlock b;
+    b.G = nh / nkv;
+    b.Q = rows * b.G;
+    const int groups = (b.Q + per_block - 1) / per_block;
+    b.kvh = blockIdx.x / groups;
+    b.q0 = (blockIdx.x % groups) * per_block;
+    b.split = blockIdx.y;
+    const int chunk = (kv_len + gridDim.y - 1) / gridDim.y;
+    b.j0 = b.split * chunk;
+    b.j1 = min(kv_len, b.j0 + chunk);
+    return b;
+}

@@ -8,7 +8,7 @@
 //! tests would have nothing to run, and they are never counted as passing when skipped.
 #![cfg(feature = "gpu-tests")]
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use dspark_kernels::cpu;
 use dspark_kernels::cuda::ops::{OpScratch, WeightBuf};
 use dspark_kernels::cuda::Gpu;
@@ -228,8 +228,7 @@ fn tensor_core_matvec_rows_and_swiglu_epilogue() {
 #[test]
 fn split_attention_matches_reference() {
     let g = gpu();
-    let mut rng = Rng(12);
-    for (rows, kv_len, nh, nkv, hd, causal) in [
+    let cases = [
         (1, 1, 2, 1, 32, Some(0)),
         (4, 9, 4, 2, 32, Some(5)),
         (7, 70, 4, 2, 64, None),
@@ -244,29 +243,11 @@ fn split_attention_matches_reference() {
         (1, 4096, 32, 8, 128, Some(4095)),
         (8, 4103, 32, 8, 128, Some(4095)),
         (7, 4103, 32, 8, 128, None),
-    ]
-    .into_iter()
-    .filter(|s| full_size() || s.1 < 1000)
-    {
-        let (q, k, v, want) = attention_case(&mut rng, (rows, kv_len, nh, nkv, hd), causal);
-        let (qd, kd, vd) = (up(&g, &q), up(&g, &k), up(&g, &v));
-        let mut out = poisoned(&g, rows * nh * hd);
+    ];
+    check_attention(&g, 12, "split attention", &cases, |q, k, v, out, (rows, kv_len, nh, nkv, hd, causal)| {
         let mut sc = scratch(&g, nh, hd);
-        g.attention_split(
-            &qd.as_view(),
-            &kd.as_view(),
-            &vd.as_view(),
-            &mut out.as_view_mut(),
-            rows,
-            kv_len,
-            (nh, nkv, hd),
-            causal,
-            &mut sc,
-        )
-        .unwrap();
-        let e = rel_err(&down(&g, &out), &want);
-        assert!(e <= 1e-5, "split attention rows {rows} kv {kv_len} hd {hd} {causal:?}: {e}");
-    }
+        g.attention_split(q, k, v, out, rows, kv_len, (nh, nkv, hd), causal, &mut sc).unwrap();
+    });
 }
 
 #[test]
@@ -419,33 +400,39 @@ fn attention_case(
 #[test]
 fn attention_causal_and_bidirectional() {
     let g = gpu();
-    let mut rng = Rng(6);
-    for (rows, kv_len, nh, nkv, hd, causal) in [
+    let cases = [
         (1, 1, 2, 1, 32, Some(0)),
         (4, 9, 4, 2, 32, Some(5)),
         (8, 520, 32, 8, 128, Some(512)),
         (7, 70, 4, 2, 64, None),
         (7, 4103, 32, 8, 128, None),
-    ]
-    .into_iter()
-    .filter(|s| full_size() || s.1 < 1000)
-    {
+    ];
+    check_attention(&g, 6, "attention", &cases, |q, k, v, out, (rows, kv_len, nh, nkv, hd, causal)| {
+        g.attention(q, k, v, out, rows, kv_len, (nh, nkv, hd), causal).unwrap();
+    });
+}
+
+/// (rows, kv_len, n_heads, n_kv_heads, head_dim, causal first position)
+type AttnCase = (usize, usize, usize, usize, usize, Option<usize>);
+
+/// Runs `launch` on every case (the Qwen3-8B-sized ones only in the full-size pass) with fresh
+/// random q, k, v and a poisoned output, and checks it against the CPU reference at 1e-5.
+fn check_attention(
+    g: &Gpu,
+    seed: u64,
+    what: &str,
+    cases: &[AttnCase],
+    launch: impl Fn(&CudaView<f32>, &CudaView<f32>, &CudaView<f32>, &mut CudaViewMut<f32>, AttnCase),
+) {
+    let mut rng = Rng(seed);
+    for &case in cases.iter().filter(|s| full_size() || s.1 < 1000) {
+        let (rows, kv_len, nh, nkv, hd, causal) = case;
         let (q, k, v, want) = attention_case(&mut rng, (rows, kv_len, nh, nkv, hd), causal);
-        let (qd, kd, vd) = (up(&g, &q), up(&g, &k), up(&g, &v));
-        let mut out = poisoned(&g, rows * nh * hd);
-        g.attention(
-            &qd.as_view(),
-            &kd.as_view(),
-            &vd.as_view(),
-            &mut out.as_view_mut(),
-            rows,
-            kv_len,
-            (nh, nkv, hd),
-            causal,
-        )
-        .unwrap();
-        let e = rel_err(&down(&g, &out), &want);
-        assert!(e <= 1e-5, "attention rows {rows} kv {kv_len} {causal:?}: {e}");
+        let (qd, kd, vd) = (up(g, &q), up(g, &k), up(g, &v));
+        let mut out = poisoned(g, rows * nh * hd);
+        launch(&qd.as_view(), &kd.as_view(), &vd.as_view(), &mut out.as_view_mut(), case);
+        let e = rel_err(&down(g, &out), &want);
+        assert!(e <= 1e-5, "{what} rows {rows} kv {kv_len} hd {hd} {causal:?}: {e}");
     }
 }
 

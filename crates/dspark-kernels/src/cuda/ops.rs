@@ -245,8 +245,7 @@ impl Gpu {
         check("rmsnorm x", x.len(), rows * dim)?;
         check("rmsnorm out", out.len(), rows * dim)?;
         // The one-float4-per-thread path needs whole, 16-byte aligned float4s in every row.
-        let (x_al, w_al) = (aligned16(self, x), aligned16(self, w));
-        let vec4 = dim % 4 == 0 && x_al && w_al && aligned16(self, &out.as_view());
+        let vec4 = dim % 4 == 0 && aligned16(self, x) && aligned16(self, w) && aligned16(self, &out.as_view());
         // rmsnorm_f32(x, w, out, dim, eps, vec4); lengths checked above.
         let args = [
             dptr(self, x),
