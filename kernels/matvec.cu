@@ -11,7 +11,9 @@
 //   owns a tile of 16 output rows; the warps split K (warp w takes 32-wide k chunks w, w+8, …)
 //   and their partial sums are added in a fixed order through shared memory at the end, so the
 //   result is deterministic and does not depend on M. Each lane issues 16-byte loads: 8
-//   consecutive bf16 of one weight row, four chunks in flight per lane. The multiply runs on the
+//   consecutive bf16 of one weight row, that bypass L1 and ask L2 for the row's whole
+//   256-byte block; each warp keeps its next step of 2 or 4 chunks in flight (a second register
+//   set) while it multiplies the current one. The multiply runs on the
 //   tensor cores (`mma.sync.m16n8k16`, bf16 in, f32 accumulate) with W as the A operand and x as
 //   B. Since a sum over k does not care about order, the 8 consecutive k a lane loads are fed as
 //   the fragment positions {2t, 2t+1, 2t+8, 2t+9} of two MMAs — A and B use the same mapping, so
@@ -99,16 +101,30 @@ __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, 
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
+// Streams a weight chunk past L1 (it is read once; x stays cached there) and asks L2 to fetch
+// the row's whole 256-byte block: the neighbouring 64-byte chunks belong to the same warp's
+// next chunk or to its sibling warps, so one DRAM burst serves four requests.
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
 // One block = 8 warps = 8/ksplit tiles of 16 output rows, each tile's K split over ksplit warps
 // (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many tiles need no split, few tiles need it to keep
-// enough loads in flight). SWIGLU: W's rows interleave gate and up (row 2i = gate_i, 2i+1 =
-// up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to y [m, out/2] instead.
-template <int UNROLL, bool SWIGLU, int WARPS = TC_WARPS>
+// enough loads in flight). A warp walks its K range in steps of UNROLL chunks, double-buffered in
+// registers: step s+1's weights are requested before step s's MMAs, so a warp always has a step
+// in flight instead of idling through each round trip. SWIGLU: W's rows interleave gate and up
+// (row 2i = gate_i, 2i+1 = up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to
+// y [m, out/2] instead.
+template <int UNROLL, bool SWIGLU>
 __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
                           int out, int accumulate, int ksplit) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int tiles_per_block = WARPS / ksplit;
+    const int tiles_per_block = TC_WARPS / ksplit;
     const int tile = blockIdx.x * tiles_per_block + warp / ksplit, kpart = warp % ksplit;
     const int row0 = tile * 16;
     const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);  // clamped: loads stay in bounds
@@ -116,7 +132,6 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
     const bool has_x = g < m;
     pdl_trigger();
-    bool waited = false;
 
     float acc[3][4];
 #pragma unroll
@@ -125,30 +140,26 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
         for (int i = 0; i < 4; i++) acc[p][i] = 0.f;
 
     // Warp kpart takes chunks kpart, kpart + ksplit, … (stride ksplit·32), so the block's warps
-    // together read each row's k contiguously.
+    // together read each row's k contiguously. The loop bounds are per warp, not per lane:
+    // mma.sync needs all 32 lanes, so lanes past the end of k load zeros instead of leaving.
     const int kbeg = kpart * 32, kend = in;
     const int stride = ksplit * 32;  // k between a warp's consecutive chunks
-    // The loop bound is per warp, not per lane: mma.sync needs all 32 lanes, so lanes past the
-    // end of k load zeros instead of leaving the loop.
-    for (int chunk = kbeg; chunk < kend; chunk += stride * UNROLL) {
-        uint4 va[UNROLL], vb[UNROLL];
-        float xv[UNROLL][8];
+    const int step = stride * UNROLL;
+    auto load = [&](uint4* va, uint4* vb, int chunk) {
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int k = chunk + u * stride + 8 * t;
             if (k < kend) {
-                va[u] = __ldg(wa + k / 8);
-                vb[u] = __ldg(wb + k / 8);
+                va[u] = ldg_stream(wa + k / 8);
+                vb[u] = ldg_stream(wb + k / 8);
             } else {
                 va[u] = make_uint4(0, 0, 0, 0);
                 vb[u] = make_uint4(0, 0, 0, 0);
             }
         }
-        // The first weights are in flight while the previous kernel finishes (PDL).
-        if (!waited) {
-            pdl_wait();
-            waited = true;
-        }
+    };
+    auto compute = [&](const uint4* va, const uint4* vb, int chunk) {
+        float xv[UNROLL][8];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int k = chunk + u * stride + 8 * t;
@@ -172,11 +183,23 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
             mma_bf16(acc[1], va[u].z, vb[u].z, va[u].w, vb[u].w, md[2], md[3]);
             mma_bf16(acc[2], va[u].z, vb[u].z, va[u].w, vb[u].w, lo[2], lo[3]);
         }
+    };
+    // The first step's weights are in flight while the previous kernel finishes (PDL).
+    uint4 a0[UNROLL], b0[UNROLL], a1[UNROLL], b1[UNROLL];
+    load(a0, b0, kbeg);
+    pdl_wait();
+    for (int chunk = kbeg; chunk < kend;) {
+        load(a1, b1, chunk + step);
+        compute(a0, b0, chunk);
+        chunk += step;
+        if (chunk >= kend) break;
+        load(a0, b0, chunk + step);
+        compute(a1, b1, chunk);
+        chunk += step;
     }
 
-    if (!waited) pdl_wait();  // a warp with no k still writes y below
     // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, cols 2t, 2t+1); col = m.
-    __shared__ float part[WARPS][16][8];
+    __shared__ float part[TC_WARPS][16][8];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float s = (acc[2][i] + acc[1][i]) + acc[0][i];
@@ -212,26 +235,23 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
-    matvec_tc_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<4, false>(w, x, y, m, in, out, acc, ksplit);
-}
-
+// Three shapes of the same kernel, chosen on the host by tile count (ops.rs `tc_kernel`), all
+// measured with `dspark bench --matvec-variants` (docs/perf.md):
+// * many tiles (gate|up, lm_head, Markov W2): 2 chunks per step at 3 blocks per SM;
+// * few tiles with a long K each (q|k|v, o, down, fc; K split over all 8 warps): 4 chunks per
+//   step at 2 blocks per SM;
+// * under 256 tiles (the draft's k|v, fewer blocks than SMs): 4 chunks per step with the
+//   register file to itself, which lets the compiler keep more loads ahead.
+#define MATVEC_TC(NAME, U, SW, MINB)                                                                         \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                        \
+        NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) { \
+        matvec_tc<U, SW>(w, x, y, m, in, out, acc, ksplit);                                                  \
+    }
+MATVEC_TC(matvec_tc_bf16, 2, false, 3)
+MATVEC_TC(matvec_tc_u4_bf16, 4, false, 2)
+MATVEC_TC(matvec_tc_u4b1_bf16, 4, false, 1)
 // W rows interleave gate and up; y is act [m, out/2] = silu(gate) ⊙ up.
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)
-    matvec_tc_swiglu_bf16(const __nv_bfloat16* w, const float* x, float* act, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<4, true>(w, x, act, m, in, out, acc, ksplit);
-}
-
-// Few tiles (≤ 512: q|k|v, o, down, fc): every warp takes a long K range, and the time is set by
-// how many sequential load round trips each warp makes, so each step keeps 8 chunks (8 KB per
-// warp) in flight at 2 blocks per SM. Many tiles (gate|up, lm_head, Markov W2): 4 chunks per
-// step at 3 blocks per SM keeps more warps resident, which wins there. Measured with
-// `dspark bench --matvec-variants` (docs/perf.md).
-extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)
-    matvec_tc_u8_bf16(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) {
-    matvec_tc<8, false>(w, x, y, m, in, out, acc, ksplit);
-}
+MATVEC_TC(matvec_tc_swiglu_bf16, 2, true, 3)
 
 // Interleaved gate|up rows → act = silu(gate) ⊙ up for the general path: gu [rows, 2·inter]
 // with column 2i = gate_i, 2i+1 = up_i; act [rows, inter].

@@ -62,7 +62,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub projections_only: bool,
     /// Tuning: also time these tensor-core matvec kernels (same signature as matvec_tc_bf16,
-    /// e.g. matvec_tc_u8_bf16) on every projection.
+    /// e.g. matvec_tc_u4_bf16; `name@ks` forces the K split to 1, 2, 4 or 8) on every projection.
     #[arg(long, value_delimiter = ',')]
     pub matvec_variants: Vec<String>,
 }

@@ -101,6 +101,19 @@ fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
     ks
 }
 
+/// The tensor-core matvec kernel for a shape (kernels/matvec.cu): many tiles → 2 chunks per
+/// step at 3 blocks per SM; K split over all 8 warps → 4 chunks per step, at 2 blocks per SM, or
+/// alone on the SM when there are fewer tiles than a full wave (under 256).
+fn tc_kernel(tiles: usize, d_in: usize) -> &'static str {
+    if ksplit(tiles, d_in, 8) < 8 {
+        "matvec_tc_bf16"
+    } else if tiles < 256 {
+        "matvec_tc_u4b1_bf16"
+    } else {
+        "matvec_tc_u4_bf16"
+    }
+}
+
 /// Dynamic shared memory of the kernels that use it: `attention_tc_hd*` stages Q (split in
 /// two), a 32-key K and V tile and the 32 × 33 score tile (kernels/attention_tc.cu, TC_SMEM).
 pub(crate) fn dynamic_smem(name: &str) -> Option<usize> {
@@ -322,9 +335,8 @@ impl Gpu {
         check("matvec y", y.len(), m * d_out)?;
         let wv = w.view(row0 * d_in..(row0 + d_out) * d_in);
         if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
-            // Few tiles → the 8-chunk kernel (each warp has a long K range); many → 4-chunk.
-            let name = if ksplit(d_out.div_ceil(16), d_in, 8) == 8 { "matvec_tc_u8_bf16" } else { "matvec_tc_bf16" };
-            return self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate);
+            let name = tc_kernel(d_out.div_ceil(16), d_in);
+            return self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate, None);
         }
         let name = format!("matvec_{}", w.suffix());
         let mut start = 0;
@@ -353,10 +365,11 @@ impl Gpu {
         (m, d_in, d_out): (usize, usize, usize),
         y_cols: usize,
         accumulate: bool,
+        ks_override: Option<usize>,
     ) -> CudaResult<()> {
         let tiles = d_out.div_ceil(16);
         let warps = 8;
-        let ks = ksplit(tiles, d_in, warps);
+        let ks = ks_override.unwrap_or_else(|| ksplit(tiles, d_in, warps));
         let grid = tiles.div_ceil(warps / ks);
         let WeightView::U16(wv) = wv else {
             return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
@@ -406,7 +419,15 @@ impl Gpu {
         if !matches!(w, WeightBuf::Bf16(_)) || shape.1 % 8 != 0 {
             return Err(CudaError::Shape(format!("{name}: bf16 weights with in % 8 == 0 only")));
         }
-        self.matvec_tc(name, &w.view(0..w.len()), x, y, shape, shape.2, false)
+        // `name@ks` forces the K split (1, 2, 4 or 8) instead of the host's choice.
+        let (name, ks) = match name.split_once('@') {
+            Some((n, k)) => match k.parse::<usize>() {
+                Ok(k) if [1, 2, 4, 8].contains(&k) => (n, Some(k)),
+                _ => return Err(CudaError::Shape(format!("{name}: the K split after @ must be 1, 2, 4 or 8"))),
+            },
+            None => (name, None),
+        };
+        self.matvec_tc(name, &w.view(0..w.len()), x, y, shape, shape.2, false, ks)
     }
 
     /// `act = silu(gate) ⊙ up` where gate|up is one matrix `[2·inter, d_in]` with rows
@@ -427,7 +448,7 @@ impl Gpu {
         check("matvec_swiglu act", act.len(), m * inter)?;
         let wv = w.view(0..w.len());
         if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
-            return self.matvec_tc("matvec_tc_swiglu_bf16", &wv, x, act, (m, d_in, 2 * inter), inter, false);
+            return self.matvec_tc("matvec_tc_swiglu_bf16", &wv, x, act, (m, d_in, 2 * inter), inter, false, None);
         }
         self.matvec(w, x, gate_up, (m, d_in, 2 * inter), false)?;
         let (i, r) = (inter as i32, m as i32);
@@ -733,7 +754,16 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::ksplit;
+    use super::{ksplit, tc_kernel};
+
+    #[test]
+    fn tc_kernel_follows_the_tile_count() {
+        assert_eq!(tc_kernel(9496, 4096), "matvec_tc_bf16"); // lm_head
+        assert_eq!(tc_kernel(1536, 4096), "matvec_tc_bf16"); // gate|up
+        assert_eq!(tc_kernel(384, 4096), "matvec_tc_u4_bf16"); // q|k|v
+        assert_eq!(tc_kernel(256, 12288), "matvec_tc_u4_bf16"); // down
+        assert_eq!(tc_kernel(128, 4096), "matvec_tc_u4b1_bf16"); // the draft's k|v
+    }
 
     #[test]
     fn ksplit_follows_the_tile_count() {
