@@ -201,6 +201,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ("k_proj", 1024, 4096),
             ("v_proj", 1024, 4096),
             ("o_proj", 4096, 4096),
+            ("qkv_proj", 6144, 4096),
             ("gate_proj", 12288, 4096),
             ("up_proj", 12288, 4096),
             ("down_proj", 4096, 12288),

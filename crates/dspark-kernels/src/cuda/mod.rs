@@ -66,6 +66,8 @@ pub struct Gpu {
     functions: HashMap<&'static str, CudaFunction>,
     /// Compute capability (major, minor).
     pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors: the matvec kernels are picked so their grid fits one wave.
+    pub sms: usize,
     /// Whether kernels that support it launch with programmatic dependent launch (sm_90+;
     /// `DSPARK_NO_PDL=1` turns it off for A/B runs).
     pub pdl: bool,
@@ -101,6 +103,7 @@ impl Gpu {
             ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor =
             ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         if major < 8 {
             return Err(CudaError::Unavailable(format!(
                 "compute capability {major}.{minor}; dspark needs 8.0 or newer"
@@ -130,6 +133,7 @@ impl Gpu {
             modules,
             functions,
             compute_capability: (major, minor),
+            sms: sms.max(1) as usize,
             pdl: major >= 9 && std::env::var_os("DSPARK_NO_PDL").is_none(),
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),

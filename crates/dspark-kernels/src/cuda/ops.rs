@@ -101,16 +101,20 @@ fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
     ks
 }
 
-/// The tensor-core matvec kernel for a shape (kernels/matvec.cu): many tiles → 2 chunks per
-/// step at 3 blocks per SM; K split over all 8 warps → 4 chunks per step, at 2 blocks per SM, or
-/// alone on the SM when there are fewer tiles than a full wave (under 256).
-fn tc_kernel(tiles: usize, d_in: usize) -> &'static str {
-    if ksplit(tiles, d_in, 8) < 8 {
-        "matvec_tc_bf16"
-    } else if tiles < 256 {
+/// The tensor-core matvec kernel for a shape on a GPU of `sms` SMs (kernels/matvec.cu). What
+/// matters most is that the grid fits in one wave: K split over all 8 warps (few, long tiles)
+/// takes 4 chunks per step at 2 blocks per SM, or alone on its SM when there are no more blocks
+/// than SMs; everything else, and any grid above 2 blocks per SM (q|k|v's 384 tiles), takes 2
+/// chunks per step at 3 blocks per SM. Measured with `dspark bench --matvec-variants`.
+fn tc_kernel(tiles: usize, d_in: usize, sms: usize) -> &'static str {
+    let ks = ksplit(tiles, d_in, 8);
+    let blocks = tiles.div_ceil(8 / ks);
+    if ks == 8 && blocks <= sms {
         "matvec_tc_u4b1_bf16"
-    } else {
+    } else if ks == 8 && blocks <= 2 * sms {
         "matvec_tc_u4_bf16"
+    } else {
+        "matvec_tc_bf16"
     }
 }
 
@@ -335,7 +339,7 @@ impl Gpu {
         check("matvec y", y.len(), m * d_out)?;
         let wv = w.view(row0 * d_in..(row0 + d_out) * d_in);
         if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
-            let name = tc_kernel(d_out.div_ceil(16), d_in);
+            let name = tc_kernel(d_out.div_ceil(16), d_in, self.sms);
             return self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate, None);
         }
         let name = format!("matvec_{}", w.suffix());
@@ -758,11 +762,15 @@ mod tests {
 
     #[test]
     fn tc_kernel_follows_the_tile_count() {
-        assert_eq!(tc_kernel(9496, 4096), "matvec_tc_bf16"); // lm_head
-        assert_eq!(tc_kernel(1536, 4096), "matvec_tc_bf16"); // gate|up
-        assert_eq!(tc_kernel(384, 4096), "matvec_tc_u4_bf16"); // q|k|v
-        assert_eq!(tc_kernel(256, 12288), "matvec_tc_u4_bf16"); // down
-        assert_eq!(tc_kernel(128, 4096), "matvec_tc_u4b1_bf16"); // the draft's k|v
+        // An H200's 132 SMs.
+        assert_eq!(tc_kernel(9496, 4096, 132), "matvec_tc_bf16"); // lm_head
+        assert_eq!(tc_kernel(1536, 4096, 132), "matvec_tc_bf16"); // gate|up
+        assert_eq!(tc_kernel(384, 4096, 132), "matvec_tc_bf16"); // q|k|v: 384 blocks
+        assert_eq!(tc_kernel(256, 4096, 132), "matvec_tc_u4_bf16"); // o
+        assert_eq!(tc_kernel(256, 12288, 132), "matvec_tc_u4_bf16"); // down
+        assert_eq!(tc_kernel(128, 4096, 132), "matvec_tc_u4b1_bf16"); // the draft's k|v
+                                                                      // A smaller GPU moves o to the 3-blocks-per-SM kernel.
+        assert_eq!(tc_kernel(256, 4096, 100), "matvec_tc_bf16");
     }
 
     #[test]
