@@ -157,12 +157,13 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     for (int n = 0; n < NQ; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
     for (int t0 = j0; t0 < j1; t0 += TC_TK) {
-        if (t0 != j0) {  // later tiles: load and store in one go (no registers held over the compute)
+        if (t0 != j0) {  // later tiles: their loads went out during the previous tile's compute
             __syncthreads();  // the previous tile is no longer being read
-            fetch(t0);
             store_tile();
         }
         __syncthreads();
+        // The next tile's K/V loads are in flight (in registers) while this tile is computed.
+        if (t0 + TC_TK < j1) fetch(t0 + TC_TK);
 
         // S = Q·Kᵀ for 16 queries × 8 keys (one n-tile), 3xTF32.
         {
