@@ -12,6 +12,7 @@
 // atomic ticket after a memory fence) reduces that row's pairs and resets the ticket, so the
 // whole argmax is one launch and the counters are ready for the next. The result does not depend
 // on the order blocks finish: the pair order (higher value, then lower index) is total.
+// `argmax_gather_*`: the same, and the last block then copies the winner's row of a table.
 #include "common.cuh"
 
 __device__ __forceinline__ bool better(float v, uint32_t i, float bv, uint32_t bi) {
@@ -48,9 +49,12 @@ extern "C" __global__ void argmax_f32(const float* logits, uint32_t* out, int vo
     if (threadIdx.x == 0) out[blockIdx.x] = bi == 0xffffffffu ? 0u : bi;
 }
 
-// partial [rows, segments] pairs; tickets [rows] start at zero and are left at zero.
-extern "C" __global__ void argmax_split_f32(const float* logits, uint32_t* out, float* partial_v, uint32_t* partial_i,
-                                            uint32_t* tickets, int vocab, int row_stride) {
+// partial [rows, segments] pairs; tickets [rows] start at zero and are left at zero. With
+// dim > 0 the last block also gathers table[token, 0..dim) (widened to f32) into
+// gathered[row, :] — the Markov chain's next W1 row (markov.cu), so that step needs no launch.
+template <typename T>
+__device__ void argmax_split(const float* logits, uint32_t* out, float* partial_v, uint32_t* partial_i,
+                             uint32_t* tickets, int vocab, int row_stride, const T* table, float* gathered, int dim) {
     pdl_trigger();
     pdl_wait();
     const int seg = blockIdx.x, segs = gridDim.x, row = blockIdx.y;
@@ -81,9 +85,27 @@ extern "C" __global__ void argmax_split_f32(const float* logits, uint32_t* out, 
         uint32_t i = ((volatile uint32_t*)partial_i)[row * segs + s];
         if (better(v, i, best, bi)) { best = v; bi = i; }
     }
-    block_argmax(best, bi);
+    block_argmax(best, bi);  // every thread gets the winner
+    const uint32_t token = bi == 0xffffffffu ? 0u : bi;
     if (threadIdx.x == 0) {
-        out[row] = bi == 0xffffffffu ? 0u : bi;
+        out[row] = token;
         tickets[row] = 0;
     }
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        gathered[(size_t)row * dim + i] = load_w(table, (size_t)token * dim + i);
 }
+
+extern "C" __global__ void argmax_split_f32(const float* logits, uint32_t* out, float* partial_v, uint32_t* partial_i,
+                                            uint32_t* tickets, int vocab, int row_stride) {
+    argmax_split<float>(logits, out, partial_v, partial_i, tickets, vocab, row_stride, nullptr, nullptr, 0);
+}
+
+#define ARGMAX_GATHER(NAME, T)                                                                                    \
+    extern "C" __global__ void NAME(const float* logits, uint32_t* out, float* partial_v, uint32_t* partial_i,    \
+                                    uint32_t* tickets, int vocab, int row_stride, const T* table, float* gathered, \
+                                    int dim) {                                                                    \
+        argmax_split<T>(logits, out, partial_v, partial_i, tickets, vocab, row_stride, table, gathered, dim);     \
+    }
+ARGMAX_GATHER(argmax_gather_bf16, __nv_bfloat16)
+ARGMAX_GATHER(argmax_gather_f16, __half)
+ARGMAX_GATHER(argmax_gather_f32, float)

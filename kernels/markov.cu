@@ -2,17 +2,19 @@
 // never returns to the host: the previous token is read from device memory (the anchor, or the
 // argmax written for the previous slot), and only the final draft ids are copied back.
 //
-// Per slot s the host launches: gather_row (e = W1[prev]); for the gated / rnn variants a
-// single-block prep kernel producing u (g ⊙ e, or tanh(o) with the recurrent state); then
-// matvec(W2, u) accumulated into the slot's logits; confidence; and argmax → token s.
+// The host launches gather_row once (e₀ = W1[anchor]); then per slot s: for the gated / rnn
+// variants a single-block prep kernel producing u (g ⊙ e_s, or tanh(o) with the recurrent state);
+// matvec(W2, u) accumulated into the slot's logits; and argmax → token s, whose last block also
+// gathers e_{s+1} = W1[token s] (argmax_gather_* in argmax.cu). The confidence logits of all
+// slots depend only on h_s and e_s, so one launch computes them after the chain.
 //
 // gather_row: out[0..dim) = table[*idx, :]. One block of 256 threads.
 // markov_gated_prep_f32: g = σ(G·[h ; e] + b), u = g ⊙ e. G [r, H + r] f32. One block.
 // markov_rnn_prep_f32: z = [state ; e ; h]; (g, c, o) = split₃(J·z + b);
 //   state ← σ(g)·state + (1 − σ(g))·tanh(c); u = tanh(o). J [3r, 2r + H] f32. One block; the
 //   new state is written after all of z has been read.
-// confidence_f32: logit = w[0..H)·h + (with_markov ? w[H..H+r)·e : 0) + b. One block of 1024
-//   threads (a few loads each, all in flight).
+// confidence_f32: logit[s] = w[0..H)·h_s + (with_markov ? w[H..H+r)·e_s : 0) + b for rows
+//   h [rows, H], e [rows, r]. One block of 1024 threads per row (a few loads each, all in flight).
 // All four are launched with programmatic dependent launch (see common.cuh): they wait for the
 // previous kernel before reading anything, so the chain's launches overlap each other's tails.
 #include "common.cuh"
@@ -74,10 +76,12 @@ extern "C" __global__ void confidence_f32(const float* w, float b, const float* 
                                           int with_markov) {
     pdl_trigger();
     pdl_wait();
+    h += (size_t)blockIdx.x * H;
+    e += (size_t)blockIdx.x * r;
     float s = 0.f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) s += w[i] * h[i];
     if (with_markov)
         for (int i = threadIdx.x; i < r; i += blockDim.x) s += w[H + i] * e[i];
     s = block_sum(s);
-    if (threadIdx.x == 0) *logit = s + b;
+    if (threadIdx.x == 0) logit[blockIdx.x] = s + b;
 }

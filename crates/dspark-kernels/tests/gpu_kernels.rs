@@ -172,6 +172,62 @@ fn split_argmax_ties_nan_and_small_rows() {
 }
 
 #[test]
+fn argmax_gather_returns_the_token_and_its_table_row() {
+    // One Markov step: the argmax of a logits row, then W1[token] in the same launch, for every
+    // table dtype; the table row must be exact (a copy) and the token the CPU argmax.
+    let g = gpu();
+    let mut rng = Rng(13);
+    let mut sc = scratch(&g, 4, 32);
+    for (vocab, dim) in [(5000usize, 64usize), (151936, 256)].into_iter().filter(|s| full_size() || s.0 < 10000) {
+        let logits = rng.vec(vocab);
+        let want = cpu::argmax::argmax_rows(&logits, vocab)[0];
+        let d = up(&g, &logits);
+        for dtype in ["bf16", "f16", "f32"] {
+            let (t, tf) = weight(&g, &rng.vec(vocab * dim), dtype);
+            let mut out = g.stream.clone_htod(&[u32::MAX]).unwrap();
+            let mut row = poisoned(&g, dim);
+            g.argmax_gather(&d.as_view(), vocab, &mut out.as_view_mut(), &mut sc, (&t, dim), &mut row.as_view_mut())
+                .unwrap();
+            assert_eq!(g.stream.clone_dtoh(&out).unwrap(), vec![want as u32], "{dtype} vocab {vocab}");
+            assert_eq!(down(&g, &row), tf[want * dim..][..dim].to_vec(), "{dtype} vocab {vocab}");
+        }
+    }
+}
+
+#[test]
+fn confidence_logits_of_several_rows() {
+    let g = gpu();
+    let mut rng = Rng(14);
+    let (rows, hd, r) = (7usize, 4096usize, 256usize);
+    let (h, e, w) = (rng.vec(rows * hd), rng.vec(rows * r), rng.vec(hd + r));
+    let (hd_, ed, wd) = (up(&g, &h), up(&g, &e), up(&g, &w));
+    for with_markov in [false, true] {
+        let mut out = poisoned(&g, rows);
+        g.confidence(
+            &wd.as_view(),
+            0.25,
+            &hd_.as_view(),
+            &ed.as_view(),
+            (rows, hd, r),
+            with_markov,
+            &mut out.as_view_mut(),
+        )
+        .unwrap();
+        let want: Vec<f32> = (0..rows)
+            .map(|s| {
+                let mut acc: f64 = h[s * hd..][..hd].iter().zip(&w).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
+                if with_markov {
+                    acc += e[s * r..][..r].iter().zip(&w[hd..]).map(|(a, b)| (*a as f64) * (*b as f64)).sum::<f64>();
+                }
+                (acc + 0.25) as f32
+            })
+            .collect();
+        let err = rel_err(&down(&g, &out), &want);
+        assert!(err <= 1e-5, "confidence with_markov={with_markov}: rel err {err}");
+    }
+}
+
+#[test]
 fn tensor_core_matvec_rows_and_swiglu_epilogue() {
     let g = gpu();
     let mut rng = Rng(11);

@@ -172,7 +172,7 @@ impl CudaDraft {
             logits: z(b * v)?,
             ids: arena.zeros::<u32>(b).map_err(drv)?,
             tokens: arena.zeros::<u32>(b).map_err(drv)?,
-            e: z(r.max(1))?,
+            e: z((b * r).max(1))?,
             u: z(r.max(1))?,
             conf_logits: z(b)?,
             gpu,
@@ -346,20 +346,23 @@ impl Drafter for CudaDraft {
         if let Some(Markov { variant: Variant::Rnn { state, .. }, .. }) = &mut self.markov {
             gpu.stream.memset_zeros(state).map_err(drv)?;
         }
+        // e holds every slot's W1 row: slot 0's is gathered here, slot s + 1's by slot s's argmax.
+        let r = self.markov.as_ref().map_or(0, |m| m.rank);
+        if let Some(m) = &self.markov {
+            gpu.gather_row(&m.w1, r, &self.ids.slice(0..1), &mut self.e.slice_mut(..r)).map_err(gpu_err)?;
+        }
         for s in 0..b {
-            let prev = if s == 0 { self.ids.slice(0..1) } else { self.tokens.slice(s - 1..s) };
             let h_s = self.hidden.slice(s * h..(s + 1) * h);
             if let Some(m) = &mut self.markov {
-                let r = m.rank;
-                gpu.gather_row(&m.w1, r, &prev, &mut self.e.slice_mut(..r)).map_err(gpu_err)?;
+                let e_s = self.e.slice(s * r..(s + 1) * r);
                 let input = match &mut m.variant {
-                    Variant::Vanilla => self.e.slice(..r),
+                    Variant::Vanilla => e_s,
                     Variant::Gated { weight, bias } => {
                         gpu.markov_gated_prep(
                             &weight.as_view(),
                             &bias.as_view(),
                             &h_s,
-                            &self.e.slice(..r),
+                            &e_s,
                             &mut self.u.slice_mut(..r),
                         )
                         .map_err(gpu_err)?;
@@ -370,7 +373,7 @@ impl Drafter for CudaDraft {
                             &weight.as_view(),
                             &bias.as_view(),
                             &h_s,
-                            &self.e.slice(..r),
+                            &e_s,
                             &mut state.as_view_mut(),
                             &mut scratch.as_view_mut(),
                             &mut self.u.slice_mut(..r),
@@ -381,19 +384,18 @@ impl Drafter for CudaDraft {
                 };
                 gpu.matvec(&m.w2, &input, &mut self.logits.slice_mut(s * v..(s + 1) * v), (1, r, v), true)
                     .map_err(gpu_err)?;
-            }
-            if let Some(c) = &self.confidence {
-                let r = self.markov.as_ref().map_or(0, |m| m.rank);
-                let e = self.e.slice(..r.max(1));
-                gpu.confidence(
-                    &c.weight.as_view(),
-                    c.bias,
-                    &h_s,
-                    &e.slice(..r),
-                    c.with_markov && r > 0,
-                    &mut self.conf_logits.slice_mut(s..s + 1),
-                )
-                .map_err(gpu_err)?;
+                if s + 1 < b {
+                    gpu.argmax_gather(
+                        &self.logits.slice(s * v..(s + 1) * v),
+                        v,
+                        &mut self.tokens.slice_mut(s..s + 1),
+                        &mut self.scratch.ops,
+                        (&m.w1, r),
+                        &mut self.e.slice_mut((s + 1) * r..(s + 2) * r),
+                    )
+                    .map_err(gpu_err)?;
+                    continue;
+                }
             }
             gpu.argmax_split(
                 &self.logits.slice(s * v..(s + 1) * v),
@@ -402,6 +404,18 @@ impl Drafter for CudaDraft {
                 1,
                 &mut self.tokens.slice_mut(s..s + 1),
                 &mut self.scratch.ops,
+            )
+            .map_err(gpu_err)?;
+        }
+        if let Some(c) = &self.confidence {
+            gpu.confidence(
+                &c.weight.as_view(),
+                c.bias,
+                &self.hidden.slice(..b * h),
+                &self.e.slice(..(b * r).max(1)),
+                (b, h, r),
+                c.with_markov && r > 0,
+                &mut self.conf_logits.slice_mut(..b),
             )
             .map_err(gpu_err)?;
         }

@@ -632,6 +632,44 @@ impl Gpu {
         Ok(())
     }
 
+    /// [`Gpu::argmax_split`] of one row whose winner's row of `table` `[vocab, dim]` is then
+    /// written to `gathered` (widened to f32) by the same launch: one step of the Markov chain
+    /// (the token, then the W1 row the next step multiplies).
+    pub fn argmax_gather(
+        &self,
+        logits: &CudaView<f32>,
+        vocab: usize,
+        out: &mut CudaViewMut<u32>,
+        scratch: &mut OpScratch,
+        (table, dim): (&WeightBuf, usize),
+        gathered: &mut CudaViewMut<f32>,
+    ) -> CudaResult<()> {
+        check("argmax_gather logits", logits.len(), vocab)?;
+        check("argmax_gather out", out.len(), 1)?;
+        check("argmax_gather table", table.len(), vocab * dim)?;
+        check("argmax_gather gathered", gathered.len(), dim)?;
+        let segs = vocab.div_ceil(1024).clamp(1, ARGMAX_SEGMENTS);
+        if scratch.argmax_v.len() < segs || scratch.argmax_tickets.is_empty() {
+            self.argmax_split(logits, vocab, vocab, 1, out, scratch)?;
+            return self.gather_row(table, dim, &out.as_view(), gathered);
+        }
+        // argmax_gather_*(logits, out, partial_v, partial_i, tickets, vocab, row_stride, table,
+        // gathered, dim); the tickets start zeroed (arena) and the kernel leaves them zeroed.
+        let args = [
+            dptr(self, logits),
+            dptr_mut(self, out),
+            dptr_mut(self, &mut scratch.argmax_v),
+            dptr_mut(self, &mut scratch.argmax_i),
+            dptr_mut(self, &mut scratch.argmax_tickets),
+            Arg::I32(vocab as i32),
+            Arg::I32(vocab as i32),
+            wptr(self, &table.view(0..table.len())),
+            dptr_mut(self, gathered),
+            Arg::I32(dim as i32),
+        ];
+        self.launch_pdl(&format!("argmax_gather_{}", table.suffix()), (segs as u32, 1, 1), 256, &args)
+    }
+
     /// `out[r] = argmax(logits[r·row_stride .. + vocab])` for `rows` rows.
     pub fn argmax(
         &self,
@@ -728,20 +766,27 @@ impl Gpu {
         self.launch_pdl("markov_rnn_prep_f32", (1, 1, 1), 256, &args)
     }
 
-    /// Confidence logit `w[..H]·h + (w[H..]·e if with_markov) + bias` into `logit[0]`.
+    /// Confidence logits of `rows` slots: `logit[s] = w[..H]·h_s + (w[H..]·e_s if with_markov) +
+    /// bias`, h `[rows, H]`, e `[rows, r]`.
     pub fn confidence(
         &self,
         w: &CudaView<f32>,
         bias: f32,
         h: &CudaView<f32>,
         e: &CudaView<f32>,
+        (rows, hd, r): (usize, usize, usize),
         with_markov: bool,
         logit: &mut CudaViewMut<f32>,
     ) -> CudaResult<()> {
-        let (hd, r) = (h.len(), if with_markov { e.len() } else { 0 });
+        let r = if with_markov { r } else { 0 };
         check("confidence weight", w.len(), hd + r)?;
-        check("confidence out", logit.len(), 1)?;
-        // confidence_f32(w, b, h, e, logit, H, r, with_markov)
+        check("confidence h", h.len(), rows * hd)?;
+        check("confidence e", e.len(), rows * r)?;
+        check("confidence out", logit.len(), rows)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        // confidence_f32(w, b, h, e, logit, H, r, with_markov), one block per row
         let args = [
             dptr(self, w),
             Arg::F32(bias),
@@ -752,7 +797,7 @@ impl Gpu {
             Arg::I32(r as i32),
             Arg::I32(with_markov as i32),
         ];
-        self.launch_pdl("confidence_f32", (1, 1, 1), 1024, &args)
+        self.launch_pdl("confidence_f32", (rows as u32, 1, 1), 1024, &args)
     }
 }
 
@@ -769,7 +814,8 @@ mod tests {
         assert_eq!(tc_kernel(256, 4096, 132), "matvec_tc_u4_bf16"); // o
         assert_eq!(tc_kernel(256, 12288, 132), "matvec_tc_u4_bf16"); // down
         assert_eq!(tc_kernel(128, 4096, 132), "matvec_tc_u4b1_bf16"); // the draft's k|v
-                                                                      // A smaller GPU moves o to the 3-blocks-per-SM kernel.
+
+        // A smaller GPU moves o to the 3-blocks-per-SM kernel.
         assert_eq!(tc_kernel(256, 4096, 100), "matvec_tc_bf16");
     }
 

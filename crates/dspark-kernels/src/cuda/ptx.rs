@@ -13,7 +13,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "argmax",
         sm90: include_str!("../../ptx/argmax.sm90.ptx"),
         sm80: include_str!("../../ptx/argmax.sm80.ptx"),
-        functions: &["argmax_f32", "argmax_split_f32"],
+        functions: &["argmax_f32", "argmax_split_f32", "argmax_gather_bf16", "argmax_gather_f16", "argmax_gather_f32"],
     },
     PtxModule {
         name: "attention",
