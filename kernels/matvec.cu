@@ -119,7 +119,7 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 // in flight instead of idling through each round trip. SWIGLU: W's rows interleave gate and up
 // (row 2i = gate_i, 2i+1 = up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to
 // y [m, out/2] instead.
-template <int UNROLL, bool SWIGLU>
+template <int UNROLL, bool SWIGLU, bool XP>
 __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
                           int out, int accumulate, int ksplit) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -158,8 +158,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
             }
         }
     };
-    auto compute = [&](const uint4* va, const uint4* vb, int chunk) {
-        float xv[UNROLL][8];
+    auto load_x = [&](float (*xv)[8], int chunk) {
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int k = chunk + u * stride + 8 * t;
@@ -170,6 +169,8 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
                 for (int i = 0; i < 8; i++) xv[u][i] = 0.f;
             }
         }
+    };
+    auto compute = [&](const uint4* va, const uint4* vb, float (*xv)[8]) {
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             uint32_t h[4], md[4], lo[4];
@@ -184,17 +185,34 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
             mma_bf16(acc[2], va[u].z, vb[u].z, va[u].w, vb[u].w, lo[2], lo[3]);
         }
     };
-    // The first step's weights are in flight while the previous kernel finishes (PDL).
+    // The first step's weights are in flight while the previous kernel finishes (PDL). With XP
+    // (x prefetch) each step's x is loaded with the step's weights — after the wait — so its
+    // latency hides behind the step before; that needs a second set of x registers and only
+    // pays where the register file is not shared (measured: k/v_proj 6.97 → 6.27 µs on the
+    // 1-block-per-SM kernel; decode +3% when the 2- and 3-blocks-per-SM kernels did it too).
     uint4 a0[UNROLL], b0[UNROLL], a1[UNROLL], b1[UNROLL];
+    float x0[UNROLL][8], x1[UNROLL][8];
     load(a0, b0, kbeg);
     pdl_wait();
     for (int chunk = kbeg; chunk < kend;) {
         load(a1, b1, chunk + step);
-        compute(a0, b0, chunk);
+        if (XP) {
+            if (chunk == kbeg) load_x(x0, chunk);
+            load_x(x1, chunk + step);
+        } else {
+            load_x(x0, chunk);
+        }
+        compute(a0, b0, x0);
         chunk += step;
         if (chunk >= kend) break;
         load(a0, b0, chunk + step);
-        compute(a1, b1, chunk);
+        if (XP) {
+            load_x(x0, chunk + step);
+            compute(a1, b1, x1);
+        } else {
+            load_x(x0, chunk);
+            compute(a1, b1, x0);
+        }
         chunk += step;
     }
 
@@ -235,23 +253,23 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     }
 }
 
-// Three shapes of the same kernel, chosen on the host by tile count (ops.rs `tc_kernel`), all
-// measured with `dspark bench --matvec-variants` (docs/perf.md):
-// * many tiles (gate|up, lm_head, Markov W2): 2 chunks per step at 3 blocks per SM;
-// * few tiles with a long K each (q|k|v, o, down, fc; K split over all 8 warps): 4 chunks per
-//   step at 2 blocks per SM;
-// * under 256 tiles (the draft's k|v, fewer blocks than SMs): 4 chunks per step with the
-//   register file to itself, which lets the compiler keep more loads ahead.
-#define MATVEC_TC(NAME, U, SW, MINB)                                                                         \
+// Three shapes of the same kernel, chosen on the host so the grid fits one wave (ops.rs
+// `tc_kernel`), all measured with `dspark bench --matvec-variants` (docs/perf.md):
+// * many tiles, or more blocks than 2 per SM (gate|up, lm_head, Markov W2, q|k|v's 384 tiles):
+//   2 chunks per step at 3 blocks per SM;
+// * K split over all 8 warps in at most 2 blocks per SM (o, down, fc): 4 chunks per step;
+// * no more blocks than SMs (the draft's k|v): 4 chunks per step with the register file to
+//   itself, x prefetched a step ahead.
+#define MATVEC_TC(NAME, U, SW, XP, MINB)                                                                     \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                        \
         NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) { \
-        matvec_tc<U, SW>(w, x, y, m, in, out, acc, ksplit);                                                  \
+        matvec_tc<U, SW, XP>(w, x, y, m, in, out, acc, ksplit);                                              \
     }
-MATVEC_TC(matvec_tc_bf16, 2, false, 3)
-MATVEC_TC(matvec_tc_u4_bf16, 4, false, 2)
-MATVEC_TC(matvec_tc_u4b1_bf16, 4, false, 1)
+MATVEC_TC(matvec_tc_bf16, 2, false, false, 3)
+MATVEC_TC(matvec_tc_u4_bf16, 4, false, false, 2)
+MATVEC_TC(matvec_tc_u4b1_bf16, 4, false, true, 1)
 // W rows interleave gate and up; y is act [m, out/2] = silu(gate) ⊙ up.
-MATVEC_TC(matvec_tc_swiglu_bf16, 2, true, 3)
+MATVEC_TC(matvec_tc_swiglu_bf16, 2, true, false, 3)
 
 // Interleaved gate|up rows → act = silu(gate) ⊙ up for the general path: gu [rows, 2·inter]
 // with column 2i = gate_i, 2i+1 = up_i; act [rows, inter].
