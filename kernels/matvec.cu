@@ -194,10 +194,10 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     float x0[UNROLL][8], x1[UNROLL][8];
     load(a0, b0, kbeg);
     pdl_wait();
+    if (XP) load_x(x0, kbeg);
     for (int chunk = kbeg; chunk < kend;) {
         load(a1, b1, chunk + step);
         if (XP) {
-            if (chunk == kbeg) load_x(x0, chunk);
             load_x(x1, chunk + step);
         } else {
             load_x(x0, chunk);
