@@ -617,9 +617,23 @@ impl Gpu {
         }
         check("argmax logits", logits.len(), (rows - 1) * row_stride + vocab)?;
         check("argmax out", out.len(), rows)?;
-        // argmax_split_f32(logits, out, partial_v, partial_i, tickets, vocab, row_stride); the
-        // tickets start zeroed (arena) and the kernel leaves them zeroed.
-        let args = [
+        let args = self.argmax_split_args(logits, out, scratch, vocab, row_stride);
+        self.launch_pdl("argmax_split_f32", (segs as u32, rows as u32, 1), 256, &args)?;
+        Ok(())
+    }
+
+    /// The arguments `argmax_split_f32` and `argmax_gather_*` share: (logits, out, partial_v,
+    /// partial_i, tickets, vocab, row_stride). The tickets start zeroed (arena) and the kernels
+    /// leave them zeroed.
+    fn argmax_split_args(
+        &self,
+        logits: &CudaView<f32>,
+        out: &mut CudaViewMut<u32>,
+        scratch: &mut OpScratch,
+        vocab: usize,
+        row_stride: usize,
+    ) -> [Arg; 7] {
+        [
             dptr(self, logits),
             dptr_mut(self, out),
             dptr_mut(self, &mut scratch.argmax_v),
@@ -627,9 +641,7 @@ impl Gpu {
             dptr_mut(self, &mut scratch.argmax_tickets),
             Arg::I32(vocab as i32),
             Arg::I32(row_stride as i32),
-        ];
-        self.launch_pdl("argmax_split_f32", (segs as u32, rows as u32, 1), 256, &args)?;
-        Ok(())
+        ]
     }
 
     /// [`Gpu::argmax_split`] of one row whose winner's row of `table` `[vocab, dim]` is then
@@ -653,21 +665,18 @@ impl Gpu {
             self.argmax_split(logits, vocab, vocab, 1, out, scratch)?;
             return self.gather_row(table, dim, &out.as_view(), gathered);
         }
-        // argmax_gather_*(logits, out, partial_v, partial_i, tickets, vocab, row_stride, table,
-        // gathered, dim); the tickets start zeroed (arena) and the kernel leaves them zeroed.
-        let args = [
-            dptr(self, logits),
-            dptr_mut(self, out),
-            dptr_mut(self, &mut scratch.argmax_v),
-            dptr_mut(self, &mut scratch.argmax_i),
-            dptr_mut(self, &mut scratch.argmax_tickets),
-            Arg::I32(vocab as i32),
-            Arg::I32(vocab as i32),
-            wptr(self, &table.view(0..table.len())),
-            dptr_mut(self, gathered),
-            Arg::I32(dim as i32),
-        ];
-        self.launch_pdl(&format!("argmax_gather_{}", table.suffix()), (segs as u32, 1, 1), 256, &args)
+        // argmax_gather_*(the argmax_split_f32 arguments, table, gathered, dim)
+        let mut args = [Arg::I32(0); 10];
+        args[..7].copy_from_slice(&self.argmax_split_args(logits, out, scratch, vocab, vocab));
+        args[7] = wptr(self, &table.view(0..table.len()));
+        args[8] = dptr_mut(self, gathered);
+        args[9] = Arg::I32(dim as i32);
+        let name = match table {
+            WeightBuf::Bf16(_) => "argmax_gather_bf16",
+            WeightBuf::F16(_) => "argmax_gather_f16",
+            WeightBuf::F32(_) => "argmax_gather_f32",
+        };
+        self.launch_pdl(name, (segs as u32, 1, 1), 256, &args)
     }
 
     /// `out[r] = argmax(logits[r·row_stride .. + vocab])` for `rows` rows.
