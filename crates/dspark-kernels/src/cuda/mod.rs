@@ -9,6 +9,9 @@
 //! Every wrapper checks buffer lengths against the shape it is given before launching, so a
 //! shape bug is an error on the host rather than an out-of-bounds access on the device.
 
+mod argmax;
+mod markov;
+mod matvec;
 pub mod ops;
 mod pdl;
 pub mod ptx;

@@ -1,0 +1,231 @@
+//! Launch wrappers of the matvec family (kernels/matvec.cu): the tensor-core small-M kernels
+//! for bf16 weights, picked per shape so the grid fits one wave, and the general kernel for any
+//! dtype and row count.
+
+use super::ops::{aligned16, cfg, check, launch, launch_v, WeightBuf, WeightView};
+use super::pdl::{dptr, dptr_mut, Arg};
+use super::{CudaError, CudaResult, Gpu};
+use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
+
+/// Rows of x per tensor-core matvec launch (the n-tile width).
+const TC_ROWS: usize = 8;
+
+/// Warps sharing one 16-row tile's K in the tensor-core matvec: enough warps in flight
+/// (≥ 2048, about 16 per SM) for few-tile shapes, no split where tiles alone give that, and
+/// never so much that a warp has less than 4 chunks of 32 k.
+fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
+    let mut ks = 1;
+    while ks < warps && tiles * ks < 2048 && d_in / (32 * ks * 2) >= 4 {
+        ks *= 2;
+    }
+    ks
+}
+
+/// The tensor-core matvec kernel for a shape on a GPU of `sms` SMs (kernels/matvec.cu). What
+/// matters most is that the grid fits in one wave: K split over all 8 warps (few, long tiles)
+/// takes 4 chunks per step at 2 blocks per SM, or alone on its SM when there are no more blocks
+/// than SMs; everything else, and any grid above 2 blocks per SM (q|k|v's 384 tiles), takes 2
+/// chunks per step at 3 blocks per SM. Measured with `dspark bench --matvec-variants`.
+fn tc_kernel(tiles: usize, d_in: usize, sms: usize) -> &'static str {
+    let ks = ksplit(tiles, d_in, 8);
+    let blocks = tiles.div_ceil(8 / ks);
+    if ks == 8 && blocks <= sms {
+        "matvec_tc_u4b1_bf16"
+    } else if ks == 8 && blocks <= 2 * sms {
+        "matvec_tc_u4_bf16"
+    } else {
+        "matvec_tc_bf16"
+    }
+}
+
+impl Gpu {
+    /// `y[m, o] (+)= Σ_k x[m, k] · W[o, k]` for `m` rows (any m).
+    pub fn matvec(
+        &self,
+        w: &WeightBuf,
+        x: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
+        shape: (usize, usize, usize),
+        accumulate: bool,
+    ) -> CudaResult<()> {
+        self.matvec_rows(w, 0, x, y, shape, accumulate)
+    }
+
+    /// [`Gpu::matvec`] over rows `row0 .. row0 + d_out` of `w` (a block of a stacked matrix,
+    /// such as the k|v rows of the fused q|k|v projection).
+    ///
+    /// bf16 weights with `d_in % 8 == 0` and 16-byte aligned buffers take the tensor-core kernel
+    /// in launches of up to 8 rows; everything else the general kernel in launches of 16.
+    pub fn matvec_rows(
+        &self,
+        w: &WeightBuf,
+        row0: usize,
+        x: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
+        (m, d_in, d_out): (usize, usize, usize),
+        accumulate: bool,
+    ) -> CudaResult<()> {
+        check("matvec w", w.len(), (row0 + d_out) * d_in)?;
+        check("matvec x", x.len(), m * d_in)?;
+        check("matvec y", y.len(), m * d_out)?;
+        let wv = w.view(row0 * d_in..(row0 + d_out) * d_in);
+        if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
+            let name = tc_kernel(d_out.div_ceil(16), d_in, self.sms);
+            return self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate, None);
+        }
+        let name = format!("matvec_{}", w.suffix());
+        let mut start = 0;
+        while start < m {
+            let rows = (m - start).min(16);
+            let xs = x.slice(start * d_in..(start + rows) * d_in);
+            let mut ys = y.slice_mut(start * d_out..(start + rows) * d_out);
+            let (mm, di, dout, acc) = (rows as i32, d_in as i32, d_out as i32, accumulate as i32);
+            launch_v!(self, name, wv, cfg(d_out.div_ceil(8), 256), |b| {
+                b.arg(&xs).arg(&mut ys).arg(&mm).arg(&di).arg(&dout).arg(&acc);
+            });
+            start += rows;
+        }
+        Ok(())
+    }
+
+    /// Launches a tensor-core matvec kernel `name` (same signature as `matvec_tc_bf16`) in
+    /// chunks of 8 rows. `y` is `[m, y_cols]`: `d_out`, or `d_out / 2` for the SwiGLU epilogue.
+    #[allow(clippy::too_many_arguments)]
+    fn matvec_tc(
+        &self,
+        name: &str,
+        wv: &WeightView<'_>,
+        x: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
+        (m, d_in, d_out): (usize, usize, usize),
+        y_cols: usize,
+        accumulate: bool,
+        ks_override: Option<usize>,
+    ) -> CudaResult<()> {
+        let tiles = d_out.div_ceil(16);
+        let warps = 8;
+        let ks = ks_override.unwrap_or_else(|| ksplit(tiles, d_in, warps));
+        let grid = tiles.div_ceil(warps / ks);
+        let WeightView::U16(wv) = wv else {
+            return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
+        };
+        let w = dptr(self, wv);
+        let mut start = 0;
+        while start < m {
+            let rows = (m - start).min(TC_ROWS);
+            let xs = x.slice(start * d_in..(start + rows) * d_in);
+            let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
+            // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit)
+            let args = [
+                w,
+                dptr(self, &xs),
+                dptr_mut(self, &mut ys),
+                Arg::I32(rows as i32),
+                Arg::I32(d_in as i32),
+                Arg::I32(d_out as i32),
+                Arg::I32(accumulate as i32),
+                Arg::I32(ks as i32),
+            ];
+            self.launch_pdl(name, (grid as u32, 1, 1), 32 * warps as u32, &args)?;
+            start += rows;
+        }
+        Ok(())
+    }
+
+    /// Whether a 16-bit weight view and its activations can take the tensor-core kernels:
+    /// `d_in % 8 == 0` and 16-byte aligned buffers (the callers check the dtype is bf16).
+    fn tc_ok(&self, wv: &WeightView<'_>, x: &CudaView<f32>, d_in: usize) -> bool {
+        matches!(wv, WeightView::U16(v) if aligned16(self, v)) && d_in % 8 == 0 && aligned16(self, x)
+    }
+
+    /// Times-only entry for `dspark bench --matvec-variants`: a named tensor-core variant on a
+    /// bf16 weight.
+    pub fn matvec_tc_variant(
+        &self,
+        name: &str,
+        w: &WeightBuf,
+        x: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
+        shape: (usize, usize, usize),
+    ) -> CudaResult<()> {
+        check("matvec w", w.len(), shape.1 * shape.2)?;
+        check("matvec x", x.len(), shape.0 * shape.1)?;
+        check("matvec y", y.len(), shape.0 * shape.2)?;
+        if !matches!(w, WeightBuf::Bf16(_)) || shape.1 % 8 != 0 {
+            return Err(CudaError::Shape(format!("{name}: bf16 weights with in % 8 == 0 only")));
+        }
+        // `name@ks` forces the K split (1, 2, 4 or 8) instead of the host's choice.
+        let (name, ks) = match name.split_once('@') {
+            Some((n, k)) => match k.parse::<usize>() {
+                Ok(k) if [1, 2, 4, 8].contains(&k) => (n, Some(k)),
+                _ => return Err(CudaError::Shape(format!("{name}: the K split after @ must be 1, 2, 4 or 8"))),
+            },
+            None => (name, None),
+        };
+        self.matvec_tc(name, &w.view(0..w.len()), x, y, shape, shape.2, false, ks)
+    }
+
+    /// `act = silu(gate) ⊙ up` where gate|up is one matrix `[2·inter, d_in]` with rows
+    /// interleaved (gate_0, up_0, gate_1, up_1, …): the MLP's first half in one launch on the
+    /// tensor-core path (the SwiGLU is its epilogue); other weights run the general matvec into
+    /// `gate_up` and a pairwise SwiGLU.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_swiglu(
+        &self,
+        w: &WeightBuf,
+        x: &CudaView<f32>,
+        gate_up: &mut CudaViewMut<f32>,
+        act: &mut CudaViewMut<f32>,
+        (m, d_in, inter): (usize, usize, usize),
+    ) -> CudaResult<()> {
+        check("matvec_swiglu w", w.len(), 2 * inter * d_in)?;
+        check("matvec_swiglu x", x.len(), m * d_in)?;
+        check("matvec_swiglu act", act.len(), m * inter)?;
+        let wv = w.view(0..w.len());
+        if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
+            return self.matvec_tc("matvec_tc_swiglu_bf16", &wv, x, act, (m, d_in, 2 * inter), inter, false, None);
+        }
+        self.matvec(w, x, gate_up, (m, d_in, 2 * inter), false)?;
+        let (i, r) = (inter as i32, m as i32);
+        let mut b = self.stream.launch_builder(self.function("swiglu_pairs_f32")?);
+        b.arg(gate_up).arg(act).arg(&i).arg(&r);
+        // SAFETY: matches swiglu_pairs_f32(gu, act, inter, rows); lengths checked above.
+        launch!(self, "swiglu_pairs_f32", b, cfg((m * inter).div_ceil(256), 256));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ksplit, tc_kernel};
+
+    #[test]
+    fn tc_kernel_follows_the_tile_count() {
+        // An H200's 132 SMs.
+        assert_eq!(tc_kernel(9496, 4096, 132), "matvec_tc_bf16"); // lm_head
+        assert_eq!(tc_kernel(1536, 4096, 132), "matvec_tc_bf16"); // gate|up
+        assert_eq!(tc_kernel(384, 4096, 132), "matvec_tc_bf16"); // q|k|v: 384 blocks
+        assert_eq!(tc_kernel(256, 4096, 132), "matvec_tc_u4_bf16"); // o
+        assert_eq!(tc_kernel(256, 12288, 132), "matvec_tc_u4_bf16"); // down
+        assert_eq!(tc_kernel(128, 4096, 132), "matvec_tc_u4b1_bf16"); // the draft's k|v
+
+        // A smaller GPU moves o to the 3-blocks-per-SM kernel.
+        assert_eq!(tc_kernel(256, 4096, 100), "matvec_tc_bf16");
+    }
+
+    #[test]
+    fn ksplit_follows_the_tile_count() {
+        // Qwen3-8B shapes: q|k|v (384 tiles) and o/down/fc (256) split 8 ways; gate|up (1536)
+        // 2 ways; lm_head and Markov W2 (9496) not at all.
+        assert_eq!(ksplit(384, 4096, 8), 8);
+        assert_eq!(ksplit(256, 12288, 8), 8);
+        assert_eq!(ksplit(1536, 4096, 8), 2);
+        assert_eq!(ksplit(9496, 4096, 8), 1);
+        assert_eq!(ksplit(9496, 256, 8), 1);
+        // A narrow K never leaves a warp with fewer than 4 chunks of 32.
+        assert_eq!(ksplit(2, 64, 8), 1);
+        assert_eq!(ksplit(4, 512, 8), 4);
+        assert_eq!(ksplit(4, 256, 8), 2);
+        assert_eq!(ksplit(4, 4096, 4), 4);
+    }
+}
