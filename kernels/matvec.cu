@@ -26,6 +26,10 @@
 //   the host. A `swiglu` variant takes the gate|up matrix with rows interleaved
 //   (gate_0, up_0, gate_1, …), so each tile holds whole pairs and its epilogue writes
 //   silu(gate) ⊙ up: the MLP activation costs no launch and no extra pass.
+//   The epilogue also carries the RMSNorm fold (crates/dspark-kernels/src/cuda/norm_fold.rs):
+//   with `gamma`, the kernel that writes the residual also writes y·γ and each block's partial
+//   Σ y² per row (ss_out [m, grid]); with `ss_in`, the kernel that reads such rows scales its
+//   outputs by 1/rms from those partials. Neither touches the main loop.
 //
 // * `matvec_{bf16,f16,f32}` — the general kernel for any dtype and any in: one output row per
 //   warp, lanes strided over k, up to 16 rows of x per launch. Prefill chunks, f16/f32
@@ -121,7 +125,8 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 // y [m, out/2] instead.
 template <int UNROLL, bool SWIGLU, bool XP>
 __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
-                          int out, int accumulate, int ksplit) {
+                          int out, int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
+                          const float* __restrict__ gamma, float* xg, float* ss_out) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int tiles_per_block = TC_WARPS / ksplit;
@@ -193,6 +198,11 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     uint4 a0[UNROLL], b0[UNROLL], a1[UNROLL], b1[UNROLL];
     float x0[UNROLL][8], x1[UNROLL][8];
     load(a0, b0, kbeg);
+    // A norm producer's epilogue reads γ of its rows: ask L2 for them now (no register held).
+    if (!SWIGLU && gamma != nullptr && threadIdx.x < tiles_per_block * 16 / 32 + 1) {
+        const int o = min(blockIdx.x * tiles_per_block * 16 + 32 * (int)threadIdx.x, out - 1);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(gamma + o));
+    }
     pdl_wait();
     if (XP) load_x(x0, kbeg);
     for (int chunk = kbeg; chunk < kend;) {
@@ -218,23 +228,63 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 
     // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, cols 2t, 2t+1); col = m.
     __shared__ float part[TC_WARPS][16][8];
+    __shared__ float inv_rms[8];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float s = (acc[2][i] + acc[1][i]) + acc[0][i];
         int r = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
         part[warp][r][col] = s;
     }
+    // Pending RMSNorm of the input (see the header): warp c reduces row c's partial sums of
+    // squares in a fixed order, so every consumer of those rows computes the same 1/rms.
+    if (ss_in != nullptr && warp < m) {
+        float ss = 0.f;
+        for (int j = lane; j < parts; j += 32) ss += ss_in[(size_t)warp * parts + j];
+        ss = warp_sum(ss);
+        if (lane == 0) inv_rms[warp] = rsqrtf(ss / in + eps);
+    }
     __syncthreads();
     // Partial sums of a tile's warps are added in a fixed order: deterministic, M-independent.
     if (!SWIGLU) {
-        for (int idx = threadIdx.x; idx < tiles_per_block * 128; idx += blockDim.x) {
+        float sqv[TC_WARPS * 128 / (TC_WARPS * 32)];  // the squares of this thread's (≤ 4) outputs
+#pragma unroll
+        for (int k = 0; k < TC_WARPS * 128 / (TC_WARPS * 32); k++) {
+            const int idx = threadIdx.x + k * TC_WARPS * 32;
+            if (idx >= tiles_per_block * 128) break;
             int tl = idx >> 7, r = (idx >> 3) & 15, col = idx & 7;
             int o = (blockIdx.x * tiles_per_block + tl) * 16 + r;
+            float sq = 0.f;
             if (col < m && o < out) {
                 float s = 0.f;
                 for (int kp = 0; kp < ksplit; kp++) s += part[tl * ksplit + kp][r][col];
+                if (ss_in != nullptr) s *= inv_rms[col];
                 size_t i = (size_t)col * out + o;
-                y[i] = accumulate ? y[i] + s : s;
+                s = accumulate ? y[i] + s : s;
+                y[i] = s;
+                if (gamma != nullptr) {
+                    xg[i] = s * gamma[o];
+                    sq = s * s;
+                }
+            }
+            sqv[k] = sq;
+        }
+        if (gamma != nullptr) {
+            // Producer of a norm: this block's partial Σ y² of each row, over its tiles' rows in
+            // a fixed order. The squares go through `part` (free once every thread has read its
+            // sums): tile row j's square of row `col` sits at flat index j·8 + col.
+            float* sqs = &part[0][0][0];
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < TC_WARPS * 128 / (TC_WARPS * 32); k++) {
+                const int idx = threadIdx.x + k * TC_WARPS * 32;
+                if (idx < tiles_per_block * 128) sqs[idx] = sqv[k];
+            }
+            __syncthreads();
+            if (warp < m) {
+                float ss = 0.f;
+                for (int j = lane; j < tiles_per_block * 16; j += 32) ss += sqs[j * 8 + warp];
+                ss = warp_sum(ss);
+                if (lane == 0) ss_out[(size_t)warp * gridDim.x + blockIdx.x] = ss;
             }
         }
     } else {
@@ -246,6 +296,10 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
                 for (int kp = 0; kp < ksplit; kp++) {
                     gs += part[tl * ksplit + kp][2 * p][col];
                     us += part[tl * ksplit + kp][2 * p + 1][col];
+                }
+                if (ss_in != nullptr) {
+                    gs *= inv_rms[col];
+                    us *= inv_rms[col];
                 }
                 y[(size_t)col * (out / 2) + o / 2] = silu(gs) * us;
             }
@@ -262,8 +316,9 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 //   itself, x prefetched a step ahead.
 #define MATVEC_TC(NAME, U, SW, XP, MINB)                                                                     \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                        \
-        NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit) { \
-        matvec_tc<U, SW, XP>(w, x, y, m, in, out, acc, ksplit);                                              \
+        NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,   \
+             const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out) {          \
+        matvec_tc<U, SW, XP>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out);          \
     }
 MATVEC_TC(matvec_tc_bf16, 2, false, false, 3)
 MATVEC_TC(matvec_tc_u4_bf16, 4, false, false, 2)

@@ -500,3 +500,6 @@ fn shape_checks_refuse_short_buffers() {
     let mut y = poisoned(&g, 1);
     assert!(g.matvec(&w, &x.as_view(), &mut y.as_view_mut(), (1, 10, 2), false).is_err());
 }
+
+#[path = "gpu_kernels/norm_fold.rs"]
+mod norm_fold;

@@ -322,19 +322,23 @@ impl Drafter for CudaDraft {
         gpu.stream.memcpy_htod(&ids, &mut self.ids.slice_mut(..b)).map_err(drv)?;
         gpu.embedding(&self.embed_tokens, h, &self.ids.slice(..b), b, &mut self.x.slice_mut(..b * h))
             .map_err(gpu_err)?;
+        // Each layer's `down` leaves the next layer's input norm; the final norm runs on its own
+        // because the Markov chain and the confidence head read the normalised rows too.
+        let mut normed = None;
         for i in 0..self.layers.len() {
             let cache = CacheRows { k: &mut self.k_cache[i], v: &mut self.v_cache[i], row: p, kv_len: p + b };
-            layer_step(
+            let next_norm = self.layers.get(i + 1).map(|next| &next.input_layernorm);
+            normed = layer_step(
                 &gpu,
                 &l,
                 &self.layers[i],
                 &mut self.scratch,
                 &mut self.x.slice_mut(..b * h),
-                b,
-                p,
+                (b, p),
                 &self.inv_freq,
                 cache,
                 false,
+                (normed, next_norm),
             )?;
         }
         gpu.rmsnorm(&self.x.slice(..b * h), &self.norm.as_view(), eps, b, &mut self.hidden.slice_mut(..b * h))

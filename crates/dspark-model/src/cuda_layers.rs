@@ -10,13 +10,17 @@
 //! u = RMSNorm_post(x);  x += down(silu(gate u) ⊙ up u)    (gate|up one matvec, SwiGLU in its epilogue)
 //! ```
 //!
-//! That is 9 launches per layer. Weights stay in the checkpoint dtype; every buffer comes from
-//! the arena at load.
+//! On the tensor-core path the two RMSNorms fold into the matvecs around them
+//! (`dspark_kernels::cuda::norm_fold`): `Wo` and `down` also leave `x·γ` and partial sums of
+//! squares of the next norm, and q|k|v and gate|up scale their outputs by `1/rms`. Only the
+//! first layer's input norm launches on its own, so a layer is 7 launches (9 without the fold).
+//! Weights stay in the checkpoint dtype; every buffer comes from the arena at load.
 
 use crate::config::Qwen3Config;
 use crate::error::{Error, Result};
 use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaViewMut};
+use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::{OpScratch, WeightBuf};
 use dspark_kernels::cuda::{CudaError, Gpu};
 use dspark_tensor::arena::Arena;
@@ -85,6 +89,9 @@ pub struct Scratch {
     pub o: CudaSlice<f32>,
     pub gate_up: CudaSlice<f32>,
     pub act: CudaSlice<f32>,
+    /// `[rows, ⌈H/16⌉]`: partial sums of squares of a folded RMSNorm (at most one per 16 rows of
+    /// the producer's output).
+    pub ss: CudaSlice<f32>,
     pub ops: OpScratch,
 }
 
@@ -100,6 +107,7 @@ impl Scratch {
             o: z(cfg.q_dim())?,
             gate_up: z(2 * cfg.intermediate_size)?,
             act: z(cfg.intermediate_size)?,
+            ss: z(cfg.hidden_size.div_ceil(16))?,
             ops: OpScratch {
                 attn_o: arena.zeros(ao).map_err(drv)?,
                 attn_ml: arena.zeros(aml).map_err(drv)?,
@@ -122,6 +130,11 @@ pub struct CacheRows<'a> {
 }
 
 /// Runs one layer over `n` rows of `x` (`[n, H]`, updated in place).
+///
+/// `input`: what `s.u` already holds — `None` when the step must normalise `x` itself (the first
+/// layer), or what the previous step's `down` left ([`Normed`]). With `next_norm` the step's
+/// `down` leaves the next RMSNorm (the next layer's `input_layernorm`, or the final norm) in
+/// `s.u` / `s.ss` the same way, and returns what it left.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_step(
     gpu: &Gpu,
@@ -129,20 +142,35 @@ pub fn layer_step(
     lw: &GpuLayer,
     s: &mut Scratch,
     x: &mut CudaViewMut<f32>,
-    n: usize,
-    first_pos: usize,
+    (n, first_pos): (usize, usize),
     inv_freq: &CudaSlice<f32>,
     cache: CacheRows<'_>,
     causal: bool,
-) -> Result<()> {
+    (input, next_norm): (Option<Normed>, Option<&CudaSlice<f32>>),
+) -> Result<Option<Normed>> {
     let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps as f32);
     let (q, kv, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
     let heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     let e = gpu_err;
     let qkv_dim = q + 2 * kv;
-    gpu.rmsnorm(&x.as_view(), &lw.input_layernorm.as_view(), eps, n, &mut s.u.slice_mut(..n * h)).map_err(e)?;
-    gpu.matvec(&lw.qkv_proj, &s.u.slice(..n * h), &mut s.qkv.slice_mut(..n * qkv_dim), (n, h, qkv_dim), false)
-        .map_err(e)?;
+    let input = match input {
+        Some(normed) => normed,
+        None => {
+            gpu.rmsnorm(&x.as_view(), &lw.input_layernorm.as_view(), eps, n, &mut s.u.slice_mut(..n * h)).map_err(e)?;
+            Normed::Done
+        }
+    };
+    let ss_len = n * input.parts();
+    gpu.matvec_normed(
+        &lw.qkv_proj,
+        &mut s.u.slice_mut(..n * h),
+        input,
+        &s.ss.slice(..ss_len),
+        &mut s.qkv.slice_mut(..n * qkv_dim),
+        (n, h, qkv_dim),
+        false,
+    )
+    .map_err(e)?;
     gpu.qkv_rope_append(
         &s.qkv.slice(..n * qkv_dim),
         &lw.q_norm.as_view(),
@@ -169,17 +197,48 @@ pub fn layer_step(
         &mut s.ops,
     )
     .map_err(e)?;
-    gpu.matvec(&lw.o_proj, &s.o.slice(..n * q), x, (n, q, h), true).map_err(e)?;
-    gpu.rmsnorm(&x.as_view(), &lw.post_attention_layernorm.as_view(), eps, n, &mut s.u.slice_mut(..n * h))
+    let post = gpu
+        .matvec_norm_out(
+            &lw.o_proj,
+            &s.o.slice(..n * q),
+            x,
+            (n, q, h),
+            true,
+            (&lw.post_attention_layernorm.as_view(), eps),
+            &mut s.u.slice_mut(..n * h),
+            &mut s.ss.slice_mut(..),
+        )
         .map_err(e)?;
-    gpu.matvec_swiglu(
+    gpu.matvec_swiglu_normed(
         &lw.gate_up,
-        &s.u.slice(..n * h),
+        &mut s.u.slice_mut(..n * h),
+        post,
+        &s.ss.slice(..n * post.parts()),
         &mut s.gate_up.slice_mut(..n * 2 * inter),
         &mut s.act.slice_mut(..n * inter),
         (n, h, inter),
     )
     .map_err(e)?;
-    gpu.matvec(&lw.down_proj, &s.act.slice(..n * inter), x, (n, inter, h), true).map_err(e)?;
-    Ok(())
+    let act = s.act.slice(..n * inter);
+    match next_norm {
+        None => {
+            gpu.matvec(&lw.down_proj, &act, x, (n, inter, h), true).map_err(e)?;
+            Ok(None)
+        }
+        Some(gamma) => {
+            let next = gpu
+                .matvec_norm_out(
+                    &lw.down_proj,
+                    &act,
+                    x,
+                    (n, inter, h),
+                    true,
+                    (&gamma.as_view(), eps),
+                    &mut s.u.slice_mut(..n * h),
+                    &mut s.ss.slice_mut(..),
+                )
+                .map_err(e)?;
+            Ok(Some(next))
+        }
+    }
 }

@@ -21,6 +21,7 @@ use crate::safetensors::Checkpoint;
 use crate::weights::WeightSource;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu::rope::inv_freq;
+use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::WeightBuf;
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
@@ -156,20 +157,28 @@ impl CudaQwen3 {
         let shared = self.captured.clone();
         let mut cap = shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
         cap.generation += 1;
-        for l in 0..self.layers.len() {
+        let layers = self.layers.len();
+        // Each layer's `down` leaves the next RMSNorm (the next layer's input norm, or the final
+        // norm when logits are wanted) for the matvec after it.
+        let mut normed = None;
+        for l in 0..layers {
             let cache =
                 CacheRows { k: &mut self.k_cache[l], v: &mut self.v_cache[l], row: first_pos, kv_len: first_pos + n };
-            layer_step(
+            let next_norm = match self.layers.get(l + 1) {
+                Some(next) => Some(&next.input_layernorm),
+                None => logit_from.map(|_| &self.norm),
+            };
+            normed = layer_step(
                 &gpu,
                 c,
                 &self.layers[l],
                 &mut self.scratch,
                 &mut self.x.slice_mut(..n * h),
-                n,
-                first_pos,
+                (n, first_pos),
                 &self.inv_freq,
                 cache,
                 true,
+                (normed, next_norm),
             )?;
             for (slot, _) in self.capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
                 gpu.copy_rows(&self.x.slice(..n * h), &mut cap.rows.slice_mut(slot * h..), n, h, (h, t * h))
@@ -179,19 +188,16 @@ impl CudaQwen3 {
         self.len += n;
         let Some(from) = logit_from else { return Ok(0) };
         let rows = n - from;
-        let eps = c.rms_norm_eps as f32;
-        gpu.rmsnorm(
-            &self.x.slice(from * h..n * h),
-            &self.norm.as_view(),
-            eps,
-            rows,
-            &mut self.scratch.u.slice_mut(..rows * h),
-        )
-        .map_err(gpu_err)?;
+        // The last layer's `down` left the final norm of all n rows; logits take rows from..n.
+        let normed = normed.unwrap_or(Normed::Done);
+        let parts = normed.parts();
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        gpu.matvec(
+        let s = &mut self.scratch;
+        gpu.matvec_normed(
             head,
-            &self.scratch.u.slice(..rows * h),
+            &mut s.u.slice_mut(from * h..n * h),
+            normed,
+            &s.ss.slice(from * parts..n * parts),
             &mut self.logits.slice_mut(..rows * v),
             (rows, h, v),
             false,

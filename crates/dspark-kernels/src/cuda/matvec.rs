@@ -38,7 +38,67 @@ fn tc_kernel(tiles: usize, d_in: usize, sms: usize) -> &'static str {
     }
 }
 
+/// Extra epilogue work of one tensor-core matvec (the RMSNorm fold, see `norm_fold.rs`), as
+/// device addresses with their lengths in f32 values (checked at launch).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Epilogue {
+    /// Scale output row m by `1/rms` of its input row from `parts` partial sums of squares per
+    /// row: partials `[m, parts]`.
+    pub norm_in: Option<NormIn>,
+    /// Also write the (accumulated) output times γ and this block's partial Σ y² per row.
+    pub norm_out: Option<NormOut>,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct NormIn {
+    pub ss: (u64, usize),
+    pub parts: usize,
+    pub eps: f32,
+}
+
+/// `gamma [d_out]`; `xg [m, d_out]` = y·γ; `ss [m, grid]` the partials.
+#[derive(Clone, Copy)]
+pub(crate) struct NormOut {
+    pub gamma: (u64, usize),
+    pub xg: (u64, usize),
+    pub ss: (u64, usize),
+}
+
+/// The device address of a view, with its length, for an [`Epilogue`].
+pub(crate) fn addr<T>(gpu: &Gpu, v: &impl cudarc::driver::DevicePtr<T>, len: usize) -> (u64, usize) {
+    match dptr(gpu, v) {
+        Arg::Ptr(p) => (p, len),
+        _ => (0, 0),
+    }
+}
+
 impl Gpu {
+    /// Whether `matvec_rows` over `w` with `d_in` inputs takes the tensor-core kernel.
+    pub(crate) fn tc_path(&self, w: &WeightBuf, x: &CudaView<f32>, d_in: usize) -> bool {
+        matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&w.view(0..w.len()), x, d_in)
+    }
+
+    /// The tensor-core kernel `matvec_rows` picks for `d_out` rows of `d_in`.
+    pub(crate) fn tc_name(&self, d_out: usize, d_in: usize) -> &'static str {
+        tc_kernel(d_out.div_ceil(16), d_in, self.sms)
+    }
+
+    /// [`Gpu::matvec_tc`] over a whole bf16 matrix with the host's K split.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matvec_tc_epi(
+        &self,
+        name: &str,
+        w: &WeightBuf,
+        x: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
+        shape: (usize, usize, usize),
+        y_cols: usize,
+        accumulate: bool,
+        epi: Epilogue,
+    ) -> CudaResult<usize> {
+        self.matvec_tc(name, &w.view(0..w.len()), x, y, shape, y_cols, accumulate, None, epi)
+    }
+
     /// `y[m, o] (+)= Σ_k x[m, k] · W[o, k]` for `m` rows (any m).
     pub fn matvec(
         &self,
@@ -71,7 +131,8 @@ impl Gpu {
         let wv = w.view(row0 * d_in..(row0 + d_out) * d_in);
         if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
             let name = tc_kernel(d_out.div_ceil(16), d_in, self.sms);
-            return self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate, None);
+            self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate, None, Epilogue::default())?;
+            return Ok(());
         }
         let name = format!("matvec_{}", w.suffix());
         let mut start = 0;
@@ -90,6 +151,8 @@ impl Gpu {
 
     /// Launches a tensor-core matvec kernel `name` (same signature as `matvec_tc_bf16`) in
     /// chunks of 8 rows. `y` is `[m, y_cols]`: `d_out`, or `d_out / 2` for the SwiGLU epilogue.
+    /// Returns the grid size (the number of partial sums of squares a norm producer writes per
+    /// row).
     #[allow(clippy::too_many_arguments)]
     fn matvec_tc(
         &self,
@@ -101,7 +164,8 @@ impl Gpu {
         y_cols: usize,
         accumulate: bool,
         ks_override: Option<usize>,
-    ) -> CudaResult<()> {
+        epi: Epilogue,
+    ) -> CudaResult<usize> {
         let tiles = d_out.div_ceil(16);
         let warps = 8;
         let ks = ks_override.unwrap_or_else(|| ksplit(tiles, d_in, warps));
@@ -109,13 +173,31 @@ impl Gpu {
         let WeightView::U16(wv) = wv else {
             return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
         };
+        if let Some(n) = &epi.norm_in {
+            check("matvec norm partials", n.ss.1, m * n.parts)?;
+        }
+        if let Some(o) = &epi.norm_out {
+            check("matvec norm gamma", o.gamma.1, d_out)?;
+            check("matvec norm x·gamma", o.xg.1, m * d_out)?;
+            check("matvec norm partials", o.ss.1, m * grid)?;
+        }
         let w = dptr(self, wv);
+        let at = |base: u64, offset: usize| Arg::Ptr(base + 4 * offset as u64); // f32 elements
+        let null = Arg::Ptr(0);
         let mut start = 0;
         while start < m {
             let rows = (m - start).min(TC_ROWS);
             let xs = x.slice(start * d_in..(start + rows) * d_in);
             let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
-            // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit)
+            let (ss_in, parts, eps) = match epi.norm_in {
+                Some(n) => (at(n.ss.0, start * n.parts), n.parts, n.eps),
+                None => (null, 0, 0.0),
+            };
+            let (gamma, xg, ss_out) = match epi.norm_out {
+                Some(o) => (at(o.gamma.0, 0), at(o.xg.0, start * d_out), at(o.ss.0, start * grid)),
+                None => (null, null, null),
+            };
+            // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit, ss_in, parts, eps, gamma, xg, ss_out)
             let args = [
                 w,
                 dptr(self, &xs),
@@ -125,11 +207,17 @@ impl Gpu {
                 Arg::I32(d_out as i32),
                 Arg::I32(accumulate as i32),
                 Arg::I32(ks as i32),
+                ss_in,
+                Arg::I32(parts as i32),
+                Arg::F32(eps),
+                gamma,
+                xg,
+                ss_out,
             ];
             self.launch_pdl(name, (grid as u32, 1, 1), 32 * warps as u32, &args)?;
             start += rows;
         }
-        Ok(())
+        Ok(grid)
     }
 
     /// Whether a 16-bit weight view and its activations can take the tensor-core kernels:
@@ -162,7 +250,8 @@ impl Gpu {
             },
             None => (name, None),
         };
-        self.matvec_tc(name, &w.view(0..w.len()), x, y, shape, shape.2, false, ks)
+        self.matvec_tc(name, &w.view(0..w.len()), x, y, shape, shape.2, false, ks, Epilogue::default())?;
+        Ok(())
     }
 
     /// `act = silu(gate) ⊙ up` where gate|up is one matrix `[2·inter, d_in]` with rows
@@ -183,7 +272,9 @@ impl Gpu {
         check("matvec_swiglu act", act.len(), m * inter)?;
         let wv = w.view(0..w.len());
         if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
-            return self.matvec_tc("matvec_tc_swiglu_bf16", &wv, x, act, (m, d_in, 2 * inter), inter, false, None);
+            let shape = (m, d_in, 2 * inter);
+            self.matvec_tc("matvec_tc_swiglu_bf16", &wv, x, act, shape, inter, false, None, Epilogue::default())?;
+            return Ok(());
         }
         self.matvec(w, x, gate_up, (m, d_in, 2 * inter), false)?;
         let (i, r) = (inter as i32, m as i32);

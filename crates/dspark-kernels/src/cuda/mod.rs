@@ -12,6 +12,7 @@
 mod argmax;
 mod markov;
 mod matvec;
+pub mod norm_fold;
 pub mod ops;
 mod pdl;
 pub mod ptx;

@@ -76,7 +76,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "rmsnorm",
         sm90: include_str!("../../ptx/rmsnorm.sm90.ptx"),
         sm80: include_str!("../../ptx/rmsnorm.sm80.ptx"),
-        functions: &["rmsnorm_f32"],
+        functions: &["rmsnorm_f32", "rms_finish_f32"],
     },
     PtxModule {
         name: "rope",

@@ -1,0 +1,167 @@
+//! RMSNorm folded into the matvecs around it, so a decoder layer's two norms cost no launch.
+//!
+//! In a Qwen3 layer every RMSNorm sits between a matvec that writes the residual stream and a
+//! matvec that reads the normalised rows:
+//!
+//! ```text
+//! x += Wo o;      u = x / rms(x) · γ_post;   gate|up = W_gu u
+//! x += W_down a;  u = x / rms(x) · γ_in';    q|k|v  = W_qkv u      (next layer)
+//! ```
+//!
+//! Since `W (x/rms · γ) = (W (x·γ)) / rms`, the norm splits in two halves that each fit in an
+//! epilogue, leaving both matvecs' main loops — the weight stream — untouched:
+//!
+//! * the **producer** (`matvec_tc_*` with `gamma`): after writing `y = x + Wo·o` it also writes
+//!   `u = y·γ` and, per block, the partial `Σ y²` of each row over the block's output rows,
+//!   into `ss [m, grid]` — no atomics, so the result is deterministic;
+//! * the **consumer** (`matvec_tc_*` with `ss_in`): warp c sums row c's `grid` partials in a
+//!   fixed order, and the epilogue scales its outputs by `1/rms = 1/sqrt(Σ/d + eps)` (for the
+//!   SwiGLU kernel, gate and up each, before the silu).
+//!
+//! The products differ from norm-then-matvec only by f32 rounding (the tests hold them to 1e-5
+//! of the unfused path), and they do not depend on the number of rows. Earlier attempts that
+//! applied `1/rms` or `γ` as the consumer loaded x (branch `norm-fold`, and the norm inside the
+//! consumer's loop) cost more than the launch: anything between a warp's weight steps slows the
+//! stream (docs/perf.md).
+//!
+//! Where either side cannot take the tensor-core kernel (f16/f32 weights, odd shapes), the
+//! producer runs the plain matvec and `rmsnorm_f32` ([`Normed::Done`]), and a consumer handed
+//! pending rows finishes them in place first (`rms_finish_f32`), so any pair of paths composes.
+
+use super::matvec::{addr, Epilogue, NormIn, NormOut};
+use super::ops::check;
+use super::pdl::{dptr, dptr_mut, Arg};
+use super::{CudaResult, Gpu};
+use cudarc::driver::{CudaView, CudaViewMut};
+
+/// What a norm-producing matvec left in `u` for the next matvec.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Normed {
+    /// `u` holds the finished RMSNorm.
+    Done,
+    /// `u` holds `x·γ`; each row's `1/rms` is pending in `parts` partial sums of squares per
+    /// row (`ss [rows, parts]`).
+    Pending { parts: usize, eps: f32 },
+}
+
+impl Normed {
+    /// Partial sums per row in the `ss` buffer (0 when the norm is done).
+    pub fn parts(&self) -> usize {
+        match *self {
+            Normed::Done => 0,
+            Normed::Pending { parts, .. } => parts,
+        }
+    }
+}
+
+impl Gpu {
+    /// `y (+)= W x` for `m` rows, and the RMSNorm of the new `y` with weight `gamma` left in `u`
+    /// for the next matvec (pending in `ss` on the tensor-core path; `ss` needs `m · ⌈d_out/16⌉`
+    /// values).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_norm_out(
+        &self,
+        w: &super::ops::WeightBuf,
+        x: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
+        (m, d_in, d_out): (usize, usize, usize),
+        accumulate: bool,
+        (gamma, eps): (&CudaView<f32>, f32),
+        u: &mut CudaViewMut<f32>,
+        ss: &mut CudaViewMut<f32>,
+    ) -> CudaResult<Normed> {
+        check("matvec_norm_out w", w.len(), d_out * d_in)?;
+        check("matvec_norm_out x", x.len(), m * d_in)?;
+        check("matvec_norm_out y", y.len(), m * d_out)?;
+        if !self.tc_path(w, x, d_in) {
+            self.matvec(w, x, y, (m, d_in, d_out), accumulate)?;
+            self.rmsnorm(&y.as_view(), gamma, eps, m, u)?;
+            return Ok(Normed::Done);
+        }
+        let name = self.tc_name(d_out, d_in);
+        let out = NormOut {
+            gamma: addr(self, gamma, gamma.len()),
+            xg: addr(self, &u.as_view(), u.len()),
+            ss: addr(self, &ss.as_view(), ss.len()),
+        };
+        let epi = Epilogue { norm_in: None, norm_out: Some(out) };
+        let parts = self.matvec_tc_epi(name, w, x, y, (m, d_in, d_out), d_out, accumulate, epi)?;
+        Ok(Normed::Pending { parts, eps })
+    }
+
+    /// `y (+)= W u` for `m` rows of `u` as [`Gpu::matvec_norm_out`] left them (`norm`, with its
+    /// partials in `ss`). A pending `u` is finished in place when W cannot take the
+    /// tensor-core kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_normed(
+        &self,
+        w: &super::ops::WeightBuf,
+        u: &mut CudaViewMut<f32>,
+        norm: Normed,
+        ss: &CudaView<f32>,
+        y: &mut CudaViewMut<f32>,
+        (m, d_in, d_out): (usize, usize, usize),
+        accumulate: bool,
+    ) -> CudaResult<()> {
+        let Normed::Pending { parts, eps } = norm else {
+            return self.matvec(w, &u.as_view(), y, (m, d_in, d_out), accumulate);
+        };
+        check("matvec_normed w", w.len(), d_out * d_in)?;
+        check("matvec_normed u", u.len(), m * d_in)?;
+        check("matvec_normed y", y.len(), m * d_out)?;
+        if !self.tc_path(w, &u.as_view(), d_in) {
+            self.rms_finish(u, ss, (m, d_in), parts, eps)?;
+            return self.matvec(w, &u.as_view(), y, (m, d_in, d_out), accumulate);
+        }
+        let name = self.tc_name(d_out, d_in);
+        let epi = Epilogue { norm_in: Some(NormIn { ss: addr(self, ss, ss.len()), parts, eps }), norm_out: None };
+        self.matvec_tc_epi(name, w, &u.as_view(), y, (m, d_in, d_out), d_out, accumulate, epi)?;
+        Ok(())
+    }
+
+    /// [`Gpu::matvec_swiglu`] over `u` as [`Gpu::matvec_norm_out`] left it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_swiglu_normed(
+        &self,
+        w: &super::ops::WeightBuf,
+        u: &mut CudaViewMut<f32>,
+        norm: Normed,
+        ss: &CudaView<f32>,
+        gate_up: &mut CudaViewMut<f32>,
+        act: &mut CudaViewMut<f32>,
+        (m, d_in, inter): (usize, usize, usize),
+    ) -> CudaResult<()> {
+        let Normed::Pending { parts, eps } = norm else {
+            return self.matvec_swiglu(w, &u.as_view(), gate_up, act, (m, d_in, inter));
+        };
+        check("matvec_swiglu_normed w", w.len(), 2 * inter * d_in)?;
+        check("matvec_swiglu_normed u", u.len(), m * d_in)?;
+        check("matvec_swiglu_normed act", act.len(), m * inter)?;
+        if !self.tc_path(w, &u.as_view(), d_in) {
+            self.rms_finish(u, ss, (m, d_in), parts, eps)?;
+            return self.matvec_swiglu(w, &u.as_view(), gate_up, act, (m, d_in, inter));
+        }
+        let epi = Epilogue { norm_in: Some(NormIn { ss: addr(self, ss, ss.len()), parts, eps }), norm_out: None };
+        self.matvec_tc_epi("matvec_tc_swiglu_bf16", w, &u.as_view(), act, (m, d_in, 2 * inter), inter, false, epi)?;
+        Ok(())
+    }
+
+    /// Finishes pending rows in place: `u[r] *= 1/sqrt(Σ_p ss[r, p] / dim + eps)`.
+    pub fn rms_finish(
+        &self,
+        u: &mut CudaViewMut<f32>,
+        ss: &CudaView<f32>,
+        (rows, dim): (usize, usize),
+        parts: usize,
+        eps: f32,
+    ) -> CudaResult<()> {
+        check("rms_finish u", u.len(), rows * dim)?;
+        check("rms_finish ss", ss.len(), rows * parts)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        // rms_finish_f32(u, ss, parts, dim, eps)
+        let args = [dptr_mut(self, u), dptr(self, ss), Arg::I32(parts as i32), Arg::I32(dim as i32), Arg::F32(eps)];
+        self.launch_pdl("rms_finish_f32", (rows as u32, 1, 1), 256, &args)
+    }
+}
