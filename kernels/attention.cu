@@ -1,7 +1,8 @@
 // Scaled dot-product attention with grouped-query heads over a KV cache, f32.
 //
 // q [rows, nh, hd]; k, v [kv_len, nkv, hd] (cache incl. the new rows); out [rows, nh·hd].
-// Query head h reads kv head h / (nh / nkv). causal = 1: row r is at position first_pos + r and
+// Query head h reads kv head h / (nh / nkv); first_pos = lens[0] and kv_len = lens[1] are read
+// from device memory (common.cuh). causal = 1: row r is at position first_pos + r and
 // sees keys 0..=first_pos + r (target decode / verify / prefill). causal = 0: every row sees all
 // kv_len keys (the DSpark draft block, bidirectional over context + block).
 // Launch: one block of 4 warps per (row, head). Each warp takes every 4th key and keeps an
@@ -13,7 +14,8 @@
 #define MAXD 8  // hd / 32 values per lane, hd ≤ 256
 
 extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v, float* out, int nh, int nkv,
-                                         int hd, int kv_len, int causal, int first_pos) {
+                                         int hd, const int* lens, int causal) {
+    const int first_pos = lens[0], kv_len = lens[1];
     int row = blockIdx.x / nh, h = blockIdx.x % nh;
     int kvh = h / (nh / nkv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -84,8 +86,8 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 // tensor-core kernel in attention_tc.cu, which measured faster there (docs/perf.md).
 template <int PER, int QW>
 __device__ void attention_split(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                                float* part_o, float* part_ml, int rows, int nh, int nkv, int kv_len, int causal,
-                                int first_pos) {
+                                float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens,
+                                int causal, int keys) {
     constexpr int HD = PER * 32, D4 = HD / 4;
     constexpr int SPLIT_Q = QW * SPLIT_WARPS;                  // queries per block
     constexpr int LOADS = (TK * D4) / (SPLIT_WARPS * 32);      // float4 of K (and of V) per thread per tile
@@ -95,7 +97,9 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     pdl_trigger();
     pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const SplitBlock sb = split_block(rows, nh, nkv, kv_len, SPLIT_Q);
+    const int first_pos = lens[0], kv_len = lens[1];
+    const SplitBlock sb = split_block(rows, nh, nkv, kv_len, keys, SPLIT_Q);
+    if (!sb.active) return;
     const int G = sb.G, Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
     const float scale = rsqrtf((float)HD);
 
@@ -209,21 +213,23 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
 #define SPLIT_KERNEL(PER, QW, NAME)                                                                                 \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)                                               \
         NAME(const float* q, const float* k, const float* v, float* part_o, float* part_ml, int rows, int nh,       \
-             int nkv, int kv_len, int causal, int first_pos) {                                                      \
-        attention_split<PER, QW>(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos);              \
+             int nkv, const int* lens, int causal, int keys) {                                                      \
+        attention_split<PER, QW>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                     \
     }
 SPLIT_KERNEL(2, 1, attention_split_q1_hd64_f32)
 SPLIT_KERNEL(4, 1, attention_split_q1_hd128_f32)
 
-// One block of 4·hd threads per (row, head); splits ≤ 128. The slice weights e^(m_s−M) are
+// One block of 4·hd threads per (row, head); splits ≤ 128, counted as the attention kernel counts
+// them (split_count over lens[1] keys). The slice weights e^(m_s−M) are
 // computed once into shared memory; then four thread groups each sum every 4th slice for their
 // dim (independent loads, a quarter of the serial chain) and the four sums are added in a fixed
 // order.
 #define COMBINE_GROUPS 4
 extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml, float* out, int rows,
-                                                 int nh, int hd, int splits) {
+                                                 int nh, int hd, const int* lens, int keys, int max_splits) {
     pdl_trigger();
     pdl_wait();
+    const int splits = split_count(lens[1], keys, max_splits);
     __shared__ float sw[128];
     __shared__ float sL;
     __shared__ float sacc[COMBINE_GROUPS][256];

@@ -76,8 +76,8 @@ __device__ __forceinline__ void mma_3xtf32(float* big, float* small, const uint3
 
 template <int PER>
 __device__ void attention_tc(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                             float* part_o, float* part_ml, int rows, int nh, int nkv, int kv_len, int causal,
-                             int first_pos) {
+                             float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens, int causal,
+                             int keys) {
     constexpr int HD = PER * 32, D4 = HD / 4, CHUNKS = HD / 16;
     constexpr int NQ = HD / 32;  // n-tiles of 8 dims per warp in P·V (a quarter of hd)
     constexpr int LOADS = (TC_TK * D4) / (TC_WARPS * 32);  // float4 of K (and of V) per thread per tile
@@ -92,7 +92,9 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     pdl_wait();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const SplitBlock sb = split_block(rows, nh, nkv, kv_len, TC_Q);
+    const int first_pos = lens[0], kv_len = lens[1];
+    const SplitBlock sb = split_block(rows, nh, nkv, kv_len, keys, TC_Q);
+    if (!sb.active) return;
     const int G = sb.G, Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
     const float scale = rsqrtf((float)HD);
     auto slot_of = [&](int qi) { return sb.slot(qi, rows, nh); };
@@ -264,8 +266,8 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
 #define TC_KERNEL(PER, NAME)                                                                                       \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
         NAME(const float* q, const float* k, const float* v, float* part_o, float* part_ml, int rows, int nh,      \
-             int nkv, int kv_len, int causal, int first_pos) {                                                     \
-        attention_tc<PER>(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos);                   \
+             int nkv, const int* lens, int causal, int keys) {                                                     \
+        attention_tc<PER>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                          \
     }
 TC_KERNEL(2, attention_tc_hd64_f32)
 TC_KERNEL(4, attention_tc_hd128_f32)

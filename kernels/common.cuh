@@ -57,18 +57,29 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 // The part of a split-KV attention launch one block owns (attention.cu, attention_tc.cu): grid
+// Positions live in device memory so that one captured CUDA graph serves every step:
+// lens[0] = the position of the step's first row (also its first cache row), lens[1] = kv_len,
+// the cache rows attention reads. The host writes them before the step's launches.
+//
 // x = KV head × query group (the groups of one head adjacent), y = key slice. Query qi of the
 // head's group (0 ≤ qi < Q = rows · G) is query head kvh·G + qi % G of row qi / G; the block
 // takes queries q0 .. q0 + per_block and keys j0 .. j1. Partials are laid out [slice, row, nh].
 struct SplitBlock {
     int G, Q, kvh, q0, split, j0, j1;
+    bool active;  // false for slices past this step's keys (the grid is sized for a graph's most)
     // The query's head, its row's partial slot in this slice.
     __device__ __forceinline__ int head(int qi) const { return kvh * G + qi % G; }
     __device__ __forceinline__ size_t slot(int qi, int rows, int nh) const {
         return ((size_t)split * rows + qi / G) * nh + head(qi);
     }
 };
-__device__ __forceinline__ SplitBlock split_block(int rows, int nh, int nkv, int kv_len, int per_block) {
+// The step's slice count: kv_len / keys rounded up, at least 1, at most the grid's (the host
+// sizes the grid for the most keys a captured graph may see; attention_combine_f32 uses the same
+// count).
+__device__ __forceinline__ int split_count(int kv_len, int keys, int max_splits) {
+    return max(1, min(max_splits, (kv_len + keys - 1) / keys));
+}
+__device__ __forceinline__ SplitBlock split_block(int rows, int nh, int nkv, int kv_len, int keys, int per_block) {
     SplitBlock b;
     b.G = nh / nkv;
     b.Q = rows * b.G;
@@ -76,7 +87,9 @@ __device__ __forceinline__ SplitBlock split_block(int rows, int nh, int nkv, int
     b.kvh = blockIdx.x / groups;
     b.q0 = (blockIdx.x % groups) * per_block;
     b.split = blockIdx.y;
-    const int chunk = (kv_len + gridDim.y - 1) / gridDim.y;
+    const int splits = split_count(kv_len, keys, gridDim.y);
+    b.active = b.split < splits;
+    const int chunk = (kv_len + splits - 1) / splits;
     b.j0 = b.split * chunk;
     b.j1 = min(kv_len, b.j0 + chunk);
     return b;

@@ -9,15 +9,19 @@
 // Fused post-projection step of attention for a few rows: the q|k|v projection output
 // qkv [rows, (nq + 2·nkv)·hd] (q heads, then k heads, then v heads) is turned into
 //   q heads: RMSNorm(q_norm) + RoPE, written to q_out [rows, nq, hd];
-//   k heads: RMSNorm(k_norm) + RoPE, written straight into the K cache at row cache_row + r;
-//   v heads: copied into the V cache at row cache_row + r.
+//   k heads: RMSNorm(k_norm) + RoPE, written straight into the K cache at row first_pos + r;
+//   v heads: copied into the V cache at row first_pos + r.
+// first_pos = lens[0] is read from device memory (common.cuh), so a captured graph serves every
+// position.
 // One launch replaces two norm+rope launches and two cache copies. nq = 0 serves the draft's
 // context rows, which have keys and values only. Launch: one block of hd/2 threads (rounded up
 // to a warp multiple) per (row, head) with heads = nq + 2·nkv.
 extern "C" __global__ void qkv_rope_append_f32(const float* qkv, const float* q_norm, const float* k_norm,
                                                const float* inv_freq, float* q_out, float* k_cache, float* v_cache,
-                                               int nq, int nkv, int hd, int first_pos, int cache_row, float eps) {
+                                               int nq, int nkv, int hd, const int* lens, float eps) {
     pdl_trigger();
+    // Written by the host before the step (not by a kernel): safe to read before the wait.
+    const int first_pos = lens[0], cache_row = first_pos;
     const int heads = nq + 2 * nkv;
     const int row = blockIdx.x / heads, head = blockIdx.x % heads;
     const float* src = qkv + ((size_t)row * heads + head) * hd;

@@ -10,7 +10,7 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use dspark_kernels::cpu;
-use dspark_kernels::cuda::ops::{OpScratch, WeightBuf};
+use dspark_kernels::cuda::ops::{OpScratch, StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
 use half::{bf16, f16};
 
@@ -300,25 +300,31 @@ fn split_attention_matches_reference() {
         (8, 4103, 32, 8, 128, Some(4095)),
         (7, 4103, 32, 8, 128, None),
     ];
-    check_attention(&g, 12, "split attention", &cases, |q, k, v, out, (rows, kv_len, nh, nkv, hd, causal)| {
-        let mut sc = scratch(&g, nh, hd);
-        g.attention_split(q, k, v, out, rows, kv_len, (nh, nkv, hd), causal, &mut sc).unwrap();
-    });
+    // As eager steps launch it (the grid fits kv_len), then as a captured graph does: the grid
+    // sized for the next power of two of keys, the cache rows past kv_len poisoned.
+    for graph_grid in [false, true] {
+        check_attention(
+            &g,
+            12,
+            "split attention",
+            &cases,
+            graph_grid,
+            |q, k, v, out, lens, (rows, _, nh, nkv, hd, c)| {
+                let mut sc = scratch(&g, nh, hd);
+                g.attention_split(q, k, v, out, rows, lens, (nh, nkv, hd), c.is_some(), &mut sc).unwrap();
+            },
+        );
+    }
 }
 
 #[test]
 fn qkv_rope_append_matches_reference() {
     let g = gpu();
     let mut rng = Rng(13);
-    for (rows, nq, nkv, hd, first_pos, cache_row) in [
-        (1, 2, 1, 32, 0, 0),
-        (5, 4, 2, 64, 17, 20),
-        (3, 0, 2, 32, 9, 9),
-        (8, 32, 8, 128, 4000, 4000),
-        (3, 8, 2, 128, 40000, 7),
-    ]
-    .into_iter()
-    .filter(|s| full_size() || s.1 < 8)
+    for (rows, nq, nkv, hd, first_pos) in
+        [(1, 2, 1, 32, 0), (5, 4, 2, 64, 17), (3, 0, 2, 32, 9), (8, 32, 8, 128, 4000), (3, 8, 2, 128, 40000)]
+            .into_iter()
+            .filter(|s| full_size() || s.1 < 8)
     {
         let heads = nq + 2 * nkv;
         let qkv = rng.vec(rows * heads * hd);
@@ -335,7 +341,10 @@ fn qkv_rope_append_matches_reference() {
         }
         cpu::rmsnorm::rmsnorm_inplace(&mut wk, &kn, 1e-6);
         cpu::rope::rope_inplace(&mut wk, &positions, nkv, &freqs);
+        let cache_row = first_pos; // a step's rows go to the cache rows of their positions
         let cache_len = (cache_row + rows + 3) * nkv * hd;
+        let lens_d = g.stream.clone_htod(&[first_pos as u32, (first_pos + rows) as u32]).unwrap();
+        let lens = StepLens { dev: lens_d.as_view(), first_pos, kv_cap: first_pos + rows };
         let (qd, qnd, knd, fd) = (up(&g, &qkv), up(&g, &qn), up(&g, &kn), up(&g, &freqs));
         let mut q_out = poisoned(&g, (rows * nq * hd).max(1));
         let mut kc = poisoned(&g, cache_len);
@@ -349,7 +358,7 @@ fn qkv_rope_append_matches_reference() {
             &mut kc.as_view_mut(),
             &mut vc.as_view_mut(),
             (rows, nq, nkv),
-            (first_pos, cache_row),
+            &lens,
             1e-6,
         )
         .unwrap();
@@ -463,8 +472,8 @@ fn attention_causal_and_bidirectional() {
         (7, 70, 4, 2, 64, None),
         (7, 4103, 32, 8, 128, None),
     ];
-    check_attention(&g, 6, "attention", &cases, |q, k, v, out, (rows, kv_len, nh, nkv, hd, causal)| {
-        g.attention(q, k, v, out, rows, kv_len, (nh, nkv, hd), causal).unwrap();
+    check_attention(&g, 6, "attention", &cases, false, |q, k, v, out, lens, (rows, _, nh, nkv, hd, causal)| {
+        g.attention(q, k, v, out, rows, lens, (nh, nkv, hd), causal.is_some()).unwrap();
     });
 }
 
@@ -472,23 +481,31 @@ fn attention_causal_and_bidirectional() {
 type AttnCase = (usize, usize, usize, usize, usize, Option<usize>);
 
 /// Runs `launch` on every case (the Qwen3-8B-sized ones only in the full-size pass) with fresh
-/// random q, k, v and a poisoned output, and checks it against the CPU reference at 1e-5.
+/// random q, k, v and a poisoned output, and checks it against the CPU reference at 1e-5. The
+/// positions go in device memory (`StepLens`); with `graph_grid` the launch is sized for the
+/// next power of two of keys, as a captured graph's is, and the K/V rows past `kv_len` are NaN.
 fn check_attention(
     g: &Gpu,
     seed: u64,
     what: &str,
     cases: &[AttnCase],
-    launch: impl Fn(&CudaView<f32>, &CudaView<f32>, &CudaView<f32>, &mut CudaViewMut<f32>, AttnCase),
+    graph_grid: bool,
+    launch: impl Fn(&CudaView<f32>, &CudaView<f32>, &CudaView<f32>, &mut CudaViewMut<f32>, &StepLens<'_>, AttnCase),
 ) {
     let mut rng = Rng(seed);
     for &case in cases.iter().filter(|s| full_size() || s.1 < 1000) {
         let (rows, kv_len, nh, nkv, hd, causal) = case;
-        let (q, k, v, want) = attention_case(&mut rng, (rows, kv_len, nh, nkv, hd), causal);
+        let (q, mut k, mut v, want) = attention_case(&mut rng, (rows, kv_len, nh, nkv, hd), causal);
+        let kv_cap = if graph_grid { kv_len.next_power_of_two() } else { kv_len };
+        k.resize(kv_cap * nkv * hd, f32::NAN);
+        v.resize(kv_cap * nkv * hd, f32::NAN);
         let (qd, kd, vd) = (up(g, &q), up(g, &k), up(g, &v));
+        let lens_d = g.stream.clone_htod(&[causal.unwrap_or(0) as u32, kv_len as u32]).unwrap();
+        let lens = StepLens { dev: lens_d.as_view(), first_pos: causal.unwrap_or(0), kv_cap };
         let mut out = poisoned(g, rows * nh * hd);
-        launch(&qd.as_view(), &kd.as_view(), &vd.as_view(), &mut out.as_view_mut(), case);
+        launch(&qd.as_view(), &kd.as_view(), &vd.as_view(), &mut out.as_view_mut(), &lens, case);
         let e = rel_err(&down(g, &out), &want);
-        assert!(e <= 1e-5, "{what} rows {rows} kv {kv_len} hd {hd} {causal:?}: {e}");
+        assert!(e <= 1e-5, "{what} rows {rows} kv {kv_len} (grid for {kv_cap}) hd {hd} {causal:?}: {e}");
     }
 }
 

@@ -10,6 +10,7 @@
 
 use crate::backend::{Captured, Drafter, Proposal};
 use crate::config::Qwen3Config;
+use crate::cuda_graphs::StepGraphs;
 use crate::cuda_layers::{drv, gpu_err, layer_step, CacheRows, GpuLayer, Scratch};
 use crate::cuda_qwen3::{capture_id, CudaQwen3, SharedCapture, CHUNK};
 use crate::draft_config::{DraftConfig, MarkovKind};
@@ -20,7 +21,7 @@ use crate::safetensors::Checkpoint;
 use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
-use dspark_kernels::cuda::ops::WeightBuf;
+use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
 use std::path::Path;
@@ -43,6 +44,15 @@ struct Confidence {
     weight: CudaSlice<f32>,
     bias: f32,
     with_markov: bool,
+}
+
+/// The shape of a draft step, the key of its CUDA graph: appending `rows` context rows from the
+/// feature buffer at device address `features`, or a proposal whose attention covers `kv_cap`
+/// keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum DraftStep {
+    Append { rows: usize, features: u64 },
+    Propose { kv_cap: usize },
 }
 
 /// A DSpark draft on one GPU.
@@ -72,9 +82,12 @@ pub struct CudaDraft {
     x: CudaSlice<f32>,
     hidden: CudaSlice<f32>,
     logits: CudaSlice<f32>,
-    /// `[anchor, mask × (B−1)]` ids, then the B chosen tokens.
-    ids: CudaSlice<u32>,
+    /// `[first_pos, kv_len, anchor, mask × (B−1)]`: the step's [`StepLens`] and, for a
+    /// proposal, the block's ids.
+    step_in: CudaSlice<u32>,
+    /// The B chosen tokens.
     tokens: CudaSlice<u32>,
+    graphs: StepGraphs<DraftStep>,
     e: CudaSlice<f32>,
     u: CudaSlice<f32>,
     conf_logits: CudaSlice<f32>,
@@ -170,7 +183,8 @@ impl CudaDraft {
             x: z(rows * h)?,
             hidden: z(b * h)?,
             logits: z(b * v)?,
-            ids: arena.zeros::<u32>(b).map_err(drv)?,
+            step_in: arena.zeros::<u32>(2 + b).map_err(drv)?,
+            graphs: StepGraphs::new(),
             tokens: arena.zeros::<u32>(b).map_err(drv)?,
             e: z((b * r).max(1))?,
             u: z(r.max(1))?,
@@ -212,11 +226,27 @@ impl CudaDraft {
     /// Projects `n ≤ CHUNK` feature rows `[n, T·H]` into every layer's cache: the fused fc, the
     /// hidden norm, then per layer the k|v rows of the stacked projection and one fused
     /// norm + RoPE + append launch. Context rows enter k/v directly: no input_layernorm
-    /// (DSPARK.md §2.2).
+    /// (DSPARK.md §2.2). A few rows replay a CUDA graph.
     fn append_chunk(&mut self, features: &CudaView<f32>, n: usize) -> Result<()> {
+        use cudarc::driver::DevicePtr;
+        let gpu = self.gpu.clone();
+        let first_pos = self.ctx_len;
+        let lens = [first_pos as u32, (first_pos + n) as u32];
+        gpu.stream.memcpy_htod(&lens, &mut self.step_in.slice_mut(..2)).map_err(drv)?;
+        let key = DraftStep::Append { rows: n, features: features.device_ptr(&gpu.stream).0 };
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let ran = graphs.run(&gpu, n, key, || self.launch_append(features, n, first_pos));
+        self.graphs = graphs;
+        ran?;
+        self.ctx_len += n;
+        Ok(())
+    }
+
+    fn launch_append(&mut self, features: &CudaView<f32>, n: usize, first_pos: usize) -> Result<()> {
         let l = &self.cfg.layer;
         let (h, t, q, kv, eps) = (l.hidden_size, self.cfg.num_taps(), l.q_dim(), l.kv_dim(), l.rms_norm_eps as f32);
         let gpu = self.gpu.clone();
+        let lens = StepLens { dev: self.step_in.slice(..2), first_pos, kv_cap: first_pos + n };
         gpu.matvec(&self.fc, &features.slice(..n * t * h), &mut self.c.slice_mut(..n * h), (n, t * h, h), false)
             .map_err(gpu_err)?;
         gpu.rmsnorm(
@@ -240,93 +270,28 @@ impl CudaDraft {
                 &mut self.k_cache[i].slice_mut(..),
                 &mut self.v_cache[i].slice_mut(..),
                 (n, 0, l.num_key_value_heads),
-                (self.ctx_len, self.ctx_len),
+                &lens,
                 eps,
             )
             .map_err(gpu_err)?;
         }
-        self.ctx_len += n;
         Ok(())
     }
 
-    fn check_room(&self, n: usize) -> Result<()> {
-        if self.ctx_len + n > self.max_len {
-            return Err(Error::Request(format!(
-                "draft context of {} positions exceeds {}",
-                self.ctx_len + n,
-                self.max_len
-            )));
-        }
-        Ok(())
-    }
-}
-
-impl Drafter for CudaDraft {
-    fn block_size(&self) -> usize {
-        self.cfg.block_size
-    }
-
-    fn target_layer_ids(&self) -> &[usize] {
-        &self.cfg.target_layer_ids
-    }
-
-    fn context_len(&self) -> usize {
-        self.ctx_len
-    }
-
-    fn reset(&mut self) {
-        self.ctx_len = 0;
-    }
-
-    fn append_context(&mut self, features: &[f32]) -> Result<()> {
-        let row = self.cfg.num_taps() * self.cfg.layer.hidden_size;
-        self.check_room(self.cfg.feature_rows(features.len())?)?;
-        for chunk in features.chunks(CHUNK * row) {
-            let m = chunk.len() / row;
-            let mut buf = self.features.take().ok_or_else(|| Error::Request("draft feature buffer in use".into()))?;
-            let r = self.gpu.stream.memcpy_htod(chunk, &mut buf.slice_mut(..chunk.len())).map_err(drv);
-            let r = r.and_then(|()| self.append_chunk(&buf.slice(..), m));
-            self.features = Some(buf);
-            r?;
-        }
-        Ok(())
-    }
-
-    fn append_captured(&mut self, captured: &Captured) -> Result<()> {
-        let d = match captured {
-            Captured::Host(v) => return self.append_context(v),
-            Captured::Device(d) => d,
-        };
-        let shared = self.capture.clone();
-        let cap = shared.lock().map_err(|_| Error::Request("capture buffer poisoned".into()))?;
-        if d.buffer != capture_id(&shared) || d.generation != cap.generation || d.rows > CHUNK {
-            return Err(Error::Request(
-                "device captures are stale or from another target: append them before the next forward".into(),
-            ));
-        }
-        self.check_room(d.rows)?;
-        let row = self.cfg.num_taps() * self.cfg.layer.hidden_size;
-        self.append_chunk(&cap.rows.slice(..d.rows * row), d.rows)
-    }
-
-    fn propose(&mut self, anchor: u32) -> Result<Proposal> {
+    /// The launches of a proposal at context length `p` (block ids already in `step_in`):
+    /// the block forward, lm_head, the Markov chain and the confidence head.
+    fn launch_propose(&mut self, p: usize, kv_cap: usize) -> Result<()> {
         let l = self.cfg.layer.clone();
         let (b, h, v, eps) = (self.cfg.block_size, l.hidden_size, l.vocab_size, l.rms_norm_eps as f32);
-        if anchor as usize >= v {
-            return Err(Error::Request(format!("anchor token {anchor} is outside the vocabulary ({v})")));
-        }
         let gpu = self.gpu.clone();
-        let p = self.ctx_len;
-        let mut ids = vec![self.cfg.mask_token_id; b];
-        ids[0] = anchor;
-        gpu.stream.memcpy_htod(&ids, &mut self.ids.slice_mut(..b)).map_err(drv)?;
-        gpu.embedding(&self.embed_tokens, h, &self.ids.slice(..b), b, &mut self.x.slice_mut(..b * h))
-            .map_err(gpu_err)?;
+        let lens = StepLens { dev: self.step_in.slice(..2), first_pos: p, kv_cap };
+        let ids = self.step_in.slice(2..2 + b);
+        gpu.embedding(&self.embed_tokens, h, &ids, b, &mut self.x.slice_mut(..b * h)).map_err(gpu_err)?;
         // Each layer's `down` leaves the next layer's input norm; the final norm runs on its own
         // because the Markov chain and the confidence head read the normalised rows too.
         let mut normed = None;
         for i in 0..self.layers.len() {
-            let cache = CacheRows { k: &mut self.k_cache[i], v: &mut self.v_cache[i], row: p, kv_len: p + b };
+            let cache = CacheRows { k: &mut self.k_cache[i], v: &mut self.v_cache[i] };
             let next_norm = self.layers.get(i + 1).map(|next| &next.input_layernorm);
             normed = layer_step(
                 &gpu,
@@ -334,7 +299,8 @@ impl Drafter for CudaDraft {
                 &self.layers[i],
                 &mut self.scratch,
                 &mut self.x.slice_mut(..b * h),
-                (b, p),
+                b,
+                &lens,
                 &self.inv_freq,
                 cache,
                 false,
@@ -353,7 +319,7 @@ impl Drafter for CudaDraft {
         // e holds every slot's W1 row: slot 0's is gathered here, slot s + 1's by slot s's argmax.
         let r = self.markov.as_ref().map_or(0, |m| m.rank);
         if let Some(m) = &self.markov {
-            gpu.gather_row(&m.w1, r, &self.ids.slice(0..1), &mut self.e.slice_mut(..r)).map_err(gpu_err)?;
+            gpu.gather_row(&m.w1, r, &ids.slice(0..1), &mut self.e.slice_mut(..r)).map_err(gpu_err)?;
         }
         for s in 0..b {
             let h_s = self.hidden.slice(s * h..(s + 1) * h);
@@ -423,6 +389,92 @@ impl Drafter for CudaDraft {
             )
             .map_err(gpu_err)?;
         }
+        Ok(())
+    }
+
+    /// Turns CUDA graphs on or off for later steps (tests compare both paths).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.ctx_len + n > self.max_len {
+            return Err(Error::Request(format!(
+                "draft context of {} positions exceeds {}",
+                self.ctx_len + n,
+                self.max_len
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drafter for CudaDraft {
+    fn block_size(&self) -> usize {
+        self.cfg.block_size
+    }
+
+    fn target_layer_ids(&self) -> &[usize] {
+        &self.cfg.target_layer_ids
+    }
+
+    fn context_len(&self) -> usize {
+        self.ctx_len
+    }
+
+    fn reset(&mut self) {
+        self.ctx_len = 0;
+    }
+
+    fn append_context(&mut self, features: &[f32]) -> Result<()> {
+        let row = self.cfg.num_taps() * self.cfg.layer.hidden_size;
+        self.check_room(self.cfg.feature_rows(features.len())?)?;
+        for chunk in features.chunks(CHUNK * row) {
+            let m = chunk.len() / row;
+            let mut buf = self.features.take().ok_or_else(|| Error::Request("draft feature buffer in use".into()))?;
+            let r = self.gpu.stream.memcpy_htod(chunk, &mut buf.slice_mut(..chunk.len())).map_err(drv);
+            let r = r.and_then(|()| self.append_chunk(&buf.slice(..), m));
+            self.features = Some(buf);
+            r?;
+        }
+        Ok(())
+    }
+
+    fn append_captured(&mut self, captured: &Captured) -> Result<()> {
+        let d = match captured {
+            Captured::Host(v) => return self.append_context(v),
+            Captured::Device(d) => d,
+        };
+        let shared = self.capture.clone();
+        let cap = shared.lock().map_err(|_| Error::Request("capture buffer poisoned".into()))?;
+        if d.buffer != capture_id(&shared) || d.generation != cap.generation || d.rows > CHUNK {
+            return Err(Error::Request(
+                "device captures are stale or from another target: append them before the next forward".into(),
+            ));
+        }
+        self.check_room(d.rows)?;
+        let row = self.cfg.num_taps() * self.cfg.layer.hidden_size;
+        self.append_chunk(&cap.rows.slice(..d.rows * row), d.rows)
+    }
+
+    fn propose(&mut self, anchor: u32) -> Result<Proposal> {
+        let (b, v) = (self.cfg.block_size, self.cfg.layer.vocab_size);
+        if anchor as usize >= v {
+            return Err(Error::Request(format!("anchor token {anchor} is outside the vocabulary ({v})")));
+        }
+        let gpu = self.gpu.clone();
+        let p = self.ctx_len;
+        // [first_pos, kv_len, anchor, mask × (B−1)] in one copy.
+        let mut step = vec![self.cfg.mask_token_id; 2 + b];
+        step[0] = p as u32;
+        step[1] = (p + b) as u32;
+        step[2] = anchor;
+        gpu.stream.memcpy_htod(&step, &mut self.step_in.slice_mut(..2 + b)).map_err(drv)?;
+        let kv_cap = self.graphs.kv_cap(&gpu, b, p + b, self.max_len + b);
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let ran = graphs.run(&gpu, b, DraftStep::Propose { kv_cap }, || self.launch_propose(p, kv_cap));
+        self.graphs = graphs;
+        ran?;
         let mut tokens = vec![0u32; b];
         gpu.stream.memcpy_dtoh(&self.tokens.slice(..b), &mut tokens).map_err(drv)?;
         let survival = if self.confidence.is_some() {

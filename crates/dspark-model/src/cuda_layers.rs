@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaViewMut};
 use dspark_kernels::cuda::norm_fold::Normed;
-use dspark_kernels::cuda::ops::{OpScratch, WeightBuf};
+use dspark_kernels::cuda::ops::{OpScratch, StepLens, WeightBuf};
 use dspark_kernels::cuda::{CudaError, Gpu};
 use dspark_tensor::arena::Arena;
 
@@ -119,14 +119,11 @@ impl Scratch {
     }
 }
 
-/// Where a layer step reads and writes its K/V.
+/// Where a layer step reads and writes its K/V: the step's rows go to cache rows
+/// `first_pos ..` and attention reads rows `0..kv_len`, both from the step's [`StepLens`].
 pub struct CacheRows<'a> {
     pub k: &'a mut CudaSlice<f32>,
     pub v: &'a mut CudaSlice<f32>,
-    /// First cache row the step's keys go to.
-    pub row: usize,
-    /// Rows attention reads (`0..kv_len`), including the new ones.
-    pub kv_len: usize,
 }
 
 /// Runs one layer over `n` rows of `x` (`[n, H]`, updated in place).
@@ -142,7 +139,8 @@ pub fn layer_step(
     lw: &GpuLayer,
     s: &mut Scratch,
     x: &mut CudaViewMut<f32>,
-    (n, first_pos): (usize, usize),
+    n: usize,
+    lens: &StepLens<'_>,
     inv_freq: &CudaSlice<f32>,
     cache: CacheRows<'_>,
     causal: bool,
@@ -180,20 +178,20 @@ pub fn layer_step(
         &mut cache.k.slice_mut(..),
         &mut cache.v.slice_mut(..),
         (n, heads.0, heads.1),
-        (first_pos, cache.row),
+        lens,
         eps,
     )
     .map_err(e)?;
-    let lim = cache.kv_len * kv;
+    let lim = lens.kv_cap * kv;
     gpu.attention_split(
         &s.q.slice(..n * q),
         &cache.k.slice(..lim),
         &cache.v.slice(..lim),
         &mut s.o.slice_mut(..n * q),
         n,
-        cache.kv_len,
+        lens,
         heads,
-        causal.then_some(first_pos),
+        causal,
         &mut s.ops,
     )
     .map_err(e)?;

@@ -15,6 +15,7 @@ use crate::backend::{
     check_capture, check_forward, check_truncate, Captured, DeviceRows, Forward, Greedy, LogitRows, TargetModel,
 };
 use crate::config::Qwen3Config;
+use crate::cuda_graphs::StepGraphs;
 use crate::cuda_layers::{drv, gpu_err, layer_step, CacheRows, GpuLayer, Scratch};
 use crate::error::Result;
 use crate::safetensors::Checkpoint;
@@ -22,7 +23,7 @@ use crate::weights::WeightSource;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::norm_fold::Normed;
-use dspark_kernels::cuda::ops::WeightBuf;
+use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
 use std::path::Path;
@@ -63,7 +64,10 @@ pub struct CudaQwen3 {
     len: usize,
     capture: Vec<usize>,
     scratch: Scratch,
-    ids: CudaSlice<u32>,
+    /// `[first_pos, kv_len, ids…]` of the step being run ([`StepLens`] and the embedding's ids).
+    step_in: CudaSlice<u32>,
+    /// CUDA graphs by (rows, first logits row, attention key capacity, argmax).
+    graphs: StepGraphs<(usize, Option<usize>, usize, bool)>,
     x: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     /// Argmax ids of the logits rows.
@@ -102,7 +106,7 @@ impl CudaQwen3 {
         let v_cache =
             (0..cfg.num_hidden_layers).map(|_| arena.zeros::<f32>(max_len * kv).map_err(drv)).collect::<Result<_>>()?;
         let scratch = Scratch::new(&arena, &cfg, CHUNK)?;
-        let ids = arena.zeros::<u32>(CHUNK).map_err(drv)?;
+        let step_in = arena.zeros::<u32>(2 + CHUNK).map_err(drv)?;
         let x = arena.zeros::<f32>(CHUNK * h).map_err(drv)?;
         let logits = arena.zeros::<f32>(CHUNK * v).map_err(drv)?;
         let captured = Arc::new(Mutex::new(CaptureBuf { rows: arena.zeros::<f32>(1).map_err(drv)?, generation: 0 }));
@@ -122,7 +126,8 @@ impl CudaQwen3 {
             len: 0,
             capture: Vec::new(),
             scratch,
-            ids,
+            step_in,
+            graphs: StepGraphs::new(),
             x,
             logits,
             next_ids,
@@ -136,34 +141,65 @@ impl CudaQwen3 {
         head + self.layers.iter().map(GpuLayer::matrix_bytes).sum::<usize>()
     }
 
+    /// Turns CUDA graphs on or off for later steps (tests compare both paths).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
     /// The capture buffer shared with drafts loaded onto this target's GPU.
     pub fn shared_capture(&self) -> SharedCapture {
         self.captured.clone()
     }
 
     /// Runs one chunk of at most [`CHUNK`] tokens on the device: logits of rows `from..` into
-    /// `self.logits` (none when `logit_from` is `None`), captures into the shared buffer's first
-    /// `n` rows. Returns the number of logits rows.
-    fn run_chunk(&mut self, tokens: &[u32], logit_from: Option<usize>) -> Result<usize> {
+    /// `self.logits` (none when `logit_from` is `None`) and with `argmax` their ids into
+    /// `self.next_ids`, captures into the shared buffer's first `n` rows. Returns the number of
+    /// logits rows. Steps of a few rows replay a CUDA graph (`cuda_graphs`).
+    fn run_chunk(&mut self, tokens: &[u32], logit_from: Option<usize>, argmax: bool) -> Result<usize> {
         let n = tokens.len();
+        let gpu = self.gpu.clone();
+        let (first_pos, kv_len) = (self.len, self.len + n);
+        // The step's positions and token ids, in one copy: [first_pos, kv_len, ids…].
+        let mut host = [0u32; 2 + CHUNK];
+        host[0] = first_pos as u32;
+        host[1] = kv_len as u32;
+        host[2..2 + n].copy_from_slice(tokens);
+        gpu.stream.memcpy_htod(&host[..2 + n], &mut self.step_in.slice_mut(..2 + n)).map_err(drv)?;
+        let kv_cap = self.graphs.kv_cap(&gpu, n, kv_len, self.max_len);
+        let shared = self.captured.clone();
+        shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?.generation += 1;
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let key = (n, logit_from, kv_cap, argmax);
+        let ran = graphs.run(&gpu, n, key, || self.launch_step(n, (first_pos, kv_cap), logit_from, argmax));
+        self.graphs = graphs;
+        ran?;
+        self.len += n;
+        Ok(logit_from.map_or(0, |from| n - from))
+    }
+
+    /// The launches of one step over `n` rows whose positions and ids are in `self.step_in`
+    /// (the host's `first_pos` and `kv_cap` only check shapes and size the attention grid).
+    fn launch_step(
+        &mut self,
+        n: usize,
+        (first_pos, kv_cap): (usize, usize),
+        logit_from: Option<usize>,
+        argmax: bool,
+    ) -> Result<()> {
         let c = &self.cfg;
         let (h, v) = (c.hidden_size, c.vocab_size);
-        let first_pos = self.len;
         let gpu = self.gpu.clone();
-        gpu.stream.memcpy_htod(tokens, &mut self.ids.slice_mut(..n)).map_err(drv)?;
-        gpu.embedding(&self.embed_tokens, h, &self.ids.slice(..n), n, &mut self.x.slice_mut(..n * h))
+        let lens = StepLens { dev: self.step_in.slice(..2), first_pos, kv_cap };
+        gpu.embedding(&self.embed_tokens, h, &self.step_in.slice(2..2 + n), n, &mut self.x.slice_mut(..n * h))
             .map_err(gpu_err)?;
         let t = self.capture.len();
         let shared = self.captured.clone();
         let mut cap = shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
-        cap.generation += 1;
-        let layers = self.layers.len();
         // Each layer's `down` leaves the next RMSNorm (the next layer's input norm, or the final
         // norm when logits are wanted) for the matvec after it.
         let mut normed = None;
-        for l in 0..layers {
-            let cache =
-                CacheRows { k: &mut self.k_cache[l], v: &mut self.v_cache[l], row: first_pos, kv_len: first_pos + n };
+        for l in 0..self.layers.len() {
+            let cache = CacheRows { k: &mut self.k_cache[l], v: &mut self.v_cache[l] };
             let next_norm = match self.layers.get(l + 1) {
                 Some(next) => Some(&next.input_layernorm),
                 None => logit_from.map(|_| &self.norm),
@@ -174,7 +210,8 @@ impl CudaQwen3 {
                 &self.layers[l],
                 &mut self.scratch,
                 &mut self.x.slice_mut(..n * h),
-                (n, first_pos),
+                n,
+                &lens,
                 &self.inv_freq,
                 cache,
                 true,
@@ -185,8 +222,7 @@ impl CudaQwen3 {
                     .map_err(gpu_err)?;
             }
         }
-        self.len += n;
-        let Some(from) = logit_from else { return Ok(0) };
+        let Some(from) = logit_from else { return Ok(()) };
         let rows = n - from;
         // The last layer's `down` left the final norm of all n rows; logits take rows from..n.
         let normed = normed.unwrap_or(Normed::Done);
@@ -203,7 +239,11 @@ impl CudaQwen3 {
             false,
         )
         .map_err(gpu_err)?;
-        Ok(rows)
+        if argmax {
+            let logits = self.logits.slice(..rows * v);
+            gpu.argmax_split(&logits, v, v, rows, &mut self.next_ids.slice_mut(..rows), &mut s.ops).map_err(gpu_err)?;
+        }
+        Ok(())
     }
 
     /// Copies the first `n` capture rows to the host, appending to `out`.
@@ -252,6 +292,8 @@ impl TargetModel for CudaQwen3 {
     fn set_capture(&mut self, layers: &[usize]) -> Result<()> {
         check_capture(&self.cfg, layers)?;
         self.capture = layers.to_vec();
+        // Captured graphs hold the old capture list and buffer.
+        self.graphs.clear();
         let need = CHUNK * layers.len() * self.cfg.hidden_size;
         let mut cap =
             self.captured.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
@@ -269,7 +311,7 @@ impl TargetModel for CudaQwen3 {
         let chunks: Vec<&[u32]> = tokens.chunks(CHUNK).collect();
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
-            let n = self.run_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()))?;
+            let n = self.run_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()), false)?;
             if n > 0 {
                 let mut host = vec![0f32; n * v];
                 self.gpu.stream.memcpy_dtoh(&self.logits.slice(..n * v), &mut host).map_err(drv)?;
@@ -283,24 +325,14 @@ impl TargetModel for CudaQwen3 {
 
     fn forward_greedy(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Greedy> {
         check_forward(&self.cfg, self.len, self.max_len, tokens)?;
-        let v = self.cfg.vocab_size;
         let chunks: Vec<&[u32]> = tokens.chunks(CHUNK).collect();
         let last = chunks.len() - 1;
         let mut ids = Vec::new();
         let mut host_captured = Vec::new();
         for (i, chunk) in chunks.iter().enumerate() {
-            let n = self.run_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()))?;
+            let n = self.run_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()), true)?;
             if n > 0 {
                 let gpu = self.gpu.clone();
-                gpu.argmax_split(
-                    &self.logits.slice(..n * v),
-                    v,
-                    v,
-                    n,
-                    &mut self.next_ids.slice_mut(..n),
-                    &mut self.scratch.ops,
-                )
-                .map_err(gpu_err)?;
                 let mut host = vec![0u32; n];
                 gpu.stream.memcpy_dtoh(&self.next_ids.slice(..n), &mut host).map_err(drv)?;
                 ids.extend_from_slice(&host);

@@ -15,6 +15,7 @@
 pub mod backend;
 pub mod config;
 pub mod cuda_dspark;
+pub mod cuda_graphs;
 pub mod cuda_layers;
 pub mod cuda_qwen3;
 pub mod draft_config;

@@ -160,6 +160,11 @@ impl Gpu {
         Ok(())
     }
 
+    /// Whether launches are being bracketed with events (CUDA graphs are not captured then).
+    pub fn is_profiling(&self) -> bool {
+        self.profiling.load(Ordering::Relaxed)
+    }
+
     /// Runs `launch` and, while profiling, brackets it with events under `name`.
     pub(crate) fn timed(&self, name: &str, launch: impl FnOnce() -> CudaResult<()>) -> CudaResult<()> {
         if !self.profiling.load(Ordering::Relaxed) {

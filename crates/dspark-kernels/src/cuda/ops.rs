@@ -115,6 +115,17 @@ pub(crate) fn check(what: &str, got: usize, want: usize) -> CudaResult<()> {
 }
 
 /// Buffer lengths (q, k, v, out) of an attention call against its shape.
+/// A step's positions, for the kernels that depend on them (kernels/common.cuh): `dev` holds
+/// `[first_pos, kv_len]` in device memory, written by the caller before the step's launches, so
+/// that one captured CUDA graph serves every position. The host's `first_pos` and `kv_cap` are
+/// for shape checks and launch geometry only: `kv_cap` must be at least every `kv_len` the launch
+/// will see (a graph's grid covers `kv_cap` keys; slices past the step's keys exit at once).
+pub struct StepLens<'a> {
+    pub dev: CudaView<'a, u32>,
+    pub first_pos: usize,
+    pub kv_cap: usize,
+}
+
 fn check_attention(
     (q, k, v, out): (usize, usize, usize, usize),
     rows: usize,
@@ -249,8 +260,9 @@ impl Gpu {
         Ok(())
     }
 
-    /// Attention of `rows` queries over the first `kv_len` cache rows. `causal`: row r sits at
-    /// `first_pos + r` and sees keys `0..=first_pos + r`; otherwise every key.
+    /// Attention of `rows` queries over the first `kv_len` cache rows (both from `lens`).
+    /// `causal`: row r sits at `first_pos + r` and sees keys `0..=first_pos + r`; otherwise every
+    /// key.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -259,24 +271,22 @@ impl Gpu {
         v: &CudaView<f32>,
         out: &mut CudaViewMut<f32>,
         rows: usize,
-        kv_len: usize,
+        lens: &StepLens<'_>,
         (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
-        causal: Option<usize>,
+        causal: bool,
     ) -> CudaResult<()> {
         if head_dim % 32 != 0 || head_dim > 256 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
             return Err(CudaError::Shape(format!(
                 "attention: head_dim {head_dim} must be a multiple of 32 up to 256, heads {n_heads} a multiple of kv heads {n_kv_heads}"
             )));
         }
-        check_attention((q.len(), k.len(), v.len(), out.len()), rows, kv_len, (n_heads, n_kv_heads, head_dim))?;
-        let (nh, nkv, hd, kl) = (n_heads as i32, n_kv_heads as i32, head_dim as i32, kv_len as i32);
-        let (c, fp) = match causal {
-            Some(p) => (1i32, p as i32),
-            None => (0, 0),
-        };
+        let heads = (n_heads, n_kv_heads, head_dim);
+        check_attention((q.len(), k.len(), v.len(), out.len()), rows, lens.kv_cap, heads)?;
+        check("attention lens", lens.dev.len(), 2)?;
+        let (nh, nkv, hd, c) = (n_heads as i32, n_kv_heads as i32, head_dim as i32, causal as i32);
         let mut b = self.stream.launch_builder(self.function("attention_f32")?);
-        b.arg(q).arg(k).arg(v).arg(out).arg(&nh).arg(&nkv).arg(&hd).arg(&kl).arg(&c).arg(&fp);
-        // SAFETY: matches attention_f32(q, k, v, out, nh, nkv, hd, kv_len, causal, first_pos).
+        b.arg(q).arg(k).arg(v).arg(out).arg(&nh).arg(&nkv).arg(&hd).arg(&lens.dev).arg(&c);
+        // SAFETY: matches attention_f32(q, k, v, out, nh, nkv, hd, lens, causal).
         launch!(self, "attention_f32", b, cfg(rows * n_heads, 128));
         Ok(())
     }
@@ -291,9 +301,9 @@ impl Gpu {
         v: &CudaView<f32>,
         out: &mut CudaViewMut<f32>,
         rows: usize,
-        kv_len: usize,
+        lens: &StepLens<'_>,
         (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
-        causal: Option<usize>,
+        causal: bool,
         scratch: &mut OpScratch,
     ) -> CudaResult<()> {
         let fits = matches!(head_dim, 64 | 128)
@@ -303,28 +313,29 @@ impl Gpu {
             && scratch.attn_o.len() >= MAX_SPLITS * rows * n_heads * head_dim
             && scratch.attn_ml.len() >= MAX_SPLITS * rows * n_heads * 2;
         if !fits {
-            return self.attention(q, k, v, out, rows, kv_len, (n_heads, n_kv_heads, head_dim), causal);
+            return self.attention(q, k, v, out, rows, lens, (n_heads, n_kv_heads, head_dim), causal);
         }
-        check_attention((q.len(), k.len(), v.len(), out.len()), rows, kv_len, (n_heads, n_kv_heads, head_dim))?;
+        let kv_cap = lens.kv_cap;
+        check_attention((q.len(), k.len(), v.len(), out.len()), rows, kv_cap, (n_heads, n_kv_heads, head_dim))?;
+        check("attention lens", lens.dev.len(), 2)?;
         if !aligned16(self, k) || !aligned16(self, v) {
             return Err(CudaError::Shape("attention_split: K/V cache views must be 16-byte aligned".into()));
         }
         // One 32-key tile per block (the most blocks, no serial tiles) up to 2048 keys. Beyond,
         // one query row (decode) takes 64 keys per block and several rows (the tensor-core
         // kernel) 128: at 4096 keys those measured fastest among 32/64/128/256 (fewer partials
-        // to write and combine; docs/perf.md). At most MAX_SPLITS slices.
+        // to write and combine; docs/perf.md). At most MAX_SPLITS slices. The choice and the grid
+        // follow `kv_cap`; the kernels count the step's slices from its kv_len the same way
+        // (split_count), which gives the same slices as long as kv_len and kv_cap sit on the
+        // same side of 2048 — a power-of-two cap does.
         let group_queries = rows * (n_heads / n_kv_heads);
-        let keys = match (kv_len <= 2048, group_queries <= 4) {
+        let keys = match (kv_cap <= 2048, group_queries <= 4) {
             (true, _) => 32,
             (false, true) => 64,
             (false, false) => 128,
         };
-        let splits = kv_len.div_ceil(keys).clamp(1, MAX_SPLITS);
-        let (r, nh, nkv, kl) = (rows as i32, n_heads as i32, n_kv_heads as i32, kv_len as i32);
-        let (c, fp) = match causal {
-            Some(p) => (1i32, p as i32),
-            None => (0, 0),
-        };
+        let splits = kv_cap.div_ceil(keys).clamp(1, MAX_SPLITS);
+        let (r, nh, nkv, c) = (rows as i32, n_heads as i32, n_kv_heads as i32, causal as i32);
         // A block takes 4 queries (one per warp) when that is the whole group (decode); more
         // queries (verify, the draft block) go to the tensor-core kernel, 32 per block.
         let (name, per_block) = if group_queries <= 4 {
@@ -333,7 +344,8 @@ impl Gpu {
             (format!("attention_tc_hd{head_dim}_f32"), 32)
         };
         let groups = group_queries.div_ceil(per_block);
-        // attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, kv_len, causal, first_pos)
+        // attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys)
+        let lens_dev = dptr(self, &lens.dev);
         let args = [
             dptr(self, q),
             dptr(self, k),
@@ -343,16 +355,16 @@ impl Gpu {
             Arg::I32(r),
             Arg::I32(nh),
             Arg::I32(nkv),
-            Arg::I32(kl),
+            lens_dev,
             Arg::I32(c),
-            Arg::I32(fp),
+            Arg::I32(keys as i32),
         ];
         let grid = ((n_kv_heads * groups) as u32, splits as u32, 1);
         match dynamic_smem(&name) {
             Some(smem) => self.launch_pdl_smem(&name, grid, 256, smem as u32, &args)?,
             None => self.launch_pdl(&name, grid, 128, &args)?,
         }
-        // attention_combine_f32(part_o, part_ml, out, rows, nh, hd, splits)
+        // attention_combine_f32(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits)
         let args = [
             dptr(self, &scratch.attn_o),
             dptr(self, &scratch.attn_ml),
@@ -360,6 +372,8 @@ impl Gpu {
             Arg::I32(r),
             Arg::I32(nh),
             Arg::I32(head_dim as i32),
+            lens_dev,
+            Arg::I32(keys as i32),
             Arg::I32(splits as i32),
         ];
         self.launch_pdl("attention_combine_f32", ((rows * n_heads) as u32, 1, 1), 4 * head_dim as u32, &args)?;
@@ -367,8 +381,8 @@ impl Gpu {
     }
 
     /// Fused norm + RoPE + cache append of a q|k|v projection output `[rows, (nq + 2·nkv)·hd]`
-    /// for rows at positions `first_pos ..`: q into `q_out`, k and v into the caches at row
-    /// `cache_row ..`. `nq = 0` for key/value-only input (the draft's context rows).
+    /// for rows at positions `first_pos ..` (from `lens`): q into `q_out`, k and v into the
+    /// caches at the same rows. `nq = 0` for key/value-only input (the draft's context rows).
     #[allow(clippy::too_many_arguments)]
     pub fn qkv_rope_append(
         &self,
@@ -380,7 +394,7 @@ impl Gpu {
         k_cache: &mut CudaViewMut<f32>,
         v_cache: &mut CudaViewMut<f32>,
         (rows, nq, nkv): (usize, usize, usize),
-        (first_pos, cache_row): (usize, usize),
+        lens: &StepLens<'_>,
         eps: f32,
     ) -> CudaResult<()> {
         let hd = k_norm.len();
@@ -392,11 +406,12 @@ impl Gpu {
         }
         check("qkv_rope_append qkv", qkv.len(), rows * (nq + 2 * nkv) * hd)?;
         check("qkv_rope_append q_out", q_out.len(), rows * nq * hd)?;
-        check("qkv_rope_append k_cache", k_cache.len(), (cache_row + rows) * nkv * hd)?;
-        check("qkv_rope_append v_cache", v_cache.len(), (cache_row + rows) * nkv * hd)?;
+        check("qkv_rope_append k_cache", k_cache.len(), (lens.first_pos + rows) * nkv * hd)?;
+        check("qkv_rope_append v_cache", v_cache.len(), (lens.first_pos + rows) * nkv * hd)?;
+        check("qkv_rope_append lens", lens.dev.len(), 1)?;
         let threads = ((hd / 2).div_ceil(32) * 32) as u32;
         // qkv_rope_append_f32(qkv, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, nq, nkv,
-        // hd, first_pos, cache_row, eps); lengths checked above.
+        // hd, lens, eps); lengths checked above.
         let args = [
             dptr(self, qkv),
             dptr(self, q_norm),
@@ -408,8 +423,7 @@ impl Gpu {
             Arg::I32(nq as i32),
             Arg::I32(nkv as i32),
             Arg::I32(hd as i32),
-            Arg::I32(first_pos as i32),
-            Arg::I32(cache_row as i32),
+            dptr(self, &lens.dev),
             Arg::F32(eps),
         ];
         self.launch_pdl("qkv_rope_append_f32", ((rows * (nq + 2 * nkv)) as u32, 1, 1), threads, &args)?;
