@@ -103,6 +103,54 @@ pub trait TargetModel {
         let ids = (0..f.rows).map(|r| dspark_kernels::cpu::argmax::argmax(f.row(r, vocab)) as u32).collect();
         Ok(Greedy { ids, captured: Captured::Host(f.captured) })
     }
+
+    /// Verifies `[anchor, d_1 .. d_k]` — the first `k` tokens of a proposal, wherever it lives —
+    /// as [`TargetModel::forward_greedy`] with every row's argmax. A CUDA target reads a
+    /// proposal its draft left on the GPU ([`Deferred::OnDevice`]) without a round trip through
+    /// the host; any target verifies a host proposal.
+    fn verify_greedy(&mut self, anchor: u32, drafts: &Deferred, k: usize) -> Result<Greedy> {
+        verify_on_host(self, anchor, drafts, k)
+    }
+}
+
+/// [`TargetModel::verify_greedy`] of a host proposal (and the error for a device one).
+pub fn verify_on_host<T: TargetModel + ?Sized>(
+    target: &mut T,
+    anchor: u32,
+    drafts: &Deferred,
+    k: usize,
+) -> Result<Greedy> {
+    let Deferred::Ready(p) = drafts else {
+        return Err(Error::Request("this target cannot read draft tokens held on a GPU; use a CUDA target".into()));
+    };
+    if k > p.tokens.len() {
+        return Err(Error::Request(format!("verify of {k} drafts, the proposal has {}", p.tokens.len())));
+    }
+    let mut input = Vec::with_capacity(k + 1);
+    input.push(anchor);
+    input.extend_from_slice(&p.tokens[..k]);
+    target.forward_greedy(&input, LogitRows::All)
+}
+
+/// A proposal that may not have reached the host yet (see [`Drafter::propose_deferred`]).
+#[derive(Clone, Debug)]
+pub enum Deferred {
+    /// Tokens (and survival) on the host.
+    Ready(Proposal),
+    /// The tokens sit in the device buffer a CUDA target shares with its draft; the target's
+    /// [`TargetModel::verify_greedy`] reads them there and [`Drafter::finish_proposal`] brings
+    /// them to the host afterwards.
+    OnDevice(DeviceTokens),
+}
+
+/// A handle to the draft tokens of one proposal in a shared device buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceTokens {
+    /// Which buffer and which proposal wrote it; a stale handle is refused.
+    pub buffer: usize,
+    pub generation: u64,
+    /// Draft tokens in the buffer (B).
+    pub len: usize,
 }
 
 /// What a drafter proposes for one block.
@@ -143,6 +191,21 @@ pub trait Drafter {
     }
     /// Proposes `B` tokens following `anchor`, which sits at position `context_len()`.
     fn propose(&mut self, anchor: u32) -> Result<Proposal>;
+
+    /// [`Drafter::propose`] without waiting for the tokens: a CUDA draft leaves them on the GPU
+    /// for its target to verify straight away ([`Deferred::OnDevice`]), so the round's only
+    /// host synchronisation is reading the verify's result. Other drafts propose now.
+    fn propose_deferred(&mut self, anchor: u32) -> Result<Deferred> {
+        Ok(Deferred::Ready(self.propose(anchor)?))
+    }
+
+    /// The host copy of a [`Drafter::propose_deferred`] proposal (read after the verify).
+    fn finish_proposal(&mut self, deferred: Deferred) -> Result<Proposal> {
+        match deferred {
+            Deferred::Ready(p) => Ok(p),
+            Deferred::OnDevice(_) => Err(Error::Request("this draft holds no proposal on a GPU".into())),
+        }
+    }
 }
 
 /// Checks shared by every [`TargetModel::forward`]: tokens present, inside the vocabulary, and

@@ -8,11 +8,11 @@
 //! (the anchor, or the argmax just written for the previous slot) — so only the final draft
 //! ids and confidence logits are copied back.
 
-use crate::backend::{Captured, Drafter, Proposal};
+use crate::backend::{Captured, Deferred, DeviceTokens, Drafter, Proposal};
 use crate::config::Qwen3Config;
 use crate::cuda_graphs::StepGraphs;
 use crate::cuda_layers::{drv, gpu_err, layer_step, CacheRows, GpuLayer, Scratch};
-use crate::cuda_qwen3::{capture_id, CudaQwen3, SharedCapture, CHUNK};
+use crate::cuda_qwen3::{capture_id, tokens_id, CudaQwen3, SharedCapture, SharedTokens, CHUNK};
 use crate::draft_config::{DraftConfig, MarkovKind};
 use crate::dspark::check_tensors;
 use crate::error::{Error, Result};
@@ -85,8 +85,8 @@ pub struct CudaDraft {
     /// `[first_pos, kv_len, anchor, mask × (B−1)]`: the step's [`StepLens`] and, for a
     /// proposal, the block's ids.
     step_in: CudaSlice<u32>,
-    /// The B chosen tokens.
-    tokens: CudaSlice<u32>,
+    /// The B chosen tokens, in the buffer the target's verify reads them from.
+    tokens: SharedTokens,
     graphs: StepGraphs<DraftStep>,
     e: CudaSlice<f32>,
     u: CudaSlice<f32>,
@@ -112,6 +112,13 @@ impl CudaDraft {
         let arena = Arena::new(gpu.stream.clone());
         let l = &cfg.layer;
         let (h, v, r, b) = (l.hidden_size, l.vocab_size, cfg.markov_rank, cfg.block_size);
+        if b + 1 > CHUNK {
+            return Err(Error::Config {
+                path: "config.json".into(),
+                field: "block_size".into(),
+                msg: format!("{b}: the CUDA draft verifies at most {} drafts per round", CHUNK - 1),
+            });
+        }
         let own = |name: &str| -> Result<Option<Arc<WeightBuf>>> {
             if ck.contains(name) {
                 Ok(Some(Arc::new(ck.matrix(&arena, name, &[v, h])?)))
@@ -185,7 +192,7 @@ impl CudaDraft {
             logits: z(b * v)?,
             step_in: arena.zeros::<u32>(2 + b).map_err(drv)?,
             graphs: StepGraphs::new(),
-            tokens: arena.zeros::<u32>(b).map_err(drv)?,
+            tokens: target.shared_tokens(),
             e: z((b * r).max(1))?,
             u: z(r.max(1))?,
             conf_logits: z(b)?,
@@ -321,6 +328,9 @@ impl CudaDraft {
         if let Some(m) = &self.markov {
             gpu.gather_row(&m.w1, r, &ids.slice(0..1), &mut self.e.slice_mut(..r)).map_err(gpu_err)?;
         }
+        // The chosen tokens go to the buffer the target's verify reads.
+        let shared = self.tokens.clone();
+        let mut chosen = shared.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
         for s in 0..b {
             let h_s = self.hidden.slice(s * h..(s + 1) * h);
             if let Some(m) = &mut self.markov {
@@ -358,7 +368,7 @@ impl CudaDraft {
                     gpu.argmax_gather(
                         &self.logits.slice(s * v..(s + 1) * v),
                         v,
-                        &mut self.tokens.slice_mut(s..s + 1),
+                        &mut chosen.ids.slice_mut(s..s + 1),
                         &mut self.scratch.ops,
                         (&m.w1, r),
                         &mut self.e.slice_mut((s + 1) * r..(s + 2) * r),
@@ -372,7 +382,7 @@ impl CudaDraft {
                 v,
                 v,
                 1,
-                &mut self.tokens.slice_mut(s..s + 1),
+                &mut chosen.ids.slice_mut(s..s + 1),
                 &mut self.scratch.ops,
             )
             .map_err(gpu_err)?;
@@ -458,6 +468,11 @@ impl Drafter for CudaDraft {
     }
 
     fn propose(&mut self, anchor: u32) -> Result<Proposal> {
+        let deferred = self.propose_deferred(anchor)?;
+        self.finish_proposal(deferred)
+    }
+
+    fn propose_deferred(&mut self, anchor: u32) -> Result<Deferred> {
         let (b, v) = (self.cfg.block_size, self.cfg.layer.vocab_size);
         if anchor as usize >= v {
             return Err(Error::Request(format!("anchor token {anchor} is outside the vocabulary ({v})")));
@@ -475,8 +490,26 @@ impl Drafter for CudaDraft {
         let ran = graphs.run(&gpu, b, DraftStep::Propose { kv_cap }, || self.launch_propose(p, kv_cap));
         self.graphs = graphs;
         ran?;
+        let generation = {
+            let mut t = self.tokens.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
+            t.generation += 1;
+            t.generation
+        };
+        Ok(Deferred::OnDevice(DeviceTokens { buffer: tokens_id(&self.tokens), generation, len: b }))
+    }
+
+    fn finish_proposal(&mut self, deferred: Deferred) -> Result<Proposal> {
+        let d = match deferred {
+            Deferred::Ready(p) => return Ok(p),
+            Deferred::OnDevice(d) => d,
+        };
+        let (b, gpu) = (self.cfg.block_size, self.gpu.clone());
+        let t = self.tokens.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
+        if d.buffer != tokens_id(&self.tokens) || d.generation != t.generation || d.len != b {
+            return Err(Error::Request("device draft tokens are stale or from another draft".into()));
+        }
         let mut tokens = vec![0u32; b];
-        gpu.stream.memcpy_dtoh(&self.tokens.slice(..b), &mut tokens).map_err(drv)?;
+        gpu.stream.memcpy_dtoh(&t.ids.slice(..b), &mut tokens).map_err(drv)?;
         let survival = if self.confidence.is_some() {
             let mut logits = vec![0f32; b];
             gpu.stream.memcpy_dtoh(&self.conf_logits.slice(..b), &mut logits).map_err(drv)?;

@@ -12,7 +12,8 @@
 //! a speculative round moves no activations through the host.
 
 use crate::backend::{
-    check_capture, check_forward, check_truncate, Captured, DeviceRows, Forward, Greedy, LogitRows, TargetModel,
+    check_capture, check_forward, check_truncate, verify_on_host, Captured, Deferred, DeviceRows, Forward, Greedy,
+    LogitRows, TargetModel,
 };
 use crate::config::Qwen3Config;
 use crate::cuda_graphs::StepGraphs;
@@ -44,6 +45,22 @@ pub fn capture_id(c: &SharedCapture) -> usize {
     Arc::as_ptr(c) as usize
 }
 
+/// The draft tokens of the last proposal of a draft on the target's GPU: the draft's Markov
+/// chain writes them here and the target's verify reads them, so a round moves no token through
+/// the host before its verify ([`Deferred::OnDevice`]). `generation` counts proposals.
+pub struct TokenBuf {
+    pub ids: CudaSlice<u32>,
+    pub generation: u64,
+}
+
+/// Shared between a [`CudaQwen3`] and the drafts loaded for it.
+pub type SharedTokens = Arc<Mutex<TokenBuf>>;
+
+/// Identity of a shared token buffer, as carried in [`DeviceTokens::buffer`].
+pub fn tokens_id(t: &SharedTokens) -> usize {
+    Arc::as_ptr(t) as usize
+}
+
 /// Most rows one device step processes (prefill runs in chunks of this size).
 pub const CHUNK: usize = 64;
 
@@ -73,6 +90,7 @@ pub struct CudaQwen3 {
     /// Argmax ids of the logits rows.
     next_ids: CudaSlice<u32>,
     pub(crate) captured: SharedCapture,
+    pub(crate) drafted: SharedTokens,
 }
 
 impl CudaQwen3 {
@@ -111,6 +129,7 @@ impl CudaQwen3 {
         let logits = arena.zeros::<f32>(CHUNK * v).map_err(drv)?;
         let captured = Arc::new(Mutex::new(CaptureBuf { rows: arena.zeros::<f32>(1).map_err(drv)?, generation: 0 }));
         let next_ids = arena.zeros::<u32>(CHUNK).map_err(drv)?;
+        let drafted = Arc::new(Mutex::new(TokenBuf { ids: arena.zeros::<u32>(CHUNK).map_err(drv)?, generation: 0 }));
         Ok(CudaQwen3 {
             gpu,
             arena,
@@ -132,6 +151,7 @@ impl CudaQwen3 {
             logits,
             next_ids,
             captured,
+            drafted,
         })
     }
 
@@ -146,6 +166,11 @@ impl CudaQwen3 {
         self.graphs.set_enabled(on);
     }
 
+    /// The draft-token buffer shared with drafts loaded onto this target's GPU.
+    pub fn shared_tokens(&self) -> SharedTokens {
+        self.drafted.clone()
+    }
+
     /// The capture buffer shared with drafts loaded onto this target's GPU.
     pub fn shared_capture(&self) -> SharedCapture {
         self.captured.clone()
@@ -156,15 +181,29 @@ impl CudaQwen3 {
     /// `self.next_ids`, captures into the shared buffer's first `n` rows. Returns the number of
     /// logits rows. Steps of a few rows replay a CUDA graph (`cuda_graphs`).
     fn run_chunk(&mut self, tokens: &[u32], logit_from: Option<usize>, argmax: bool) -> Result<usize> {
-        let n = tokens.len();
+        self.run_step(tokens, 0, logit_from, argmax)
+    }
+
+    /// [`Self::run_chunk`] over `host` tokens followed by the first `drafted` tokens of the
+    /// shared draft-token buffer, copied on the device.
+    fn run_step(&mut self, host: &[u32], drafted: usize, logit_from: Option<usize>, argmax: bool) -> Result<usize> {
+        let n = host.len() + drafted;
         let gpu = self.gpu.clone();
         let (first_pos, kv_len) = (self.len, self.len + n);
         // The step's positions and token ids, in one copy: [first_pos, kv_len, ids…].
-        let mut host = [0u32; 2 + CHUNK];
-        host[0] = first_pos as u32;
-        host[1] = kv_len as u32;
-        host[2..2 + n].copy_from_slice(tokens);
-        gpu.stream.memcpy_htod(&host[..2 + n], &mut self.step_in.slice_mut(..2 + n)).map_err(drv)?;
+        let mut up = [0u32; 2 + CHUNK];
+        up[0] = first_pos as u32;
+        up[1] = kv_len as u32;
+        up[2..2 + host.len()].copy_from_slice(host);
+        let m = 2 + host.len();
+        gpu.stream.memcpy_htod(&up[..m], &mut self.step_in.slice_mut(..m)).map_err(drv)?;
+        if drafted > 0 {
+            let shared = self.drafted.clone();
+            let d = shared.lock().map_err(|_| crate::error::Error::Request("draft token buffer poisoned".into()))?;
+            gpu.stream
+                .memcpy_dtod(&d.ids.slice(..drafted), &mut self.step_in.slice_mut(m..m + drafted))
+                .map_err(drv)?;
+        }
         let kv_cap = self.graphs.kv_cap(&gpu, n, kv_len, self.max_len);
         let shared = self.captured.clone();
         shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?.generation += 1;
@@ -341,16 +380,45 @@ impl TargetModel for CudaQwen3 {
                 self.captured_to_host(chunk.len(), &mut host_captured)?;
             }
         }
-        let captured = if last > 0 || self.capture.is_empty() {
-            Captured::Host(host_captured)
-        } else {
-            let generation = self
-                .captured
-                .lock()
-                .map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?
-                .generation;
-            Captured::Device(DeviceRows { buffer: capture_id(&self.captured), generation, rows: tokens.len() })
-        };
+        let captured = if last > 0 { Captured::Host(host_captured) } else { self.device_captures(tokens.len())? };
         Ok(Greedy { ids, captured })
+    }
+
+    fn verify_greedy(&mut self, anchor: u32, drafts: &Deferred, k: usize) -> Result<Greedy> {
+        let Deferred::OnDevice(d) = drafts else {
+            return verify_on_host(self, anchor, drafts, k);
+        };
+        let current = {
+            let t =
+                self.drafted.lock().map_err(|_| crate::error::Error::Request("draft token buffer poisoned".into()))?;
+            (tokens_id(&self.drafted), t.generation)
+        };
+        if (d.buffer, d.generation) != current || k > d.len || k + 1 > CHUNK {
+            return Err(crate::error::Error::Request(
+                "device draft tokens are stale, from another target, or more than the proposal holds".into(),
+            ));
+        }
+        // The drafts were checked against the vocabulary by the draft's argmax; the anchor here.
+        check_forward(&self.cfg, self.len, self.max_len.saturating_sub(k), &[anchor])?;
+        let n = self.run_step(&[anchor], k, Some(0), true)?;
+        let mut ids = vec![0u32; n];
+        self.gpu.stream.memcpy_dtoh(&self.next_ids.slice(..n), &mut ids).map_err(drv)?;
+        Ok(Greedy { ids, captured: self.device_captures(k + 1)? })
+    }
+}
+
+impl CudaQwen3 {
+    /// The handle to the first `rows` rows of this forward's device captures (host-empty when
+    /// nothing is captured).
+    fn device_captures(&self, rows: usize) -> Result<Captured> {
+        if self.capture.is_empty() {
+            return Ok(Captured::Host(Vec::new()));
+        }
+        let generation = self
+            .captured
+            .lock()
+            .map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?
+            .generation;
+        Ok(Captured::Device(DeviceRows { buffer: capture_id(&self.captured), generation, rows }))
     }
 }

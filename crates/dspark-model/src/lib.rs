@@ -32,6 +32,8 @@ pub mod testing;
 pub mod tokenizer;
 pub mod weights;
 
-pub use backend::{Captured, DeviceRows, Drafter, Forward, Greedy, LogitRows, Proposal, TargetModel};
+pub use backend::{
+    Captured, Deferred, DeviceRows, DeviceTokens, Drafter, Forward, Greedy, LogitRows, Proposal, TargetModel,
+};
 pub use config::Qwen3Config;
 pub use error::{Error, Result};

@@ -6,6 +6,7 @@
 //!          d_1..d_B = draft.propose(a)               # one parallel pass + Markov chain
 //!          k = verify_len(survival)                  # how many drafts to check
 //!          g_0..g_k, F' = target([a, d_1..d_k])      # one forward at positions p..p+k
+//!                                                    # (on a GPU, d stays on the device)
 //!          m = longest prefix with d_{i+1} == g_i
 //!          emit d_1..d_m, g_m;  rollback target to p+m+1;  pending = F'[0..=m];  a = g_m
 //! ```
@@ -17,7 +18,7 @@
 use crate::stats::{Generation, SpecStats, StopReason};
 use crate::verify_len::VerifyLen;
 use crate::GenerateOptions;
-use dspark_model::{Drafter, LogitRows, Result, TargetModel};
+use dspark_model::{Deferred, Drafter, LogitRows, Result, TargetModel};
 use std::time::Instant;
 
 /// Speculative greedy decoding from empty caches. `on_token` sees each id as it is committed.
@@ -72,16 +73,25 @@ pub fn speculative<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
                 break 'gen StopReason::ContextFull;
             }
             draft.append_captured(&pending)?;
-            let proposal = draft.propose(anchor)?;
+            // A fixed verify length needs nothing from the proposal, so on a GPU the draft's
+            // tokens go straight into the verify and the round synchronises with the host once,
+            // for the verify's result; choosing the length from the confidence head reads the
+            // proposal first.
+            let deferred = match verify_len {
+                VerifyLen::Fixed(_) => draft.propose_deferred(anchor)?,
+                VerifyLen::Auto(_) => Deferred::Ready(draft.propose(anchor)?),
+            };
+            let survival = match &deferred {
+                Deferred::Ready(p) => p.survival.clone(),
+                Deferred::OnDevice(_) => None,
+            };
             // Never verify past the context, and never more drafts than tokens still wanted.
             let room = target.max_len() - p - 1;
             let wanted = opts.max_tokens - tokens.len() - 1;
-            let k = verify_len.choose(proposal.survival.as_deref(), block).min(room).min(wanted);
+            let k = verify_len.choose(survival.as_deref(), block).min(room).min(wanted);
 
-            let mut input = Vec::with_capacity(k + 1);
-            input.push(anchor);
-            input.extend_from_slice(&proposal.tokens[..k]);
-            let f = target.forward_greedy(&input, LogitRows::All)?;
+            let f = target.verify_greedy(anchor, &deferred, k)?;
+            let proposal = draft.finish_proposal(deferred)?;
             let g = f.ids;
             let m = (0..k).take_while(|&i| proposal.tokens[i] == g[i]).count();
             stats.record(k, m);

@@ -333,6 +333,23 @@ fn device_greedy_path_and_capture_hand_off() {
     b.forward_greedy(&[want[0]], LogitRows::Last).unwrap();
     let err = draft_b.append_captured(&dev.captured).unwrap_err().to_string();
     assert!(err.contains("stale"), "{err}");
+
+    // Draft tokens left on the GPU are verified without the host and give what verifying the
+    // host copy of the same proposal gives; a handle from an earlier proposal is refused.
+    let anchor = want[want.len() - 1];
+    let older = draft_b.propose_deferred(anchor).unwrap();
+    let newer = draft_b.propose_deferred(anchor).unwrap();
+    let err = b.verify_greedy(anchor, &older, 2).unwrap_err().to_string();
+    assert!(err.contains("stale"), "{err}");
+    let len = b.len();
+    let on_device = b.verify_greedy(anchor, &newer, 3).unwrap();
+    let proposal = draft_b.finish_proposal(newer).unwrap();
+    assert!(draft_b.finish_proposal(older).is_err(), "a stale proposal handle was read");
+    b.truncate(len).unwrap();
+    let mut input = vec![anchor];
+    input.extend_from_slice(&proposal.tokens[..3]);
+    let on_host = b.forward_greedy(&input, LogitRows::All).unwrap();
+    assert_eq!(on_device.ids, on_host.ids, "verify of device draft tokens != verify of their host copy");
 }
 
 #[test]

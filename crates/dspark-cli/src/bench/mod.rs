@@ -155,14 +155,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let draft_bytes = (fc + dlayers + lm_head + block * w2) as f64 + d_kv * dctx + 2.0 * block as f64 * logits_row;
         phases.push(Phase::new("draft_round", ctx, draft_us, draft_bytes, ceiling));
 
-        // A whole round as the loop runs it: append, propose, verify, compare, roll back.
+        // A whole round as the loop runs it with a fixed verify length: append, propose (the
+        // tokens stay on the GPU), verify, read the proposal, compare, roll back.
         let mut pending = pending;
         let round_us = time(args.iters, || {
             draft.append_captured(&pending)?;
-            let proposal = draft.propose(anchor)?;
-            let mut input = vec![anchor];
-            input.extend_from_slice(&proposal.tokens);
-            let g = target.forward_greedy(&input, LogitRows::All)?;
+            let deferred = draft.propose_deferred(anchor)?;
+            let g = target.verify_greedy(anchor, &deferred, block)?;
+            let proposal = draft.finish_proposal(deferred)?;
             let m = (0..block).take_while(|&i| proposal.tokens[i] == g.ids[i]).count();
             std::hint::black_box(m);
             pending = g.captured.prefix(COMMITTED, 0);
