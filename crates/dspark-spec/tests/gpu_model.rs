@@ -200,6 +200,22 @@ fn lossless_on_random_pairs() {
     assert!(cases >= 100);
 }
 
+/// A random bf16 target — hidden 64, 3 layers, q 2 × 64, intermediate 136: every projection's
+/// in is a multiple of 8, so the tensor-core paths run — and a draft of `spec` for it in
+/// `draft_dtype`, written as HF folders: (the temporary folder, target dir, draft dir).
+fn write_bf16_pair(seed: u64, spec: &DraftSpec, draft_dtype: DType) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let cfg = target_config(96, 64, 3, 2, 1, 64, 128);
+    let w = target_weights(seed, &cfg);
+    let d = random_draft(seed ^ 0xD5, &cfg, &w, spec);
+    let dir = tempfile::tempdir().unwrap();
+    let (tdir, ddir) = (dir.path().join("t"), dir.path().join("d"));
+    std::fs::create_dir_all(&tdir).unwrap();
+    std::fs::create_dir_all(&ddir).unwrap();
+    write_target_dir_as(&tdir, &cfg, &w, DType::BF16).unwrap();
+    write_draft_dir_as(&ddir, d.config(), d.weights(), draft_dtype).unwrap();
+    (dir, tdir, ddir)
+}
+
 #[test]
 fn bf16_pairs_match_the_cpu_and_stay_lossless() {
     // bf16 weights with in % 8 == 0 take the tensor-core matvecs, and head_dim 64 with several
@@ -216,9 +232,6 @@ fn bf16_pairs_match_the_cpu_and_stay_lossless() {
     for (case, (kind, rank, confidence, draft_dtype)) in cases.into_iter().enumerate() {
         let seed = 1000 + case as u64;
         let mut rng = Rng(seed);
-        // hidden 64, q 2 × 64, intermediate 136: every projection's in is a multiple of 8.
-        let cfg = target_config(96, 64, 3, 2, 1, 64, 128);
-        let w = target_weights(seed, &cfg);
         let spec = DraftSpec {
             layers: 2,
             block_size: 4,
@@ -228,13 +241,7 @@ fn bf16_pairs_match_the_cpu_and_stay_lossless() {
             confidence_head: confidence,
             confidence_with_markov: confidence,
         };
-        let d = random_draft(seed ^ 0xD5, &cfg, &w, &spec);
-        let dir = tempfile::tempdir().unwrap();
-        let (tdir, ddir) = (dir.path().join("t"), dir.path().join("d"));
-        std::fs::create_dir_all(&tdir).unwrap();
-        std::fs::create_dir_all(&ddir).unwrap();
-        write_target_dir_as(&tdir, &cfg, &w, DType::BF16).unwrap();
-        write_draft_dir_as(&ddir, d.config(), d.weights(), draft_dtype).unwrap();
+        let (_dir, tdir, ddir) = write_bf16_pair(seed, &spec, draft_dtype);
         let name = format!("case {case} ({kind:?}, rank {rank}, confidence {confidence}, draft {draft_dtype:?})");
 
         // Prompt logits and captures (every layer), then a verify-shaped forward after a rollback.
@@ -359,8 +366,6 @@ fn graph_replays_match_eager_launches_bit_for_bit() {
     // decode and verify logits, device captures and draft proposals must be the same bits.
     let seed = 77;
     let mut rng = Rng(seed);
-    let cfg = target_config(96, 64, 3, 2, 1, 64, 128);
-    let w = target_weights(seed, &cfg);
     let spec = DraftSpec {
         layers: 2,
         block_size: 4,
@@ -370,13 +375,7 @@ fn graph_replays_match_eager_launches_bit_for_bit() {
         confidence_head: true,
         confidence_with_markov: true,
     };
-    let d = random_draft(seed ^ 0xD5, &cfg, &w, &spec);
-    let dir = tempfile::tempdir().unwrap();
-    let (tdir, ddir) = (dir.path().join("t"), dir.path().join("d"));
-    std::fs::create_dir_all(&tdir).unwrap();
-    std::fs::create_dir_all(&ddir).unwrap();
-    write_target_dir_as(&tdir, &cfg, &w, DType::BF16).unwrap();
-    write_draft_dir_as(&ddir, d.config(), d.weights(), DType::BF16).unwrap();
+    let (_dir, tdir, ddir) = write_bf16_pair(seed, &spec, DType::BF16);
 
     let mut graph = CudaQwen3::load(gpu(), &tdir, 200).unwrap();
     let mut eager = CudaQwen3::load(gpu(), &tdir, 200).unwrap();
