@@ -242,7 +242,7 @@ fn gpu_tier() -> Result<i32> {
             .lines()
             .filter(|l| l.contains("\"executable\":\"") && l.contains(&format!("\"name\":\"{test}\"")))
             .filter_map(|l| l.split("\"executable\":\"").nth(1)?.split('"').next().map(str::to_string))
-            .last()
+            .next_back()
             .with_context(|| format!("no executable for {test} in cargo's output"))?;
         std::fs::copy(&exe, bundle.join(test))?;
         run(Command::new("strip").arg(bundle.join(test)))?;

@@ -80,6 +80,7 @@ impl Qwen3Config {
             }
         }
         let rms_norm_eps = j.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
+        #[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(x > 0)` also refuses NaN
         if !(rms_norm_eps > 0.0) {
             return Err(j.err("rms_norm_eps", format!("must be positive, got {rms_norm_eps}")));
         }
@@ -139,6 +140,7 @@ fn rope_theta(j: &JsonObject) -> Result<f64> {
         check_type(&s, "rope_scaling")?;
     }
     let theta = theta.unwrap_or(1e6);
+    #[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(x > 0)` also refuses NaN
     if !(theta > 0.0) {
         return Err(j.err("rope_theta", format!("must be positive, got {theta}")));
     }

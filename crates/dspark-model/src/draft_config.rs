@@ -138,7 +138,7 @@ impl DraftConfig {
     /// row width when they are not whole rows.
     pub fn feature_rows(&self, len: usize) -> Result<usize> {
         let row = self.num_taps() * self.layer.hidden_size;
-        if len % row != 0 {
+        if !len.is_multiple_of(row) {
             return Err(Error::Request(format!(
                 "draft context features of length {len} are not whole rows of {} taps × {}",
                 self.num_taps(),

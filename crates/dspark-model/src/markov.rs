@@ -96,7 +96,10 @@ pub fn greedy_chain(
     markov: Option<&MarkovHead>,
     confidence: Option<&ConfidenceHead>,
 ) -> Chain {
-    assert!(rows > 0 && base_logits.len() % rows == 0 && hidden.len() % rows == 0, "greedy_chain: ragged input");
+    assert!(
+        rows > 0 && base_logits.len().is_multiple_of(rows) && hidden.len().is_multiple_of(rows),
+        "greedy_chain: ragged input"
+    );
     let vocab = base_logits.len() / rows;
     let h_dim = hidden.len() / rows;
     let mut out =

@@ -266,7 +266,7 @@ pub fn serialize(tensors: &[(&str, DType, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
         offset += data.len();
     }
     let mut h = serde_json::Value::Object(header).to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

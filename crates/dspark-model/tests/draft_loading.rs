@@ -33,7 +33,7 @@ fn edit_header(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>
     let mut h: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(h.as_object_mut().unwrap());
     let mut hb = h.to_string().into_bytes();
-    while hb.len() % 8 != 0 {
+    while !hb.len().is_multiple_of(8) {
         hb.push(b' ');
     }
     let mut out = (hb.len() as u64).to_le_bytes().to_vec();

@@ -49,7 +49,7 @@ impl DType {
     /// Panics if `bytes.len()` is not a multiple of [`DType::size`]; callers check tensor
     /// byte lengths against their shapes before converting.
     pub fn to_f32(self, bytes: &[u8]) -> Vec<f32> {
-        assert!(bytes.len() % self.size() == 0, "{self:?} buffer of {} bytes", bytes.len());
+        assert!(bytes.len().is_multiple_of(self.size()), "{self:?} buffer of {} bytes", bytes.len());
         match self {
             DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             DType::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),

@@ -8,7 +8,7 @@
 /// Normalises every `dim`-long row of `x` in place.
 pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let dim = w.len();
-    assert!(dim > 0 && x.len() % dim == 0, "rmsnorm: x is not whole rows of w.len()");
+    assert!(dim > 0 && x.len().is_multiple_of(dim), "rmsnorm: x is not whole rows of w.len()");
     for row in x.chunks_exact_mut(dim) {
         let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
         let inv = 1.0 / (ms + eps).sqrt();

@@ -84,6 +84,7 @@ impl Gpu {
 
     /// Confidence logits of `rows` slots: `logit[s] = w[..H]·h_s + (w[H..]·e_s if with_markov) +
     /// bias`, h `[rows, H]`, e `[rows, r]`.
+    #[allow(clippy::too_many_arguments)]
     pub fn confidence(
         &self,
         w: &CudaView<f32>,

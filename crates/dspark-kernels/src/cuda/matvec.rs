@@ -223,7 +223,7 @@ impl Gpu {
     /// Whether a 16-bit weight view and its activations can take the tensor-core kernels:
     /// `d_in % 8 == 0` and 16-byte aligned buffers (the callers check the dtype is bf16).
     fn tc_ok(&self, wv: &WeightView<'_>, x: &CudaView<f32>, d_in: usize) -> bool {
-        matches!(wv, WeightView::U16(v) if aligned16(self, v)) && d_in % 8 == 0 && aligned16(self, x)
+        matches!(wv, WeightView::U16(v) if aligned16(self, v)) && d_in.is_multiple_of(8) && aligned16(self, x)
     }
 
     /// Times-only entry for `dspark bench --matvec-variants`: a named tensor-core variant on a
@@ -239,7 +239,7 @@ impl Gpu {
         check("matvec w", w.len(), shape.1 * shape.2)?;
         check("matvec x", x.len(), shape.0 * shape.1)?;
         check("matvec y", y.len(), shape.0 * shape.2)?;
-        if !matches!(w, WeightBuf::Bf16(_)) || shape.1 % 8 != 0 {
+        if !matches!(w, WeightBuf::Bf16(_)) || !shape.1.is_multiple_of(8) {
             return Err(CudaError::Shape(format!("{name}: bf16 weights with in % 8 == 0 only")));
         }
         // `name@ks` forces the K split (1, 2, 4 or 8) instead of the host's choice.
