@@ -11,7 +11,7 @@
 use crate::backend::{Captured, Deferred, DeviceTokens, Drafter, Proposal};
 use crate::config::Qwen3Config;
 use crate::cuda_graphs::StepGraphs;
-use crate::cuda_layers::{drv, gpu_err, layer_step, CacheRows, GpuLayer, Scratch};
+use crate::cuda_layers::{drv, gpu_err, run_layers, GpuLayer, Scratch};
 use crate::cuda_qwen3::{capture_id, tokens_id, CudaQwen3, SharedCapture, SharedTokens, CHUNK};
 use crate::draft_config::{DraftConfig, MarkovKind};
 use crate::dspark::check_tensors;
@@ -294,26 +294,21 @@ impl CudaDraft {
         let lens = StepLens { dev: self.step_in.slice(..2), first_pos: p, kv_cap };
         let ids = self.step_in.slice(2..2 + b);
         gpu.embedding(&self.embed_tokens, h, &ids, b, &mut self.x.slice_mut(..b * h)).map_err(gpu_err)?;
-        // Each layer's `down` leaves the next layer's input norm; the final norm runs on its own
-        // because the Markov chain and the confidence head read the normalised rows too.
-        let mut normed = None;
-        for i in 0..self.layers.len() {
-            let cache = CacheRows { k: &mut self.k_cache[i], v: &mut self.v_cache[i] };
-            let next_norm = self.layers.get(i + 1).map(|next| &next.input_layernorm);
-            normed = layer_step(
-                &gpu,
-                &l,
-                &self.layers[i],
-                &mut self.scratch,
-                &mut self.x.slice_mut(..b * h),
-                b,
-                &lens,
-                &self.inv_freq,
-                cache,
-                false,
-                (normed, next_norm),
-            )?;
-        }
+        // The final norm runs on its own: the Markov chain and the confidence head read the
+        // normalised rows too.
+        run_layers(
+            &gpu,
+            &l,
+            &self.layers,
+            &mut self.scratch,
+            &mut self.x.slice_mut(..b * h),
+            (b, false),
+            &lens,
+            &self.inv_freq,
+            (&mut self.k_cache, &mut self.v_cache),
+            None,
+            |_, _| Ok(()),
+        )?;
         gpu.rmsnorm(&self.x.slice(..b * h), &self.norm.as_view(), eps, b, &mut self.hidden.slice_mut(..b * h))
             .map_err(gpu_err)?;
         gpu.matvec(&self.lm_head, &self.hidden.slice(..b * h), &mut self.logits.slice_mut(..b * v), (b, h, v), false)

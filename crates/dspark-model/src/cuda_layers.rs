@@ -121,9 +121,41 @@ impl Scratch {
 
 /// Where a layer step reads and writes its K/V: the step's rows go to cache rows
 /// `first_pos ..` and attention reads rows `0..kv_len`, both from the step's [`StepLens`].
-pub struct CacheRows<'a> {
+struct CacheRows<'a> {
     pub k: &'a mut CudaSlice<f32>,
     pub v: &'a mut CudaSlice<f32>,
+}
+
+/// Runs `layers` in order over `n` rows of `x` (`[n, H]`, updated in place), one
+/// [`layer_step`] each with its own K/V cache. Each layer's `down` leaves the next layer's input
+/// norm for it, and the last layer's leaves `final_norm` when one is given; `after(l, x)` runs
+/// after layer `l` (the target copies its captures there). Returns what the last layer left in
+/// `s.u` (`None` without `final_norm`).
+#[allow(clippy::too_many_arguments)]
+pub fn run_layers(
+    gpu: &Gpu,
+    cfg: &Qwen3Config,
+    layers: &[GpuLayer],
+    s: &mut Scratch,
+    x: &mut CudaViewMut<f32>,
+    (n, causal): (usize, bool),
+    lens: &StepLens<'_>,
+    inv_freq: &CudaSlice<f32>,
+    (k_cache, v_cache): (&mut [CudaSlice<f32>], &mut [CudaSlice<f32>]),
+    final_norm: Option<&CudaSlice<f32>>,
+    mut after: impl FnMut(usize, &CudaViewMut<f32>) -> Result<()>,
+) -> Result<Option<Normed>> {
+    let mut normed = None;
+    for (l, (lw, (k, v))) in layers.iter().zip(k_cache.iter_mut().zip(v_cache.iter_mut())).enumerate() {
+        let next_norm = match layers.get(l + 1) {
+            Some(next) => Some(&next.input_layernorm),
+            None => final_norm,
+        };
+        let cache = CacheRows { k, v };
+        normed = layer_step(gpu, cfg, lw, s, x, n, lens, inv_freq, cache, causal, (normed, next_norm))?;
+        after(l, x)?;
+    }
+    Ok(normed)
 }
 
 /// Runs one layer over `n` rows of `x` (`[n, H]`, updated in place).
@@ -133,7 +165,7 @@ pub struct CacheRows<'a> {
 /// `down` leaves the next RMSNorm (the next layer's `input_layernorm`, or the final norm) in
 /// `s.u` / `s.ss` the same way, and returns what it left.
 #[allow(clippy::too_many_arguments)]
-pub fn layer_step(
+fn layer_step(
     gpu: &Gpu,
     cfg: &Qwen3Config,
     lw: &GpuLayer,

@@ -17,7 +17,7 @@ use crate::backend::{
 };
 use crate::config::Qwen3Config;
 use crate::cuda_graphs::StepGraphs;
-use crate::cuda_layers::{drv, gpu_err, layer_step, CacheRows, GpuLayer, Scratch};
+use crate::cuda_layers::{drv, gpu_err, run_layers, GpuLayer, Scratch};
 use crate::error::Result;
 use crate::safetensors::Checkpoint;
 use crate::weights::WeightSource;
@@ -179,13 +179,9 @@ impl CudaQwen3 {
     /// Runs one chunk of at most [`CHUNK`] tokens on the device: logits of rows `from..` into
     /// `self.logits` (none when `logit_from` is `None`) and with `argmax` their ids into
     /// `self.next_ids`, captures into the shared buffer's first `n` rows. Returns the number of
-    /// logits rows. Steps of a few rows replay a CUDA graph (`cuda_graphs`).
-    fn run_chunk(&mut self, tokens: &[u32], logit_from: Option<usize>, argmax: bool) -> Result<usize> {
-        self.run_step(tokens, 0, logit_from, argmax)
-    }
-
-    /// [`Self::run_chunk`] over `host` tokens followed by the first `drafted` tokens of the
-    /// shared draft-token buffer, copied on the device.
+    /// logits rows. Steps of a few rows replay a CUDA graph (`cuda_graphs`). The chunk's tokens
+    /// are `host` followed by the first `drafted` tokens of the shared draft-token buffer, copied
+    /// on the device (the verify of a deferred proposal).
     fn run_step(&mut self, host: &[u32], drafted: usize, logit_from: Option<usize>, argmax: bool) -> Result<usize> {
         let n = host.len() + drafted;
         let gpu = self.gpu.clone();
@@ -234,33 +230,27 @@ impl CudaQwen3 {
         let t = self.capture.len();
         let shared = self.captured.clone();
         let mut cap = shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
-        // Each layer's `down` leaves the next RMSNorm (the next layer's input norm, or the final
-        // norm when logits are wanted) for the matvec after it.
-        let mut normed = None;
-        for l in 0..self.layers.len() {
-            let cache = CacheRows { k: &mut self.k_cache[l], v: &mut self.v_cache[l] };
-            let next_norm = match self.layers.get(l + 1) {
-                Some(next) => Some(&next.input_layernorm),
-                None => logit_from.map(|_| &self.norm),
-            };
-            normed = layer_step(
-                &gpu,
-                c,
-                &self.layers[l],
-                &mut self.scratch,
-                &mut self.x.slice_mut(..n * h),
-                n,
-                &lens,
-                &self.inv_freq,
-                cache,
-                true,
-                (normed, next_norm),
-            )?;
-            for (slot, _) in self.capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
-                gpu.copy_rows(&self.x.slice(..n * h), &mut cap.rows.slice_mut(slot * h..), n, h, (h, t * h))
-                    .map_err(gpu_err)?;
-            }
-        }
+        // The last layer's `down` also leaves the final norm when logits are wanted.
+        let capture = &self.capture;
+        let normed = run_layers(
+            &gpu,
+            c,
+            &self.layers,
+            &mut self.scratch,
+            &mut self.x.slice_mut(..n * h),
+            (n, true),
+            &lens,
+            &self.inv_freq,
+            (&mut self.k_cache, &mut self.v_cache),
+            logit_from.map(|_| &self.norm),
+            |l, x| {
+                for (slot, _) in capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
+                    gpu.copy_rows(&x.as_view(), &mut cap.rows.slice_mut(slot * h..), n, h, (h, t * h))
+                        .map_err(gpu_err)?;
+                }
+                Ok(())
+            },
+        )?;
         let Some(from) = logit_from else { return Ok(()) };
         let rows = n - from;
         // The last layer's `down` left the final norm of all n rows; logits take rows from..n.
@@ -350,7 +340,7 @@ impl TargetModel for CudaQwen3 {
         let chunks: Vec<&[u32]> = tokens.chunks(CHUNK).collect();
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
-            let n = self.run_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()), false)?;
+            let n = self.run_step(chunk, 0, Self::logit_from(rows, i, last, chunk.len()), false)?;
             if n > 0 {
                 let mut host = vec![0f32; n * v];
                 self.gpu.stream.memcpy_dtoh(&self.logits.slice(..n * v), &mut host).map_err(drv)?;
@@ -369,7 +359,7 @@ impl TargetModel for CudaQwen3 {
         let mut ids = Vec::new();
         let mut host_captured = Vec::new();
         for (i, chunk) in chunks.iter().enumerate() {
-            let n = self.run_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()), true)?;
+            let n = self.run_step(chunk, 0, Self::logit_from(rows, i, last, chunk.len()), true)?;
             if n > 0 {
                 let gpu = self.gpu.clone();
                 let mut host = vec![0u32; n];

@@ -3,7 +3,7 @@
 //! dtype and row count.
 
 use super::ops::{aligned16, cfg, check, launch, launch_v, WeightBuf, WeightView};
-use super::pdl::{dptr, dptr_mut, Arg};
+use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
@@ -66,10 +66,7 @@ pub(crate) struct NormOut {
 
 /// The device address of a view, with its length, for an [`Epilogue`].
 pub(crate) fn addr<T>(gpu: &Gpu, v: &impl cudarc::driver::DevicePtr<T>, len: usize) -> (u64, usize) {
-    match dptr(gpu, v) {
-        Arg::Ptr(p) => (p, len),
-        _ => (0, 0),
-    }
+    (device_addr(gpu, v), len)
 }
 
 impl Gpu {
@@ -265,16 +262,32 @@ impl Gpu {
         x: &CudaView<f32>,
         gate_up: &mut CudaViewMut<f32>,
         act: &mut CudaViewMut<f32>,
+        shape: (usize, usize, usize),
+    ) -> CudaResult<()> {
+        self.swiglu_with(w, x, gate_up, act, shape, None)
+    }
+
+    /// [`Gpu::matvec_swiglu`], with a pending RMSNorm of `x` applied in the tensor-core epilogue
+    /// (`norm_in` is only given where `tc_path` holds; see `norm_fold.rs`).
+    pub(crate) fn swiglu_with(
+        &self,
+        w: &WeightBuf,
+        x: &CudaView<f32>,
+        gate_up: &mut CudaViewMut<f32>,
+        act: &mut CudaViewMut<f32>,
         (m, d_in, inter): (usize, usize, usize),
+        norm_in: Option<NormIn>,
     ) -> CudaResult<()> {
         check("matvec_swiglu w", w.len(), 2 * inter * d_in)?;
         check("matvec_swiglu x", x.len(), m * d_in)?;
         check("matvec_swiglu act", act.len(), m * inter)?;
-        let wv = w.view(0..w.len());
-        if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
-            let shape = (m, d_in, 2 * inter);
-            self.matvec_tc("matvec_tc_swiglu_bf16", &wv, x, act, shape, inter, false, None, Epilogue::default())?;
+        if self.tc_path(w, x, d_in) {
+            let epi = Epilogue { norm_in, norm_out: None };
+            self.matvec_tc_epi("matvec_tc_swiglu_bf16", w, x, act, (m, d_in, 2 * inter), inter, false, epi)?;
             return Ok(());
+        }
+        if norm_in.is_some() {
+            return Err(CudaError::Shape("matvec_swiglu: a pending norm needs the tensor-core path".into()));
         }
         self.matvec(w, x, gate_up, (m, d_in, 2 * inter), false)?;
         let (i, r) = (inter as i32, m as i32);

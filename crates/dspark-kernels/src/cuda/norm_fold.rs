@@ -103,20 +103,17 @@ impl Gpu {
         (m, d_in, d_out): (usize, usize, usize),
         accumulate: bool,
     ) -> CudaResult<()> {
-        let Normed::Pending { parts, eps } = norm else {
-            return self.matvec(w, &u.as_view(), y, (m, d_in, d_out), accumulate);
-        };
         check("matvec_normed w", w.len(), d_out * d_in)?;
-        check("matvec_normed u", u.len(), m * d_in)?;
         check("matvec_normed y", y.len(), m * d_out)?;
-        if !self.tc_path(w, &u.as_view(), d_in) {
-            self.rms_finish(u, ss, (m, d_in), parts, eps)?;
-            return self.matvec(w, &u.as_view(), y, (m, d_in, d_out), accumulate);
+        match self.pending_norm(w, u, norm, ss, (m, d_in))? {
+            None => self.matvec(w, &u.as_view(), y, (m, d_in, d_out), accumulate),
+            Some(n) => {
+                let name = self.tc_name(d_out, d_in);
+                let epi = Epilogue { norm_in: Some(n), norm_out: None };
+                self.matvec_tc_epi(name, w, &u.as_view(), y, (m, d_in, d_out), d_out, accumulate, epi)?;
+                Ok(())
+            }
         }
-        let name = self.tc_name(d_out, d_in);
-        let epi = Epilogue { norm_in: Some(NormIn { ss: addr(self, ss, ss.len()), parts, eps }), norm_out: None };
-        self.matvec_tc_epi(name, w, &u.as_view(), y, (m, d_in, d_out), d_out, accumulate, epi)?;
-        Ok(())
     }
 
     /// [`Gpu::matvec_swiglu`] over `u` as [`Gpu::matvec_norm_out`] left it.
@@ -129,21 +126,30 @@ impl Gpu {
         ss: &CudaView<f32>,
         gate_up: &mut CudaViewMut<f32>,
         act: &mut CudaViewMut<f32>,
-        (m, d_in, inter): (usize, usize, usize),
+        shape: (usize, usize, usize),
     ) -> CudaResult<()> {
-        let Normed::Pending { parts, eps } = norm else {
-            return self.matvec_swiglu(w, &u.as_view(), gate_up, act, (m, d_in, inter));
-        };
-        check("matvec_swiglu_normed w", w.len(), 2 * inter * d_in)?;
-        check("matvec_swiglu_normed u", u.len(), m * d_in)?;
-        check("matvec_swiglu_normed act", act.len(), m * inter)?;
-        if !self.tc_path(w, &u.as_view(), d_in) {
-            self.rms_finish(u, ss, (m, d_in), parts, eps)?;
-            return self.matvec_swiglu(w, &u.as_view(), gate_up, act, (m, d_in, inter));
+        let norm_in = self.pending_norm(w, u, norm, ss, (shape.0, shape.1))?;
+        self.swiglu_with(w, &u.as_view(), gate_up, act, shape, norm_in)
+    }
+
+    /// What a consumer of `u` must do about `norm`: `Some` — scale in the tensor-core epilogue;
+    /// `None` — nothing more (done already, or finished here in place because W cannot take
+    /// the tensor-core kernel).
+    fn pending_norm(
+        &self,
+        w: &super::ops::WeightBuf,
+        u: &mut CudaViewMut<f32>,
+        norm: Normed,
+        ss: &CudaView<f32>,
+        (m, d_in): (usize, usize),
+    ) -> CudaResult<Option<NormIn>> {
+        check("normed input u", u.len(), m * d_in)?;
+        let Normed::Pending { parts, eps } = norm else { return Ok(None) };
+        if self.tc_path(w, &u.as_view(), d_in) {
+            return Ok(Some(NormIn { ss: addr(self, ss, ss.len()), parts, eps }));
         }
-        let epi = Epilogue { norm_in: Some(NormIn { ss: addr(self, ss, ss.len()), parts, eps }), norm_out: None };
-        self.matvec_tc_epi("matvec_tc_swiglu_bf16", w, &u.as_view(), act, (m, d_in, 2 * inter), inter, false, epi)?;
-        Ok(())
+        self.rms_finish(u, ss, (m, d_in), parts, eps)?;
+        Ok(None)
     }
 
     /// Finishes pending rows in place: `u[r] *= 1/sqrt(Σ_p ss[r, p] / dim + eps)`.

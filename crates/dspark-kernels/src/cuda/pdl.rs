@@ -91,8 +91,13 @@ impl Gpu {
 /// The raw device address of a buffer or view, for [`Arg::Ptr`]. Event tracking is off (one
 /// stream), so the returned guard has nothing to record and is dropped at once.
 pub(crate) fn dptr<T>(gpu: &Gpu, v: &impl cudarc::driver::DevicePtr<T>) -> Arg {
+    Arg::Ptr(device_addr(gpu, v))
+}
+
+/// The raw device address of a buffer or view (see [`dptr`]).
+pub(crate) fn device_addr<T>(gpu: &Gpu, v: &impl cudarc::driver::DevicePtr<T>) -> u64 {
     let (p, _guard) = v.device_ptr(&gpu.stream);
-    Arg::Ptr(p)
+    p
 }
 
 /// As [`dptr`], for a buffer the kernel writes.
