@@ -66,7 +66,8 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 // run and each query head re-reads its KV head: the cache is streamed G = nh/nkv times by too few
 // SMs. Here a block owns one KV head, one slice of the keys ("flash-decoding") and up to 4·QW of
 // the group's queries (rows × G query heads). The block stages tiles of 32 keys' K and V rows in shared memory with
-// coalesced 16-byte loads, the next tile's loads in flight while it computes on this one.
+// coalesced 16-byte loads, the next tile's loads in flight while it computes on this one (the
+// first tile by cp.async straight into shared memory, so the first two are in flight at once).
 // Scores are lane-per-key: lane j takes the whole dot products q_i · k_j for all of its warp's
 // queries in one pass (K rows padded by 4 floats so the 16-byte reads of a quarter-warp hit
 // distinct banks; each K element read serves every query), so a tile needs one max and one sum
@@ -102,6 +103,21 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     if (!sb.active) return;
     const int G = sb.G, Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
     const float scale = rsqrtf((float)HD);
+
+    // The first tile goes straight to shared memory with cp.async (no registers held) and the
+    // second into the registers below, so both tiles' loads are in flight from the start: at
+    // 4096 keys a block has two tiles, and the second used to wait a whole round trip for the
+    // first to land before it was asked for.
+#pragma unroll
+    for (int i = 0; i < LOADS; i++) {
+        const int idx = threadIdx.x + i * SPLIT_WARPS * 32;
+        const int key = j0 + idx / D4, c = idx % D4;
+        const bool in = key < j1;
+        const size_t off = in ? ((size_t)key * nkv + kvh) * D4 + c : 0;
+        cp_async16(&sk[idx / D4][c], reinterpret_cast<const float4*>(k) + off, in);
+        cp_async16(reinterpret_cast<float4*>(&sv[idx / D4][0]) + c, reinterpret_cast<const float4*>(v) + off, in);
+    }
+    cp_async_commit();
 
     for (int i = threadIdx.x; i < SPLIT_Q * D4; i += blockDim.x) {
         int qi = q0 + i / D4, c = i % D4;
@@ -141,17 +157,21 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
             }
         }
     };
-    if (j0 < j1) fetch(j0);
+    if (j0 + TK < j1) fetch(j0 + TK);
     for (int t0 = j0; t0 < j1; t0 += TK) {
-        __syncthreads();  // the previous tile (and, the first time, sq) is no longer being written/read
+        if (t0 == j0) {
+            cp_async_wait_all();  // this thread's part of the first tile has landed
+        } else {
+            __syncthreads();  // the previous tile is no longer being read
 #pragma unroll
-        for (int i = 0; i < LOADS; i++) {
-            int idx = threadIdx.x + i * SPLIT_WARPS * 32;
-            sk[idx / D4][idx % D4] = pk[i];
-            reinterpret_cast<float4*>(&sv[idx / D4][0])[idx % D4] = pv[i];
+            for (int i = 0; i < LOADS; i++) {
+                int idx = threadIdx.x + i * SPLIT_WARPS * 32;
+                sk[idx / D4][idx % D4] = pk[i];
+                reinterpret_cast<float4*>(&sv[idx / D4][0])[idx % D4] = pv[i];
+            }
         }
-        __syncthreads();
-        if (t0 + TK < j1) fetch(t0 + TK);  // in flight while this tile is computed
+        __syncthreads();  // the tile (and, the first time, sq) is in place for every warp
+        if (t0 != j0 && t0 + TK < j1) fetch(t0 + TK);  // in flight while this tile is computed
         const int j = t0 + lane;
         // Scores of this lane's key for all of the warp's queries in one pass over K, so each
         // K element read from shared memory serves QW queries.

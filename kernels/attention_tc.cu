@@ -10,9 +10,11 @@
 // spends ~1.5 instructions per query·key product on shared-memory reads, shuffles and FMAs — at
 // 4096 keys that was 1.9 ms of a 7.6 ms verify, compute-bound, not HBM-bound. Here both products,
 // S = Q·Kᵀ and O = P·V, run as mma.m16n8k8 in TF32 with the 3xTF32 split: each f32 operand
-// x = big + small (big = x rounded to TF32, small = the remainder rounded to TF32) and
+// x = big + small (big = x rounded to TF32, small = the f32 remainder, see split_tf32) and
 // a·b ≈ big·big + big·small + small·big, which drops only the small·small term (~2⁻²² relative),
-// so results stay within the 1e-5 tests against the f32 CPU reference.
+// so results stay within the 1e-5 tests against the f32 CPU reference. (small is handed to the
+// MMA untruncated and the tensor cores drop its low bits, which costs about one more bit; see
+// split_tf32.)
 //
 // Layout. A first version gave each of 4 warps 16 queries × 16 keys and the whole chain (split
 // Q, S, softmax, P·V): with one warp per SM quarter that chain was latency-bound and no faster
@@ -43,16 +45,16 @@
 #define TC_Q 32   // queries per block: 2 m-tiles of 16
 #define TC_SP (TC_TK + 1)  // row stride of the score/P tile (padded against bank conflicts)
 
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
-// x = big + small, both TF32 (stored as f32 bit patterns with the low 13 mantissa bits zero).
+// x = big + small: big is x rounded to TF32 (to nearest, ties away from zero, as cvt.rna does:
+// add half a TF32 ulp to the bit pattern, then clear the 13 low mantissa bits; a carry moves into
+// the exponent as it should), small the exact f32 remainder. small goes to the tensor cores as
+// it is: a .tf32 operand's 13 low bits are not read, so the MMA sees small truncated to TF32 —
+// the same trick as CUTLASS's and Triton's 3xTF32. cvt.rna.tf32.f32 has no instruction on
+// sm_90: it compiled to 4–5 integer and compare instructions, twice per split, and the splits
+// were a third of this kernel's instructions (docs/perf.md).
 __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(x - __uint_as_float(big));
 }
 
 __device__ __forceinline__ void mma_tf32(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -82,8 +84,12 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     constexpr int NQ = HD / 32;  // n-tiles of 8 dims per warp in P·V (a quarter of hd)
     constexpr int LOADS = (TC_TK * D4) / (TC_WARPS * 32);  // float4 of K (and of V) per thread per tile
     extern __shared__ float4 dyn_smem[];
-    uint4(*sqb)[D4] = reinterpret_cast<uint4(*)[D4]>(dyn_smem);                 // Q big (TF32 bits)
-    uint4(*sqs)[D4] = reinterpret_cast<uint4(*)[D4]>(dyn_smem + TC_Q * D4);     // Q small
+    // Q big and small parts in fragment order: [m-tile][chunk][k8 step][lane] holds lane's A
+    // fragment {a0, a1, a2, a3} of that MMA, so the S loop loads it with one 16-byte read straight
+    // into the four consecutive registers the MMA takes (a row-major Q needed two reads and four
+    // register moves per fragment). Same size as Q: 2 · CHUNKS · 2 · 32 = TC_Q · D4 uint4.
+    uint4(*sqb)[CHUNKS][2][32] = reinterpret_cast<uint4(*)[CHUNKS][2][32]>(dyn_smem);
+    uint4(*sqs)[CHUNKS][2][32] = reinterpret_cast<uint4(*)[CHUNKS][2][32]>(dyn_smem + TC_Q * D4);
     float4(*sk)[D4] = reinterpret_cast<float4(*)[D4]>(dyn_smem + 2 * TC_Q * D4);  // K tile
     float(*sv)[HD] = reinterpret_cast<float(*)[HD]>(dyn_smem + (2 * TC_Q + TC_TK) * D4);  // V tile
     float(*sp)[TC_SP] = reinterpret_cast<float(*)[TC_SP]>(dyn_smem + (2 * TC_Q + 2 * TC_TK) * D4);  // S, then P
@@ -122,21 +128,36 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
         }
     };
     fetch(j0);  // all zeros when the slice is empty
-    // Q, pre-scaled by 1/√hd and split once per block into TF32 big and small parts.
-    for (int i = threadIdx.x; i < TC_Q * D4; i += blockDim.x) {
-        const int row = i / D4, c = i % D4, qi = q0 + row;
-        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (qi < Q) {
-            val = reinterpret_cast<const float4*>(q + ((size_t)(qi / G) * nh + sb.head(qi)) * HD)[c];
-            val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
+    // Q, pre-scaled by 1/√hd and split once per block into TF32 big and small parts, stored in
+    // fragment order. Thread i builds lane (g, t)'s fragments of m-tile mt, chunk ch from the
+    // float4s of dims 16·ch + 4t .. +3 of its rows mt·16 + g (a0, a2) and mt·16 + g + 8 (a1, a3):
+    // step 0 takes dims 4t, 4t + 1 and step 1 dims 4t + 2, 4t + 3 (the slot mapping above).
+    for (int i = threadIdx.x; i < 2 * CHUNKS * 32; i += blockDim.x) {
+        const int fl = i & 31, ch = (i >> 5) % CHUNKS, m_t = i / (32 * CHUNKS);
+        const int fg = fl >> 2, ft = fl & 3;
+        float4 val[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int qi = q0 + m_t * 16 + fg + 8 * h;
+            val[h] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (qi < Q) {
+                val[h] = reinterpret_cast<const float4*>(q + ((size_t)(qi / G) * nh + sb.head(qi)) * HD)[ch * 4 + ft];
+                val[h].x *= scale; val[h].y *= scale; val[h].z *= scale; val[h].w *= scale;
+            }
         }
-        uint4 b, sm;
-        split_tf32(val.x, b.x, sm.x);
-        split_tf32(val.y, b.y, sm.y);
-        split_tf32(val.z, b.z, sm.z);
-        split_tf32(val.w, b.w, sm.w);
-        sqb[row][c ^ ((row & 1) << 2)] = b;
-        sqs[row][c ^ ((row & 1) << 2)] = sm;
+        uint4 b0, s0, b1, s1;
+        split_tf32(val[0].x, b0.x, s0.x);
+        split_tf32(val[1].x, b0.y, s0.y);
+        split_tf32(val[0].y, b0.z, s0.z);
+        split_tf32(val[1].y, b0.w, s0.w);
+        split_tf32(val[0].z, b1.x, s1.x);
+        split_tf32(val[1].z, b1.y, s1.y);
+        split_tf32(val[0].w, b1.z, s1.z);
+        split_tf32(val[1].w, b1.w, s1.w);
+        sqb[m_t][ch][0][fl] = b0;
+        sqs[m_t][ch][0][fl] = s0;
+        sqb[m_t][ch][1][fl] = b1;
+        sqs[m_t][ch][1][fl] = s1;
     }
     store_tile();
 
@@ -174,18 +195,16 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
 #pragma unroll 4
             for (int ch = 0; ch < CHUNKS; ch++) {
                 const int c4 = ch * 4 + t;
-                const uint4 qab = sqb[ra][c4 ^ sw], qbb = sqb[rb][c4 ^ sw];
-                const uint4 qas = sqs[ra][c4 ^ sw], qbs = sqs[rb][c4 ^ sw];
+                const uint4 q0b = sqb[mt][ch][0][lane], q1b = sqb[mt][ch][1][lane];
+                const uint4 q0s = sqs[mt][ch][0][lane], q1s = sqs[mt][ch][1][lane];
                 const float4 kk = sk[key][c4 ^ sw];
                 uint32_t bb[4], bs[4];
                 split_tf32(kk.x, bb[0], bs[0]);
                 split_tf32(kk.y, bb[1], bs[1]);
                 split_tf32(kk.z, bb[2], bs[2]);
                 split_tf32(kk.w, bb[3], bs[3]);
-                const uint32_t ab0[4] = {qab.x, qbb.x, qab.y, qbb.y}, as0[4] = {qas.x, qbs.x, qas.y, qbs.y};
-                const uint32_t ab1[4] = {qab.z, qbb.z, qab.w, qbb.w}, as1[4] = {qas.z, qbs.z, qas.w, qbs.w};
-                mma_3xtf32(sb, ss, ab0, as0, &bb[0], &bs[0]);
-                mma_3xtf32(sb, ss, ab1, as1, &bb[2], &bs[2]);
+                mma_3xtf32(sb, ss, &q0b.x, &q0s.x, &bb[0], &bs[0]);
+                mma_3xtf32(sb, ss, &q1b.x, &q1s.x, &bb[2], &bs[2]);
             }
             const int col = quarter * 8 + 2 * t;
             sp[ra][col] = sb[0] + ss[0];
@@ -195,7 +214,12 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
         }
         __syncthreads();
 
-        // Online softmax, one row at a time per warp, lane = key: P replaces S in place.
+        // Online softmax, one row at a time per warp, lane = key: P replaces S in place. Each
+        // lane keeps its own share of the row sum l (every lane sees the same max, so the
+        // shares rescale alike); they are added once, after the last tile, instead of one
+        // five-shuffle reduction per row and tile. The exponentials use the hardware ex2
+        // (__expf: about 2⁻²¹ relative at the arguments that matter, well inside the 1e-5
+        // tests) rather than expf's ten-instruction exact path.
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = 4 * warp + i, key = t0 + lane;
@@ -203,9 +227,9 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
             const float s = valid ? sp[r][lane] : -INFINITY;
             const float m_new = fmaxf(m_row[i], warp_max(s));
             // A row with no visible key so far keeps m = −inf, l = 0 and O = 0 (all its p are 0).
-            const float corr = m_new == -INFINITY ? 1.f : expf(m_row[i] - m_new);
-            const float p = valid ? expf(s - m_new) : 0.f;
-            l_row[i] = l_row[i] * corr + warp_sum(p);
+            const float corr = m_new == -INFINITY ? 1.f : __expf(m_row[i] - m_new);
+            const float p = valid ? __expf(s - m_new) : 0.f;
+            l_row[i] = l_row[i] * corr + p;
             m_row[i] = m_new;
             sp[r][lane] = p;
             if (lane == 0) scorr[r] = corr;
@@ -246,9 +270,10 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int qi = q0 + 4 * warp + i;
+        const float l = warp_sum(l_row[i]);
         if (lane == 0 && qi < Q) {
             part_ml[slot_of(qi) * 2] = m_row[i];
-            part_ml[slot_of(qi) * 2 + 1] = l_row[i];
+            part_ml[slot_of(qi) * 2 + 1] = l;
         }
     }
     const int qa = q0 + ra, qb = q0 + rb;

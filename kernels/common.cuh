@@ -56,6 +56,16 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// 16 bytes global → shared without passing through registers (sm_80+); with `valid` false the
+// destination is zero-filled and nothing is read. cp_async_commit closes a group of them and
+// cp_async_wait_all waits for all of this thread's groups.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // The part of a split-KV attention launch one block owns (attention.cu, attention_tc.cu): grid
 // Positions live in device memory so that one captured CUDA graph serves every step:
 // lens[0] = the position of the step's first row (also its first cache row), lens[1] = kv_len,
