@@ -96,9 +96,8 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     __shared__ float4 sk[TK][D4 + 1];
     __shared__ float sv[TK][HD];
     pdl_trigger();
-    pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int first_pos = lens[0], kv_len = lens[1];
+    const int first_pos = lens[0], kv_len = lens[1];  // host-written: safe before the wait
     const SplitBlock sb = split_block(rows, nh, nkv, kv_len, keys, SPLIT_Q);
     if (!sb.active) return;
     const int G = sb.G, Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
@@ -107,27 +106,26 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     // The first tile goes straight to shared memory with cp.async (no registers held) and the
     // second into the registers below, so both tiles' loads are in flight from the start: at
     // 4096 keys a block has two tiles, and the second used to wait a whole round trip for the
-    // first to land before it was asked for.
+    // first to land before it was asked for. Cache rows below first_pos were written by earlier
+    // steps, which had completed before this step's positions were copied to the device (every
+    // step starts with that stream copy, ARCHITECTURE.md): a tile of such rows only may be
+    // asked for before the PDL wait, while the kernels before this one still run. The step's own
+    // rows are appended by the kernel just before this one.
+    auto first_tile = [&]() {
 #pragma unroll
-    for (int i = 0; i < LOADS; i++) {
-        const int idx = threadIdx.x + i * SPLIT_WARPS * 32;
-        const int key = j0 + idx / D4, c = idx % D4;
-        const bool in = key < j1;
-        const size_t off = in ? ((size_t)key * nkv + kvh) * D4 + c : 0;
-        cp_async16(&sk[idx / D4][c], reinterpret_cast<const float4*>(k) + off, in);
-        cp_async16(reinterpret_cast<float4*>(&sv[idx / D4][0]) + c, reinterpret_cast<const float4*>(v) + off, in);
-    }
-    cp_async_commit();
-
-    for (int i = threadIdx.x; i < SPLIT_Q * D4; i += blockDim.x) {
-        int qi = q0 + i / D4, c = i % D4;
-        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (qi < Q) {
-            val = reinterpret_cast<const float4*>(q + ((size_t)(qi / G) * nh + sb.head(qi)) * HD)[c];
-            val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
+        for (int i = 0; i < LOADS; i++) {
+            const int idx = threadIdx.x + i * SPLIT_WARPS * 32;
+            const int key = j0 + idx / D4, c = idx % D4;
+            const bool in = key < j1;
+            const size_t off = in ? ((size_t)key * nkv + kvh) * D4 + c : 0;
+            cp_async16(&sk[idx / D4][c], reinterpret_cast<const float4*>(k) + off, in);
+            cp_async16(reinterpret_cast<float4*>(&sv[idx / D4][0]) + c, reinterpret_cast<const float4*>(v) + off, in);
         }
-        sq[i / D4][c] = val;
-    }
+        cp_async_commit();
+    };
+    const bool early = ATTN_EARLY >= 1 && j0 + TK <= first_pos;
+    if (early) first_tile();
+    const bool early2 = ATTN_EARLY >= 2 && j0 + 2 * TK <= first_pos;
 
     float o[QW][PER], m[QW], l[QW];
     int vis[QW];
@@ -157,7 +155,21 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
             }
         }
     };
-    if (j0 + TK < j1) fetch(j0 + TK);
+    if (early2) fetch(j0 + TK);
+    pdl_wait();
+    if (!early) first_tile();
+    if (!early2 && j0 + TK < j1) fetch(j0 + TK);
+
+    // q is the previous kernel's output: staged after the wait.
+    for (int i = threadIdx.x; i < SPLIT_Q * D4; i += blockDim.x) {
+        int qi = q0 + i / D4, c = i % D4;
+        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (qi < Q) {
+            val = reinterpret_cast<const float4*>(q + ((size_t)(qi / G) * nh + sb.head(qi)) * HD)[c];
+            val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
+        }
+        sq[i / D4][c] = val;
+    }
     for (int t0 = j0; t0 < j1; t0 += TK) {
         if (t0 == j0) {
             cp_async_wait_all();  // this thread's part of the first tile has landed

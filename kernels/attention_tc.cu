@@ -95,10 +95,9 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     float(*sp)[TC_SP] = reinterpret_cast<float(*)[TC_SP]>(dyn_smem + (2 * TC_Q + 2 * TC_TK) * D4);  // S, then P
     float* scorr = &sp[TC_Q][0];  // per row: this tile's rescale of O
     pdl_trigger();
-    pdl_wait();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int first_pos = lens[0], kv_len = lens[1];
+    const int first_pos = lens[0], kv_len = lens[1];  // host-written: safe before the wait
     const SplitBlock sb = split_block(rows, nh, nkv, kv_len, keys, TC_Q);
     if (!sb.active) return;
     const int G = sb.G, Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
@@ -127,7 +126,12 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
             reinterpret_cast<float4*>(&sv[key][0])[c ^ (((key >> 1) & 3) << 1)] = pv[i];
         }
     };
-    fetch(j0);  // all zeros when the slice is empty
+    // Cache rows below first_pos were written by earlier, completed steps (attention.cu): a
+    // first tile of such rows only is asked for before the wait; the step's own rows after it.
+    const bool early = ATTN_EARLY >= 1 && j0 + TC_TK <= first_pos;
+    if (early) fetch(j0);
+    pdl_wait();
+    if (!early) fetch(j0);  // all zeros when the slice is empty
     // Q, pre-scaled by 1/√hd and split once per block into TF32 big and small parts, stored in
     // fragment order. Thread i builds lane (g, t)'s fragments of m-tile mt, chunk ch from the
     // float4s of dims 16·ch + 4t .. +3 of its rows mt·16 + g (a0, a2) and mt·16 + g + 8 (a1, a3):
