@@ -74,6 +74,18 @@ pub struct OpScratch {
 
 /// Most key slices of one split attention launch.
 pub const MAX_SPLITS: usize = 128;
+
+/// Key slices of a split attention launch: `(grid slices, keys)`. The kernels split a step's
+/// kv_len keys into `min(grid slices, ⌈kv_len / keys⌉)` slices of equal length (`split_count`,
+/// common.cuh), so with keys = 32 a short context gets one 32-key tile per block and a long one
+/// as many slices as fill one wave of `slots` resident blocks (`blocks` per slice: KV heads ×
+/// query groups) — each block then walks several tiles. Both figures follow `kv_cap` only, as a
+/// captured graph needs. Measured on the H200 (docs/perf.md): one full wave beats both fixed
+/// 64- and 128-key slices, which left half the SMs idle for part of the 2048–4096 range.
+pub fn split_plan(kv_cap: usize, blocks: usize, slots: usize) -> (usize, usize) {
+    let wave = (slots / blocks.max(1)).max(1);
+    (kv_cap.div_ceil(32).min(wave).clamp(1, MAX_SPLITS), 32)
+}
 /// Most query rows the split attention takes (verify and draft blocks are ≤ 8; prefill uses the
 /// per-head kernel).
 pub const SPLIT_ROWS: usize = 16;
@@ -321,29 +333,17 @@ impl Gpu {
         if !aligned16(self, k) || !aligned16(self, v) {
             return Err(CudaError::Shape("attention_split: K/V cache views must be 16-byte aligned".into()));
         }
-        // One 32-key tile per block (the most blocks, no serial tiles) up to 2048 keys. Beyond,
-        // one query row (decode) takes 64 keys per block and several rows (the tensor-core
-        // kernel) 128: at 4096 keys those measured fastest among 32/64/128/256 (fewer partials
-        // to write and combine; docs/perf.md). At most MAX_SPLITS slices. The choice and the grid
-        // follow `kv_cap`; the kernels count the step's slices from its kv_len the same way
-        // (split_count), which gives the same slices as long as kv_len and kv_cap sit on the
-        // same side of 2048 — a power-of-two cap does.
-        let group_queries = rows * (n_heads / n_kv_heads);
-        let keys = match (kv_cap <= 2048, group_queries <= 4) {
-            (true, _) => 32,
-            (false, true) => 64,
-            (false, false) => 128,
-        };
-        let splits = kv_cap.div_ceil(keys).clamp(1, MAX_SPLITS);
-        let (r, nh, nkv, c) = (rows as i32, n_heads as i32, n_kv_heads as i32, causal as i32);
         // A block takes 4 queries (one per warp) when that is the whole group (decode); more
         // queries (verify, the draft block) go to the tensor-core kernel, 32 per block.
-        let (name, per_block) = if group_queries <= 4 {
-            (format!("attention_split_q1_hd{head_dim}_f32"), 4)
+        let group_queries = rows * (n_heads / n_kv_heads);
+        let (name, per_block, per_sm) = if group_queries <= 4 {
+            (format!("attention_split_q1_hd{head_dim}_f32"), 4, 4)
         } else {
-            (format!("attention_tc_hd{head_dim}_f32"), 32)
+            (format!("attention_tc_hd{head_dim}_f32"), 32, 2)
         };
         let groups = group_queries.div_ceil(per_block);
+        let (splits, keys) = split_plan(kv_cap, n_kv_heads * groups, per_sm * self.sms);
+        let (r, nh, nkv, c) = (rows as i32, n_heads as i32, n_kv_heads as i32, causal as i32);
         // attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys)
         let lens_dev = dptr(self, &lens.dev);
         let args = [
@@ -428,5 +428,27 @@ impl Gpu {
         ];
         self.launch_pdl("qkv_rope_append_f32", ((rows * (nq + 2 * nkv)) as u32, 1, 1), threads, &args)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_plan;
+
+    #[test]
+    fn split_plan_fills_one_wave() {
+        // An H200: 132 SMs; Qwen3-8B's 8 KV heads, one query group per head.
+        let (q1, tc) = (4 * 132, 2 * 132);
+        // Short contexts: one 32-key tile per block.
+        assert_eq!(split_plan(512, 8, tc), (16, 32));
+        assert_eq!(split_plan(1, 8, q1), (1, 32));
+        // Long contexts: as many slices as fill one wave, each a run of tiles.
+        assert_eq!(split_plan(4096, 8, tc), (33, 32));
+        assert_eq!(split_plan(8192, 8, tc), (33, 32));
+        assert_eq!(split_plan(8192, 8, q1), (66, 32));
+        assert_eq!(split_plan(2048, 8, q1), (64, 32));
+        // Never more slices than the scratch holds, never fewer than one.
+        assert_eq!(split_plan(1 << 20, 1, 10_000), (128, 32));
+        assert_eq!(split_plan(4096, 1000, 10), (1, 32));
     }
 }
