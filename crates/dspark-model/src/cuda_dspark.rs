@@ -239,6 +239,8 @@ impl CudaDraft {
         let gpu = self.gpu.clone();
         let first_pos = self.ctx_len;
         let lens = [first_pos as u32, (first_pos + n) as u32];
+        // The copy also waits for every earlier kernel: the attention kernels rely on it to read
+        // settled cache rows before their PDL wait (ARCHITECTURE.md).
         gpu.stream.memcpy_htod(&lens, &mut self.step_in.slice_mut(..2)).map_err(drv)?;
         let key = DraftStep::Append { rows: n, features: features.device_ptr(&gpu.stream).0 };
         let mut graphs = std::mem::take(&mut self.graphs);
@@ -479,6 +481,8 @@ impl Drafter for CudaDraft {
         step[0] = p as u32;
         step[1] = (p + b) as u32;
         step[2] = anchor;
+        // The copy also waits for every earlier kernel: the attention kernels rely on it to read
+        // settled cache rows before their PDL wait (ARCHITECTURE.md).
         gpu.stream.memcpy_htod(&step, &mut self.step_in.slice_mut(..2 + b)).map_err(drv)?;
         let kv_cap = self.graphs.kv_cap(&gpu, b, p + b, self.max_len + b);
         let mut graphs = std::mem::take(&mut self.graphs);

@@ -192,6 +192,8 @@ impl CudaQwen3 {
         up[1] = kv_len as u32;
         up[2..2 + host.len()].copy_from_slice(host);
         let m = 2 + host.len();
+        // The copy also waits for every earlier kernel: the attention kernels rely on it to read
+        // settled cache rows before their PDL wait (ARCHITECTURE.md).
         gpu.stream.memcpy_htod(&up[..m], &mut self.step_in.slice_mut(..m)).map_err(drv)?;
         if drafted > 0 {
             let shared = self.drafted.clone();
