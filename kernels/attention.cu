@@ -123,9 +123,8 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
         }
         cp_async_commit();
     };
-    const bool early = ATTN_EARLY >= 1 && j0 + TK <= first_pos;
+    const bool early = j0 + TK <= first_pos;
     if (early) first_tile();
-    const bool early2 = ATTN_EARLY >= 2 && j0 + 2 * TK <= first_pos;
 
     float o[QW][PER], m[QW], l[QW];
     int vis[QW];
@@ -155,10 +154,10 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
             }
         }
     };
-    if (early2) fetch(j0 + TK);
+    // (Asking for the second tile before the wait too measured no better: docs/perf.md.)
     pdl_wait();
     if (!early) first_tile();
-    if (!early2 && j0 + TK < j1) fetch(j0 + TK);
+    if (j0 + TK < j1) fetch(j0 + TK);
 
     // q is the previous kernel's output: staged after the wait.
     for (int i = threadIdx.x; i < SPLIT_Q * D4; i += blockDim.x) {

@@ -128,7 +128,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     };
     // Cache rows below first_pos were written by earlier, completed steps (attention.cu): a
     // first tile of such rows only is asked for before the wait; the step's own rows after it.
-    const bool early = ATTN_EARLY >= 1 && j0 + TC_TK <= first_pos;
+    const bool early = j0 + TC_TK <= first_pos;
     if (early) fetch(j0);
     pdl_wait();
     if (!early) fetch(j0);  // all zeros when the slice is empty

@@ -66,12 +66,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// How many K/V tiles of settled cache rows (below first_pos) the split-attention kernels ask for
-// before their PDL wait (attention.cu, attention_tc.cu).
-#ifndef ATTN_EARLY
-#define ATTN_EARLY 1
-#endif
-
 // The part of a split-KV attention launch one block owns (attention.cu, attention_tc.cu): grid
 // Positions live in device memory so that one captured CUDA graph serves every step:
 // lens[0] = the position of the step's first row (also its first cache row), lens[1] = kv_len,
