@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <vector>
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cuda_runtime.h>
 
 __device__ __forceinline__ unsigned long long gtime() {
@@ -57,6 +59,29 @@ int main() {
             for (int b = 0; b < blocks; b++) { st.push_back((h[3*b]-t0)/1e3); en.push_back((h[3*b+1]-t0)/1e3); du.push_back((h[3*b+1]-h[3*b])/1e3); }
             std::sort(st.begin(), st.end()); std::sort(en.begin(), en.end()); std::sort(du.begin(), du.end());
             auto q = [&](std::vector<double>& v, double f) { return v[std::min((size_t)(f * v.size()), v.size() - 1)]; };
+            // Is a block's lateness a property of its SM? Two more cold traces; per-SM mean end
+            // time in each, their correlation and the slowest SMs of both.
+            if (getenv("SMS")) {
+                std::vector<std::vector<double>> per(2, std::vector<double>(sms, 0.0)); std::vector<int> cnt(sms, 0);
+                for (int rep = 0; rep < 2; rep++) {
+                    scrub<<<4 * sms, 512>>>(sb, scrub_n); mv(2 + rep, m); cudaDeviceSynchronize();
+                    std::vector<unsigned long long> g(3 * blocks); cudaMemcpy(g.data(), tr, 3 * blocks * 8, cudaMemcpyDeviceToHost);
+                    unsigned long long a = ~0ull; for (int b = 0; b < blocks; b++) a = std::min(a, g[3 * b]);
+                    std::fill(cnt.begin(), cnt.end(), 0);
+                    for (int b = 0; b < blocks; b++) { int sm = (int)g[3*b+2]; per[rep][sm] += (g[3*b+1]-a)/1e3; cnt[sm]++; }
+                    for (int i = 0; i < sms; i++) if (cnt[i]) per[rep][i] /= cnt[i];
+                }
+                double ma = 0, mb = 0; int n = 0; for (int i = 0; i < sms; i++) if (cnt[i]) { ma += per[0][i]; mb += per[1][i]; n++; }
+                ma /= n; mb /= n; double sab = 0, saa = 0, sbb = 0;
+                for (int i = 0; i < sms; i++) if (cnt[i]) { sab += (per[0][i]-ma)*(per[1][i]-mb); saa += (per[0][i]-ma)*(per[0][i]-ma); sbb += (per[1][i]-mb)*(per[1][i]-mb); }
+                std::vector<int> idx; for (int i = 0; i < sms; i++) if (cnt[i]) idx.push_back(i);
+                std::sort(idx.begin(), idx.end(), [&](int x, int y) { return per[0][x] + per[1][x] > per[0][y] + per[1][y]; });
+                printf("%-8s m=%d per-SM end: corr %.2f between two cold launches; slowest SMs:", s.name, m, sab / sqrt(saa * sbb));
+                for (int i = 0; i < 12 && i < (int)idx.size(); i++) printf(" %d(%.1f/%.1f)", idx[i], per[0][idx[i]], per[1][idx[i]]);
+                printf("; fastest:");
+                for (int i = 0; i < 6; i++) { int k = idx[idx.size() - 1 - i]; printf(" %d(%.1f/%.1f)", k, per[0][k], per[1][k]); }
+                printf("\n");
+            }
             float hot; { cudaEventRecord(e0); for (int i = 0; i < 60; i++) mv(0, m); cudaEventRecord(e1); cudaEventSynchronize(e1); cudaEventElapsedTime(&hot, e0, e1); }
             // hot trace: the same copy again, now in L2
             mv(0, m); cudaDeviceSynchronize();

@@ -62,6 +62,12 @@ pub fn available() -> bool {
     matches!(CudaContext::device_count(), Ok(n) if n > 0)
 }
 
+/// Kernels launched without PDL (`DSPARK_NO_PDL_FOR` replaces the list; empty: none). Measured
+/// by turning PDL off for one kernel at a time (docs/perf.md): it helps every other launch, but
+/// letting the split-attention combine or the SwiGLU matvec start early cost the 8-row verify
+/// 2–5% (either alone, not additive) while decode gained nothing from it; why is not known.
+const NO_PDL: [&str; 2] = ["attention_combine_f32", "matvec_tc_swiglu_bf16"];
+
 /// One GPU: its context, the stream every op runs on, and the loaded kernels.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -75,6 +81,10 @@ pub struct Gpu {
     /// Whether kernels that support it launch with programmatic dependent launch (sm_90+;
     /// `DSPARK_NO_PDL=1` turns it off for A/B runs).
     pub pdl: bool,
+    /// Kernels launched without PDL although `pdl` holds: those whose name contains one of these
+    /// parts, `NO_PDL` unless `DSPARK_NO_PDL_FOR` gives a comma-separated list instead (an empty
+    /// one: none; for A/B runs of which boundaries PDL helps).
+    pub(crate) no_pdl_for: Vec<String>,
     profiling: AtomicBool,
     /// (kernel name, start, end) of every launch while profiling is on.
     profile: Mutex<Vec<(String, CudaEvent, CudaEvent)>>,
@@ -139,6 +149,10 @@ impl Gpu {
             compute_capability: (major, minor),
             sms: sms.max(1) as usize,
             pdl: major >= 9 && std::env::var_os("DSPARK_NO_PDL").is_none(),
+            no_pdl_for: match std::env::var("DSPARK_NO_PDL_FOR") {
+                Ok(v) => v.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect(),
+                Err(_) => NO_PDL.iter().map(|s| s.to_string()).collect(),
+            },
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),

@@ -6,9 +6,10 @@
 //! `griddepcontrol.launch_dependents` first thing); N+1's blocks then fill SMs as N's drain and
 //! issue their first *weight* loads — weights, which nothing writes — before
 //! `griddepcontrol.wait` holds them until N has finished and its writes are visible. The
-//! kernels launched this way are exactly those whose CUDA source calls `pdl_trigger()` and
-//! `pdl_wait()` (kernels/common.cuh); everything else launches normally and waits for its
-//! predecessor in full.
+//! kernels launched this way are those whose CUDA source calls `pdl_trigger()` and
+//! `pdl_wait()` (kernels/common.cuh), less the few that measured faster without it (`NO_PDL` in
+//! `mod.rs`); everything else launches normally and waits for its predecessor in full (the
+//! calls are no-ops then).
 //!
 //! cudarc's launch builder has no launch attributes, so this builds the `cuLaunchKernelEx`
 //! parameter array itself: each argument is stored in a u64 slot (device pointers natively,
@@ -27,6 +28,12 @@ pub(crate) enum Arg {
 }
 
 impl Gpu {
+    /// Whether `name` launches with PDL: on sm_90+, unless `DSPARK_NO_PDL` is set or the name
+    /// matches the no-PDL list (`NO_PDL`, or `DSPARK_NO_PDL_FOR`).
+    pub fn pdl_for(&self, name: &str) -> bool {
+        self.pdl && !self.no_pdl_for.iter().any(|s| name.contains(s.as_str()))
+    }
+
     /// Launches `name` on the op stream, with the PDL attribute when the GPU supports it.
     pub(crate) fn launch_pdl(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> CudaResult<()> {
         self.launch_pdl_smem(name, grid, block, 0, args)
@@ -74,7 +81,7 @@ impl Gpu {
             sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: u32::from(self.pdl),
+            numAttrs: u32::from(self.pdl_for(name)),
         };
         self.timed(name, || {
             self.ctx.bind_to_thread()?;
