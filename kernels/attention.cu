@@ -100,7 +100,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     const int first_pos = lens[0], kv_len = lens[1];  // host-written: safe before the wait
     const SplitBlock sb = split_block(rows, nh, nkv, kv_len, keys, SPLIT_Q);
     if (!sb.active) return;
-    const int G = sb.G, Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
+    const int Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
     const float scale = rsqrtf((float)HD);
 
     // The first tile goes straight to shared memory with cp.async (no registers held) and the
@@ -133,7 +133,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
         int qi = q0 + warp + SPLIT_WARPS * i;
         m[i] = -INFINITY;
         l[i] = 0.f;
-        vis[i] = qi < Q ? (causal ? min(first_pos + qi / G + 1, kv_len) : kv_len) : 0;
+        vis[i] = qi < Q ? (causal ? min(first_pos + sb.row(qi) + 1, kv_len) : kv_len) : 0;
 #pragma unroll
         for (int e = 0; e < PER; e++) o[i][e] = 0.f;
     }
@@ -164,7 +164,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
         int qi = q0 + i / D4, c = i % D4;
         float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
         if (qi < Q) {
-            val = reinterpret_cast<const float4*>(q + ((size_t)(qi / G) * nh + sb.head(qi)) * HD)[c];
+            val = reinterpret_cast<const float4*>(q + ((size_t)sb.row(qi) * nh + sb.head(qi)) * HD)[c];
             val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
         }
         sq[i / D4][c] = val;

@@ -100,7 +100,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     const int first_pos = lens[0], kv_len = lens[1];  // host-written: safe before the wait
     const SplitBlock sb = split_block(rows, nh, nkv, kv_len, keys, TC_Q);
     if (!sb.active) return;
-    const int G = sb.G, Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
+    const int Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
     const float scale = rsqrtf((float)HD);
     auto slot_of = [&](int qi) { return sb.slot(qi, rows, nh); };
 
@@ -145,7 +145,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
             const int qi = q0 + m_t * 16 + fg + 8 * h;
             val[h] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (qi < Q) {
-                val[h] = reinterpret_cast<const float4*>(q + ((size_t)(qi / G) * nh + sb.head(qi)) * HD)[ch * 4 + ft];
+                val[h] = reinterpret_cast<const float4*>(q + ((size_t)sb.row(qi) * nh + sb.head(qi)) * HD)[ch * 4 + ft];
                 val[h].x *= scale; val[h].y *= scale; val[h].z *= scale; val[h].w *= scale;
             }
         }
@@ -177,7 +177,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
         const int qi = q0 + 4 * warp + i;
         m_row[i] = -INFINITY;
         l_row[i] = 0.f;
-        vis[i] = qi >= Q ? 0 : causal ? min(first_pos + qi / G + 1, kv_len) : kv_len;
+        vis[i] = qi >= Q ? 0 : causal ? min(first_pos + sb.row(qi) + 1, kv_len) : kv_len;
     }
     float o[NQ][4];
 #pragma unroll

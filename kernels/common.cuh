@@ -74,13 +74,20 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // x = KV head × query group (the groups of one head adjacent), y = key slice. Query qi of the
 // head's group (0 ≤ qi < Q = rows · G) is query head kvh·G + qi % G of row qi / G; the block
 // takes queries q0 .. q0 + per_block and keys j0 .. j1. Partials are laid out [slice, row, nh].
+// qi / G by a multiply: a runtime division compiles to ~20 instructions (signed, through a float
+// reciprocal), and a block decomposed up to a dozen query indices per thread that way — a tenth
+// of the tensor-core kernel's instructions at one tile per block. With ginv = ⌈2³²/G⌉ (64-bit, so
+// that G = 1 gives 2³²), ⌊qi·ginv / 2³²⌋ = ⌊qi / G⌋ exactly while qi·G < 2³² (here qi < 2¹⁶ and
+// G < 2¹⁶); the one division is per thread, not per query.
 struct SplitBlock {
     int G, Q, kvh, q0, split, j0, j1;
+    unsigned long long ginv;
     bool active;  // false for slices past this step's keys (the grid is sized for a graph's most)
-    // The query's head, its row's partial slot in this slice.
-    __device__ __forceinline__ int head(int qi) const { return kvh * G + qi % G; }
+    // The query's row, its head, its row's partial slot in this slice.
+    __device__ __forceinline__ int row(int qi) const { return (int)(((unsigned long long)(unsigned)qi * ginv) >> 32); }
+    __device__ __forceinline__ int head(int qi) const { return kvh * G + (qi - row(qi) * G); }
     __device__ __forceinline__ size_t slot(int qi, int rows, int nh) const {
-        return ((size_t)split * rows + qi / G) * nh + head(qi);
+        return ((size_t)split * rows + row(qi)) * nh + head(qi);
     }
 };
 // The step's slice count: kv_len / keys rounded up, at least 1, at most the grid's (the host
@@ -92,6 +99,7 @@ __device__ __forceinline__ int split_count(int kv_len, int keys, int max_splits)
 __device__ __forceinline__ SplitBlock split_block(int rows, int nh, int nkv, int kv_len, int keys, int per_block) {
     SplitBlock b;
     b.G = nh / nkv;
+    b.ginv = b.G == 1 ? 1ull << 32 : 0xffffffffu / (unsigned)b.G + 1u;
     b.Q = rows * b.G;
     const int groups = (b.Q + per_block - 1) / per_block;
     b.kvh = blockIdx.x / groups;

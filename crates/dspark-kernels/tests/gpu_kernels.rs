@@ -319,6 +319,12 @@ fn split_attention_matches_reference() {
         (1, 4096, 32, 8, 128, Some(4095)),
         (8, 4103, 32, 8, 128, Some(4095)),
         (7, 4103, 32, 8, 128, None),
+        // One query head per KV head (G = 1) and five (G = 5, Qwen3-14B's 40 / 8): the query
+        // index's row and head come from a multiply by ⌈2³²/G⌉, with G = 1 taken apart.
+        (1, 50, 8, 8, 64, Some(49)),
+        (5, 77, 4, 4, 128, Some(72)),
+        (1, 300, 40, 8, 128, Some(299)),
+        (3, 90, 40, 8, 128, Some(87)),
     ];
     // As eager steps launch it (the grid fits kv_len), then as a captured graph does: the grid
     // sized for the next power of two of keys, the cache rows past kv_len poisoned.
