@@ -32,7 +32,7 @@ __global__ void scrub(float* p, size_t n) {
 int main() {
     int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     size_t scrub_n = 512ull << 20 >> 2; float* sb; cudaMalloc(&sb, scrub_n * 4);
-    float *x, *y; cudaMalloc(&x, 8 * 12288 * 4); cudaMalloc(&y, 8 * 12288 * 4); cudaMemset(x, 0, 8 * 12288 * 4);
+    float *x, *y; cudaMalloc(&x, 8 * 12288 * 4); cudaMalloc(&y, 8 * 24576 * 4);  // y: gate|up has 24576 rows cudaMemset(x, 0, 8 * 12288 * 4);
     unsigned long long* tr; cudaMalloc(&tr, 3 * 4096 * 8);
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
     struct S { const char* name; int out, in, ks, u; } shapes[] = {{"o", 4096, 4096, 8, 4}, {"qkv", 6144, 4096, 8, 2}, {"down", 4096, 12288, 8, 4}, {"gate|up", 24576, 4096, 2, 2}};
