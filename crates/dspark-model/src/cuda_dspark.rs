@@ -12,7 +12,7 @@ use crate::backend::{Captured, Deferred, DeviceTokens, Drafter, Proposal};
 use crate::config::Qwen3Config;
 use crate::cuda_graphs::StepGraphs;
 use crate::cuda_layers::{drv, gpu_err, run_layers, GpuLayer, Scratch};
-use crate::cuda_qwen3::{capture_id, tokens_id, CudaQwen3, SharedCapture, SharedTokens, CHUNK};
+use crate::cuda_qwen3::{handoff_id, CudaQwen3, SharedCapture, SharedTokens, CHUNK};
 use crate::draft_config::{DraftConfig, MarkovKind};
 use crate::dspark::check_tensors;
 use crate::error::{Error, Result};
@@ -365,7 +365,7 @@ impl CudaDraft {
                     gpu.argmax_gather(
                         &self.logits.slice(s * v..(s + 1) * v),
                         v,
-                        &mut chosen.ids.slice_mut(s..s + 1),
+                        &mut chosen.data.slice_mut(s..s + 1),
                         &mut self.scratch.ops,
                         (&m.w1, r),
                         &mut self.e.slice_mut((s + 1) * r..(s + 2) * r),
@@ -379,7 +379,7 @@ impl CudaDraft {
                 v,
                 v,
                 1,
-                &mut chosen.ids.slice_mut(s..s + 1),
+                &mut chosen.data.slice_mut(s..s + 1),
                 &mut self.scratch.ops,
             )
             .map_err(gpu_err)?;
@@ -454,14 +454,14 @@ impl Drafter for CudaDraft {
         };
         let shared = self.capture.clone();
         let cap = shared.lock().map_err(|_| Error::Request("capture buffer poisoned".into()))?;
-        if d.buffer != capture_id(&shared) || d.generation != cap.generation || d.rows > CHUNK {
+        if d.buffer != handoff_id(&shared) || d.generation != cap.generation || d.rows > CHUNK {
             return Err(Error::Request(
                 "device captures are stale or from another target: append them before the next forward".into(),
             ));
         }
         self.check_room(d.rows)?;
         let row = self.cfg.num_taps() * self.cfg.layer.hidden_size;
-        self.append_chunk(&cap.rows.slice(..d.rows * row), d.rows)
+        self.append_chunk(&cap.data.slice(..d.rows * row), d.rows)
     }
 
     fn propose(&mut self, anchor: u32) -> Result<Proposal> {
@@ -494,7 +494,7 @@ impl Drafter for CudaDraft {
             t.generation += 1;
             t.generation
         };
-        Ok(Deferred::OnDevice(DeviceTokens { buffer: tokens_id(&self.tokens), generation, len: b }))
+        Ok(Deferred::OnDevice(DeviceTokens { buffer: handoff_id(&self.tokens), generation, len: b }))
     }
 
     fn finish_proposal(&mut self, deferred: Deferred) -> Result<Proposal> {
@@ -504,11 +504,11 @@ impl Drafter for CudaDraft {
         };
         let (b, gpu) = (self.cfg.block_size, self.gpu.clone());
         let t = self.tokens.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
-        if d.buffer != tokens_id(&self.tokens) || d.generation != t.generation || d.len != b {
+        if d.buffer != handoff_id(&self.tokens) || d.generation != t.generation || d.len != b {
             return Err(Error::Request("device draft tokens are stale or from another draft".into()));
         }
         let mut tokens = vec![0u32; b];
-        gpu.stream.memcpy_dtoh(&t.ids.slice(..b), &mut tokens).map_err(drv)?;
+        gpu.stream.memcpy_dtoh(&t.data.slice(..b), &mut tokens).map_err(drv)?;
         let survival = if self.confidence.is_some() {
             let mut logits = vec![0f32; b];
             gpu.stream.memcpy_dtoh(&self.conf_logits.slice(..b), &mut logits).map_err(drv)?;

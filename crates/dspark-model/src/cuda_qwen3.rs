@@ -30,35 +30,26 @@ use dspark_tensor::arena::Arena;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-/// The token-major capture buffer `[CHUNK, T · H]` a target writes and a draft on the same GPU
-/// reads; `generation` counts forwards so a draft can refuse rows that were overwritten.
-pub struct CaptureBuf {
-    pub rows: CudaSlice<f32>,
+/// A device buffer one model writes and another on the same GPU reads, with a `generation` the
+/// writer bumps each time, so that a reader can refuse a handle to contents since overwritten.
+pub struct Handoff<T> {
+    pub data: CudaSlice<T>,
     pub generation: u64,
 }
 
-/// Shared between a [`CudaQwen3`] and the drafts loaded for it.
-pub type SharedCapture = Arc<Mutex<CaptureBuf>>;
-
-/// Identity of a shared capture buffer, as carried in [`DeviceRows::buffer`].
-pub fn capture_id(c: &SharedCapture) -> usize {
-    Arc::as_ptr(c) as usize
-}
+/// The token-major capture buffer `[CHUNK, T · H]` a target writes and a draft reads;
+/// `generation` counts forwards. Shared between a [`CudaQwen3`] and the drafts loaded for it.
+pub type SharedCapture = Arc<Mutex<Handoff<f32>>>;
 
 /// The draft tokens of the last proposal of a draft on the target's GPU: the draft's Markov
 /// chain writes them here and the target's verify reads them, so a round moves no token through
 /// the host before its verify ([`Deferred::OnDevice`]). `generation` counts proposals.
-pub struct TokenBuf {
-    pub ids: CudaSlice<u32>,
-    pub generation: u64,
-}
+pub type SharedTokens = Arc<Mutex<Handoff<u32>>>;
 
-/// Shared between a [`CudaQwen3`] and the drafts loaded for it.
-pub type SharedTokens = Arc<Mutex<TokenBuf>>;
-
-/// Identity of a shared token buffer, as carried in [`DeviceTokens::buffer`].
-pub fn tokens_id(t: &SharedTokens) -> usize {
-    Arc::as_ptr(t) as usize
+/// Identity of a shared buffer, as carried in [`DeviceRows::buffer`] and
+/// [`DeviceTokens::buffer`].
+pub fn handoff_id<T>(h: &Arc<Mutex<Handoff<T>>>) -> usize {
+    Arc::as_ptr(h) as usize
 }
 
 /// Most rows one device step processes (prefill runs in chunks of this size).
@@ -127,9 +118,9 @@ impl CudaQwen3 {
         let step_in = arena.zeros::<u32>(2 + CHUNK).map_err(drv)?;
         let x = arena.zeros::<f32>(CHUNK * h).map_err(drv)?;
         let logits = arena.zeros::<f32>(CHUNK * v).map_err(drv)?;
-        let captured = Arc::new(Mutex::new(CaptureBuf { rows: arena.zeros::<f32>(1).map_err(drv)?, generation: 0 }));
+        let captured = Arc::new(Mutex::new(Handoff { data: arena.zeros::<f32>(1).map_err(drv)?, generation: 0 }));
         let next_ids = arena.zeros::<u32>(CHUNK).map_err(drv)?;
-        let drafted = Arc::new(Mutex::new(TokenBuf { ids: arena.zeros::<u32>(CHUNK).map_err(drv)?, generation: 0 }));
+        let drafted = Arc::new(Mutex::new(Handoff { data: arena.zeros::<u32>(CHUNK).map_err(drv)?, generation: 0 }));
         Ok(CudaQwen3 {
             gpu,
             arena,
@@ -199,7 +190,7 @@ impl CudaQwen3 {
             let shared = self.drafted.clone();
             let d = shared.lock().map_err(|_| crate::error::Error::Request("draft token buffer poisoned".into()))?;
             gpu.stream
-                .memcpy_dtod(&d.ids.slice(..drafted), &mut self.step_in.slice_mut(m..m + drafted))
+                .memcpy_dtod(&d.data.slice(..drafted), &mut self.step_in.slice_mut(m..m + drafted))
                 .map_err(drv)?;
         }
         let kv_cap = self.graphs.kv_cap(&gpu, n, kv_len, self.max_len);
@@ -247,7 +238,7 @@ impl CudaQwen3 {
             logit_from.map(|_| &self.norm),
             |l, x| {
                 for (slot, _) in capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
-                    gpu.copy_rows(&x.as_view(), &mut cap.rows.slice_mut(slot * h..), n, h, (h, t * h))
+                    gpu.copy_rows(&x.as_view(), &mut cap.data.slice_mut(slot * h..), n, h, (h, t * h))
                         .map_err(gpu_err)?;
                 }
                 Ok(())
@@ -285,7 +276,7 @@ impl CudaQwen3 {
         }
         let cap = self.captured.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
         let mut host = vec![0f32; n * row];
-        self.gpu.stream.memcpy_dtoh(&cap.rows.slice(..n * row), &mut host).map_err(drv)?;
+        self.gpu.stream.memcpy_dtoh(&cap.data.slice(..n * row), &mut host).map_err(drv)?;
         out.extend_from_slice(&host);
         Ok(())
     }
@@ -328,9 +319,9 @@ impl TargetModel for CudaQwen3 {
         let need = CHUNK * layers.len() * self.cfg.hidden_size;
         let mut cap =
             self.captured.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
-        if cap.rows.len() < need {
+        if cap.data.len() < need {
             // Planned once, when the draft is attached, never while decoding.
-            cap.rows = self.arena.zeros::<f32>(need).map_err(drv)?;
+            cap.data = self.arena.zeros::<f32>(need).map_err(drv)?;
         }
         Ok(())
     }
@@ -383,7 +374,7 @@ impl TargetModel for CudaQwen3 {
         let current = {
             let t =
                 self.drafted.lock().map_err(|_| crate::error::Error::Request("draft token buffer poisoned".into()))?;
-            (tokens_id(&self.drafted), t.generation)
+            (handoff_id(&self.drafted), t.generation)
         };
         if (d.buffer, d.generation) != current || k > d.len || k + 1 > CHUNK {
             return Err(crate::error::Error::Request(
@@ -411,6 +402,6 @@ impl CudaQwen3 {
             .lock()
             .map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?
             .generation;
-        Ok(Captured::Device(DeviceRows { buffer: capture_id(&self.captured), generation, rows }))
+        Ok(Captured::Device(DeviceRows { buffer: handoff_id(&self.captured), generation, rows }))
     }
 }
