@@ -73,7 +73,8 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     modules: Vec<Arc<CudaModule>>,
-    functions: HashMap<&'static str, CudaFunction>,
+    /// Each loaded kernel with whether it launches with PDL (decided once, at load).
+    functions: HashMap<&'static str, (CudaFunction, bool)>,
     /// Compute capability (major, minor).
     pub compute_capability: (i32, i32),
     /// Streaming multiprocessors: the matvec kernels are picked so their grid fits one wave.
@@ -81,10 +82,6 @@ pub struct Gpu {
     /// Whether kernels that support it launch with programmatic dependent launch (sm_90+;
     /// `DSPARK_NO_PDL=1` turns it off for A/B runs).
     pub pdl: bool,
-    /// Kernels launched without PDL although `pdl` holds: those whose name contains one of these
-    /// parts, `NO_PDL` unless `DSPARK_NO_PDL_FOR` gives a comma-separated list instead (an empty
-    /// one: none; for A/B runs of which boundaries PDL helps).
-    pub(crate) no_pdl_for: Vec<String>,
     profiling: AtomicBool,
     /// (kernel name, start, end) of every launch while profiling is on.
     profile: Mutex<Vec<(String, CudaEvent, CudaEvent)>>,
@@ -123,6 +120,11 @@ impl Gpu {
                 "compute capability {major}.{minor}; dspark needs 8.0 or newer"
             )));
         }
+        let pdl = major >= 9 && std::env::var_os("DSPARK_NO_PDL").is_none();
+        let no_pdl_for: Vec<String> = match std::env::var("DSPARK_NO_PDL_FOR") {
+            Ok(v) => v.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect(),
+            Err(_) => NO_PDL.iter().map(|s| s.to_string()).collect(),
+        };
         let mut modules = Vec::new();
         let mut functions = HashMap::new();
         for m in ptx::MODULES {
@@ -137,7 +139,7 @@ impl Gpu {
                         bytes as i32,
                     )?;
                 }
-                functions.insert(name, f);
+                functions.insert(name, (f, pdl && !no_pdl_for.iter().any(|s| name.contains(s.as_str()))));
             }
             modules.push(module);
         }
@@ -148,11 +150,7 @@ impl Gpu {
             functions,
             compute_capability: (major, minor),
             sms: sms.max(1) as usize,
-            pdl: major >= 9 && std::env::var_os("DSPARK_NO_PDL").is_none(),
-            no_pdl_for: match std::env::var("DSPARK_NO_PDL_FOR") {
-                Ok(v) => v.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect(),
-                Err(_) => NO_PDL.iter().map(|s| s.to_string()).collect(),
-            },
+            pdl,
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),
@@ -235,7 +233,17 @@ impl Gpu {
 
     /// A loaded kernel by name.
     pub fn function(&self, name: &str) -> CudaResult<&CudaFunction> {
-        self.functions.get(name).ok_or_else(|| CudaError::Shape(format!("kernel `{name}` is not in the loaded PTX")))
+        self.kernel(name).map(|(f, _)| f)
+    }
+
+    /// A loaded kernel and whether it launches with PDL: on sm_90+, unless `DSPARK_NO_PDL` is set
+    /// or its name contains a part of the no-PDL list (`NO_PDL`, or instead the comma-separated
+    /// `DSPARK_NO_PDL_FOR`; an empty one: none — for A/B runs of which boundaries PDL helps).
+    pub(crate) fn kernel(&self, name: &str) -> CudaResult<(&CudaFunction, bool)> {
+        match self.functions.get(name) {
+            Some((f, pdl)) => Ok((f, *pdl)),
+            None => Err(CudaError::Shape(format!("kernel `{name}` is not in the loaded PTX"))),
+        }
     }
 
     /// Number of loaded modules (for `dspark info`-style reports).

@@ -28,10 +28,9 @@ pub(crate) enum Arg {
 }
 
 impl Gpu {
-    /// Whether `name` launches with PDL: on sm_90+, unless `DSPARK_NO_PDL` is set or the name
-    /// matches the no-PDL list (`NO_PDL`, or `DSPARK_NO_PDL_FOR`).
+    /// Whether `name` launches with PDL (see [`Gpu::kernel`]); false for an unknown name.
     pub fn pdl_for(&self, name: &str) -> bool {
-        self.pdl && !self.no_pdl_for.iter().any(|s| name.contains(s.as_str()))
+        self.kernel(name).is_ok_and(|(_, pdl)| pdl)
     }
 
     /// Launches `name` on the op stream, with the PDL attribute when the GPU supports it.
@@ -49,7 +48,7 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> CudaResult<()> {
-        let f = self.function(name)?;
+        let (f, pdl) = self.kernel(name)?;
         // Fixed-size arrays: this runs ~300 times per decoded token, so no heap allocation.
         const MAX_ARGS: usize = 16;
         if args.len() > MAX_ARGS {
@@ -81,7 +80,7 @@ impl Gpu {
             sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: u32::from(self.pdl_for(name)),
+            numAttrs: u32::from(pdl),
         };
         self.timed(name, || {
             self.ctx.bind_to_thread()?;
