@@ -105,16 +105,27 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     auto slot_of = [&](int qi) { return sb.slot(qi, rows, nh); };
 
     // The first tile's K/V loads go out before Q is staged, so the two latencies overlap.
+    // Thread i loads keys i / D4 + KSTEP·n of a tile, float4 column i % D4: its addresses are one
+    // base pointer plus a per-tile offset, worked out once here rather than per load (~115
+    // instructions of a warp's ~860 per tile were this address arithmetic). The loads bypass L1
+    // (__ldcg): written plainly, they compiled to read-only-path loads, and the kernel took
+    // 25.6 µs at 4096 keys against 24.1 µs this way (scripts/exp/attn.cu, docs/perf.md).
+    constexpr int KSTEP = TC_WARPS * 32 / D4;  // keys between one thread's loads of a tile
+    const int key0 = threadIdx.x / D4;
+    const size_t rs = (size_t)nkv * D4;  // float4s from one cache row to the next
+    const size_t head = (size_t)key0 * rs + (size_t)kvh * D4 + threadIdx.x % D4;
+    const float4* kb = reinterpret_cast<const float4*>(k) + head;
+    const float4* vb = reinterpret_cast<const float4*>(v) + head;
     float4 pk[LOADS], pv[LOADS];
     auto fetch = [&](int t0) {
+        const int rem = j1 - t0 - key0;  // load n is in the slice while KSTEP·n < rem
+        const size_t o = (size_t)t0 * rs;
 #pragma unroll
         for (int i = 0; i < LOADS; i++) {
-            const int idx = threadIdx.x + i * TC_WARPS * 32, key = idx / D4, c = idx % D4;
             pk[i] = pv[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t0 + key < j1) {
-                const size_t off = ((size_t)(t0 + key) * nkv + kvh) * D4 + c;
-                pk[i] = reinterpret_cast<const float4*>(k)[off];
-                pv[i] = reinterpret_cast<const float4*>(v)[off];
+            if (i * KSTEP < rem) {
+                pk[i] = __ldcg(kb + o + i * KSTEP * rs);
+                pv[i] = __ldcg(vb + o + i * KSTEP * rs);
             }
         }
     };
@@ -196,7 +207,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
         {
             const int key = quarter * 8 + g, sw = (g & 1) << 2;  // rows ra, rb and the key share g's parity
             float sb[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
+#pragma unroll
             for (int ch = 0; ch < CHUNKS; ch++) {
                 const int c4 = ch * 4 + t;
                 const uint4 q0b = sqb[mt][ch][0][lane], q1b = sqb[mt][ch][1][lane];

@@ -546,3 +546,6 @@ fn shape_checks_refuse_short_buffers() {
 
 #[path = "gpu_kernels/norm_fold.rs"]
 mod norm_fold;
+
+#[path = "gpu_kernels/kv_layers.rs"]
+mod kv_layers;

@@ -21,6 +21,7 @@ use crate::safetensors::Checkpoint;
 use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
+use dspark_kernels::cuda::kv_layers::LayerCaches;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
@@ -70,8 +71,15 @@ pub struct CudaDraft {
     markov: Option<Markov>,
     confidence: Option<Confidence>,
     inv_freq: CudaSlice<f32>,
-    k_cache: Vec<CudaSlice<f32>>,
-    v_cache: Vec<CudaSlice<f32>>,
+    /// Every layer's K/V cache, with the addresses the one-launch context append reads.
+    caches: LayerCaches,
+    /// Every layer's k_proj|v_proj rows stacked `[layers · 2·kv, H]` (a device copy of the rows
+    /// in `layers`, 84 MB for DSpark-8B): context rows take one projection for all layers.
+    ctx_kv: WeightBuf,
+    /// Every layer's k_norm, `[layers, head_dim]`.
+    ctx_k_norm: CudaSlice<f32>,
+    /// `[CHUNK, layers · 2·kv]`: the stacked projection of a chunk of context rows.
+    ctx_out: CudaSlice<f32>,
     ctx_len: usize,
     scratch: Scratch,
     /// Host-fed feature rows (taken out while a chunk is projected from it).
@@ -173,16 +181,34 @@ impl CudaDraft {
         let t = cfg.num_taps();
         let rows = CHUNK.max(b);
         let z = |n: usize| arena.zeros::<f32>(n).map_err(drv);
+        let n_layers = l.num_hidden_layers;
+        let layers = (0..n_layers)
+            .map(|i| GpuLayer::load(&arena, l, ck, &format!("layers.{i}.")))
+            .collect::<Result<Vec<_>>>()?;
+        let ctx_kv = stack_kv_rows(&arena, &gpu, &layers, (l.q_dim(), kv, h))?;
+        let hd = l.head_dim;
+        let mut ctx_k_norm = z(n_layers * hd)?;
+        for (i, lw) in layers.iter().enumerate() {
+            gpu.stream.memcpy_dtod(&lw.k_norm, &mut ctx_k_norm.slice_mut(i * hd..(i + 1) * hd)).map_err(drv)?;
+        }
+        let caches = LayerCaches::new(
+            &gpu,
+            (0..n_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
+            (0..n_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
+            (arena.zeros::<u64>(n_layers).map_err(drv)?, arena.zeros::<u64>(n_layers).map_err(drv)?),
+            kv,
+        )
+        .map_err(gpu_err)?;
         Ok(CudaDraft {
             fc: ck.matrix(&arena, "fc.weight", &[h, t * h])?,
             hidden_norm: ck.vector(&arena, "hidden_norm.weight", &[h])?,
-            layers: (0..l.num_hidden_layers)
-                .map(|i| GpuLayer::load(&arena, l, ck, &format!("layers.{i}.")))
-                .collect::<Result<Vec<_>>>()?,
+            layers,
             norm: ck.vector(&arena, "norm.weight", &[h])?,
             inv_freq: arena.upload(&inv_freq(l.rope_theta as f32, l.head_dim)).map_err(drv)?,
-            k_cache: (0..l.num_hidden_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
-            v_cache: (0..l.num_hidden_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
+            caches,
+            ctx_kv,
+            ctx_k_norm,
+            ctx_out: z(CHUNK * n_layers * 2 * kv)?,
             scratch: Scratch::new(&arena, l, rows)?,
             features: Some(z(CHUNK * t * h)?),
             capture: target.shared_capture(),
@@ -231,9 +257,9 @@ impl CudaDraft {
     }
 
     /// Projects `n ≤ CHUNK` feature rows `[n, T·H]` into every layer's cache: the fused fc, the
-    /// hidden norm, then per layer the k|v rows of the stacked projection and one fused
-    /// norm + RoPE + append launch. Context rows enter k/v directly: no input_layernorm
-    /// (DSPARK.md §2.2). A few rows replay a CUDA graph.
+    /// hidden norm, then one matvec over all layers' k|v rows (`ctx_kv`) and one fused
+    /// norm + RoPE + append launch for all layers (`kv_layers.rs`). Context rows enter k/v
+    /// directly: no input_layernorm (DSPARK.md §2.2). A few rows replay a CUDA graph.
     fn append_chunk(&mut self, features: &CudaView<f32>, n: usize) -> Result<()> {
         use cudarc::driver::DevicePtr;
         let gpu = self.gpu.clone();
@@ -253,7 +279,7 @@ impl CudaDraft {
 
     fn launch_append(&mut self, features: &CudaView<f32>, n: usize, first_pos: usize) -> Result<()> {
         let l = &self.cfg.layer;
-        let (h, t, q, kv, eps) = (l.hidden_size, self.cfg.num_taps(), l.q_dim(), l.kv_dim(), l.rms_norm_eps as f32);
+        let (h, t, kv, eps) = (l.hidden_size, self.cfg.num_taps(), l.kv_dim(), l.rms_norm_eps as f32);
         let gpu = self.gpu.clone();
         let lens = StepLens { dev: self.step_in.slice(..2), first_pos, kv_cap: first_pos + n };
         gpu.matvec(&self.fc, &features.slice(..n * t * h), &mut self.c.slice_mut(..n * h), (n, t * h, h), false)
@@ -266,24 +292,20 @@ impl CudaDraft {
             &mut self.scratch.u.slice_mut(..n * h),
         )
         .map_err(gpu_err)?;
-        for (i, lw) in self.layers.iter().enumerate() {
-            let u = self.scratch.u.slice(..n * h);
-            gpu.matvec_rows(&lw.qkv_proj, q, &u, &mut self.scratch.qkv.slice_mut(..n * 2 * kv), (n, h, 2 * kv), false)
-                .map_err(gpu_err)?;
-            gpu.qkv_rope_append(
-                &self.scratch.qkv.slice(..n * 2 * kv),
-                &lw.q_norm.as_view(),
-                &lw.k_norm.as_view(),
-                &self.inv_freq.as_view(),
-                &mut self.scratch.q.slice_mut(..0),
-                &mut self.k_cache[i].slice_mut(..),
-                &mut self.v_cache[i].slice_mut(..),
-                (n, 0, l.num_key_value_heads),
-                &lens,
-                eps,
-            )
+        // Every layer's keys and values of these rows: one projection, one append.
+        let width = self.caches.layers() * 2 * kv;
+        let u = self.scratch.u.slice(..n * h);
+        gpu.matvec(&self.ctx_kv, &u, &mut self.ctx_out.slice_mut(..n * width), (n, h, width), false)
             .map_err(gpu_err)?;
-        }
+        gpu.kv_rope_append_layers(
+            &self.ctx_out.slice(..n * width),
+            (&self.ctx_k_norm.as_view(), &self.inv_freq.as_view()),
+            &mut self.caches,
+            (n, l.num_key_value_heads),
+            &lens,
+            eps,
+        )
+        .map_err(gpu_err)?;
         Ok(())
     }
 
@@ -307,7 +329,7 @@ impl CudaDraft {
             (b, false),
             &lens,
             &self.inv_freq,
-            (&mut self.k_cache, &mut self.v_cache),
+            (&mut self.caches.k, &mut self.caches.v),
             None,
             |_, _| Ok(()),
         )?;
@@ -518,4 +540,40 @@ impl Drafter for CudaDraft {
         };
         Ok(Proposal { tokens, survival })
     }
+}
+
+/// Every layer's k_proj|v_proj rows — rows `q .. q + 2·kv` of its stacked q|k|v matrix — in one
+/// `[layers · 2·kv, H]` matrix, copied on the device so it always matches the layers' own.
+fn stack_kv_rows(
+    arena: &Arena,
+    gpu: &Gpu,
+    layers: &[GpuLayer],
+    (q, kv, h): (usize, usize, usize),
+) -> Result<WeightBuf> {
+    let n = layers.len() * 2 * kv * h;
+    let src = q * h..(q + 2 * kv) * h;
+    let dst = |i: usize| i * 2 * kv * h..(i + 1) * 2 * kv * h;
+    let mut out = match layers.first().map(|lw| &lw.qkv_proj) {
+        Some(WeightBuf::F32(_)) => WeightBuf::F32(arena.zeros(n).map_err(drv)?),
+        Some(WeightBuf::F16(_)) => WeightBuf::F16(arena.zeros(n).map_err(drv)?),
+        _ => WeightBuf::Bf16(arena.zeros(n).map_err(drv)?),
+    };
+    for (i, lw) in layers.iter().enumerate() {
+        match (&lw.qkv_proj, &mut out) {
+            (WeightBuf::Bf16(s), WeightBuf::Bf16(d)) | (WeightBuf::F16(s), WeightBuf::F16(d)) => {
+                gpu.stream.memcpy_dtod(&s.slice(src.clone()), &mut d.slice_mut(dst(i)))
+            }
+            (WeightBuf::F32(s), WeightBuf::F32(d)) => {
+                gpu.stream.memcpy_dtod(&s.slice(src.clone()), &mut d.slice_mut(dst(i)))
+            }
+            _ => {
+                return Err(Error::Request(format!(
+                    "draft layers.{i}.self_attn: q/k/v_proj load in another dtype than layers.0's; \
+                     the CUDA draft needs one dtype for all layers' k_proj|v_proj"
+                )))
+            }
+        }
+        .map_err(drv)?;
+    }
+    Ok(out)
 }

@@ -1,0 +1,119 @@
+//! Appending one set of rows to the K/V caches of several layers in one launch.
+//!
+//! The DSpark draft projects each committed context row into the keys and values of all of its
+//! layers: the same input row, each layer's k_proj|v_proj (DSPARK.md §2.2). One matvec over the
+//! layers' k|v rows stacked (`[layers · 2·kv, H]`) and one norm + RoPE + append launch
+//! (`kv_rope_append_layers_f32`, kernels/rope.cu) replace a matvec and an append per layer: the
+//! five 16.8 MB projections of DSpark-8B each ran at about a third of the copy ceiling, where a
+//! single 84 MB one runs near it. The kernel finds each layer's caches through device arrays of
+//! pointers, so [`LayerCaches`] owns the caches together with those arrays: a pointer can only
+//! be read while the buffer it points at is alive.
+
+use super::ops::StepLens;
+use super::pdl::{device_addr, dptr, Arg};
+use super::{CudaError, CudaResult, Gpu};
+use cudarc::driver::{CudaSlice, CudaView};
+
+/// The K and V caches of a stack of layers, each `[rows, nkv·hd]` f32, with the device arrays
+/// of their addresses that `kv_rope_append_layers_f32` reads.
+pub struct LayerCaches {
+    pub k: Vec<CudaSlice<f32>>,
+    pub v: Vec<CudaSlice<f32>>,
+    k_ptrs: CudaSlice<u64>,
+    v_ptrs: CudaSlice<u64>,
+    /// Floats per cache row (nkv · hd).
+    row_len: usize,
+}
+
+impl LayerCaches {
+    /// Takes the layers' caches (equal lengths, whole rows of `row_len` floats) and two buffers
+    /// of at least `layers` elements for their addresses, which it fills.
+    pub fn new(
+        gpu: &Gpu,
+        k: Vec<CudaSlice<f32>>,
+        v: Vec<CudaSlice<f32>>,
+        (mut k_ptrs, mut v_ptrs): (CudaSlice<u64>, CudaSlice<u64>),
+        row_len: usize,
+    ) -> CudaResult<LayerCaches> {
+        let len = k.first().map_or(0, CudaSlice::len);
+        if k.len() != v.len()
+            || k.iter().chain(&v).any(|c| c.len() != len)
+            || row_len == 0
+            || !len.is_multiple_of(row_len)
+        {
+            return Err(CudaError::Shape(format!(
+                "layer caches: {} K and {} V buffers, each must hold the same whole number of {row_len}-float rows",
+                k.len(),
+                v.len()
+            )));
+        }
+        if k_ptrs.len() < k.len() || v_ptrs.len() < v.len() {
+            return Err(CudaError::Shape(format!(
+                "layer caches: address buffers of {} / {} for {} layers",
+                k_ptrs.len(),
+                v_ptrs.len(),
+                k.len()
+            )));
+        }
+        let addrs = |cs: &[CudaSlice<f32>]| cs.iter().map(|c| device_addr(gpu, c)).collect::<Vec<u64>>();
+        let n = k.len();
+        gpu.stream.memcpy_htod(&addrs(&k), &mut k_ptrs.slice_mut(..n))?;
+        gpu.stream.memcpy_htod(&addrs(&v), &mut v_ptrs.slice_mut(..n))?;
+        Ok(LayerCaches { k, v, k_ptrs, v_ptrs, row_len })
+    }
+
+    pub fn layers(&self) -> usize {
+        self.k.len()
+    }
+
+    /// Rows each layer's cache holds.
+    pub fn rows(&self) -> usize {
+        self.k.first().map_or(0, |c| c.len() / self.row_len)
+    }
+}
+
+impl Gpu {
+    /// `rows` rows of `kv` (`[rows, layers, 2·nkv, hd]`: each layer's k heads, then its v heads)
+    /// into cache rows `first_pos ..` of every layer of `caches`: k normalised with that layer's
+    /// row of `k_norm` (`[layers, hd]`) and rotated by `inv_freq` (`[hd/2]`), v copied.
+    pub fn kv_rope_append_layers(
+        &self,
+        kv: &CudaView<f32>,
+        (k_norm, inv_freq): (&CudaView<f32>, &CudaView<f32>),
+        caches: &mut LayerCaches,
+        (rows, nkv): (usize, usize),
+        lens: &StepLens<'_>,
+        eps: f32,
+    ) -> CudaResult<()> {
+        let layers = caches.layers();
+        let hd = inv_freq.len() * 2;
+        if layers == 0 || hd == 0 || hd > 512 || k_norm.len() != layers * hd || caches.row_len != nkv * hd {
+            return Err(CudaError::Shape(format!(
+                "kv_rope_append_layers: {layers} layers, head_dim {hd} (from {} frequencies), k_norm of {}, \
+                 cache rows of {} floats for {nkv} KV heads",
+                inv_freq.len(),
+                k_norm.len(),
+                caches.row_len
+            )));
+        }
+        super::ops::check("kv_rope_append_layers kv", kv.len(), rows * layers * 2 * nkv * hd)?;
+        super::ops::check("kv_rope_append_layers cache rows", caches.rows(), lens.first_pos + rows)?;
+        super::ops::check("kv_rope_append_layers lens", lens.dev.len(), 1)?;
+        let threads = ((hd / 2).div_ceil(32) * 32) as u32;
+        // kv_rope_append_layers_f32(kv, k_norm, inv_freq, k_caches, v_caches, layers, nkv, hd,
+        // lens, eps); lengths checked above, the address arrays filled by LayerCaches::new.
+        let args = [
+            dptr(self, kv),
+            dptr(self, k_norm),
+            dptr(self, inv_freq),
+            dptr(self, &caches.k_ptrs),
+            dptr(self, &caches.v_ptrs),
+            Arg::I32(layers as i32),
+            Arg::I32(nkv as i32),
+            Arg::I32(hd as i32),
+            dptr(self, &lens.dev),
+            Arg::F32(eps),
+        ];
+        self.launch_pdl("kv_rope_append_layers_f32", ((rows * layers * 2 * nkv) as u32, 1, 1), threads, &args)
+    }
+}
