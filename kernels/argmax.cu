@@ -15,10 +15,6 @@
 // `argmax_gather_*`: the same, and the last block then copies the winner's row of a table.
 #include "common.cuh"
 
-__device__ __forceinline__ bool better(float v, uint32_t i, float bv, uint32_t bi) {
-    return v > bv || (v == bv && i < bi);
-}
-
 // Reduces one (value, index) pair per thread to thread 0 (blockDim.x a power of two ≤ 1024).
 __device__ __forceinline__ void block_argmax(float& best, uint32_t& bi) {
     __shared__ float sv[1024];

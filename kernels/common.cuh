@@ -39,6 +39,14 @@ __device__ __forceinline__ float block_sum(float v) {
     return r;
 }
 
+// The argmax order on (value, index) pairs: the higher value, then the lower index; NaN never
+// wins (every comparison with it is false), so a best that starts at (−inf, ~0) never becomes
+// NaN. The order is total on the pairs it admits, so a reduction's result does not depend on
+// the order it combines them in.
+__device__ __forceinline__ bool better(float v, uint32_t i, float bv, uint32_t bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
 // Programmatic dependent launch (sm_90+). Kernels the host launches with the PDL attribute may
 // start while the previous kernel is still draining; each calls pdl_trigger() first (so its own
 // successor can be scheduled as soon as all of its blocks are resident) and pdl_wait() before it

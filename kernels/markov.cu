@@ -4,9 +4,11 @@
 //
 // The host launches gather_row once (e₀ = W1[anchor]); then per slot s: for the gated / rnn
 // variants a single-block prep kernel producing u (g ⊙ e_s, or tanh(o) with the recurrent state);
-// matvec(W2, u) accumulated into the slot's logits; and argmax → token s, whose last block also
-// gathers e_{s+1} = W1[token s] (argmax_gather_* in argmax.cu). The confidence logits of all
-// slots depend only on h_s and e_s, so one launch computes them after the chain.
+// then matvec(W2, u) accumulated into the slot's logits, and argmax → token s, whose last block
+// also gathers e_{s+1} = W1[token s]. With bf16 W2 and W1 those two are one launch
+// (matvec_tc_argmax_bf16 in matvec.cu: the product's epilogue reduces to the token); otherwise
+// argmax_gather_* in argmax.cu follows the matvec. The confidence logits of all slots depend only
+// on h_s and e_s, so one launch computes them after the chain.
 //
 // gather_row: out[0..dim) = table[*idx, :]. One block of 256 threads.
 // markov_gated_prep_f32: g = σ(G·[h ; e] + b), u = g ⊙ e. G [r, H + r] f32. One block.

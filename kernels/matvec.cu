@@ -30,6 +30,11 @@
 //   with `gamma`, the kernel that writes the residual also writes y·γ and each block's partial
 //   Σ y² per row (ss_out [m, grid]); with `ss_in`, the kernel that reads such rows scales its
 //   outputs by 1/rms from those partials. Neither touches the main loop.
+//   An `argmax` variant (one row, M = 1) also reduces its outputs to the greedy token in the
+//   same launch, as argmax_gather in argmax.cu does: each block its rows' best (value, index),
+//   the last block to finish (atomic ticket after a fence) the blocks' pairs, then it copies the
+//   winner's row of a table. That is one step of the draft's Markov chain — logits += W2·u, the
+//   token, the next W1 row — in one launch instead of two.
 //
 // * `matvec_{bf16,f16,f32}` — the general kernel for any dtype and any in: one output row per
 //   warp, lanes strided over k, up to 16 rows of x per launch. Prefill chunks, f16/f32
@@ -72,6 +77,69 @@ extern "C" __global__ void matvec_f32(const float* w, const float* x, float* y, 
 // ---- tensor-core path -------------------------------------------------------------------------
 
 #define TC_WARPS 8
+
+// Where the argmax epilogue writes: one (value, index) pair per block, the ticket (zero before
+// and after a launch), the token, and the gathered row table[token, 0..dim) as f32.
+struct ArgmaxOut {
+    float* v;
+    uint32_t* i;
+    uint32_t* ticket;
+    uint32_t* out;
+    const __nv_bfloat16* table;
+    float* gathered;
+    int dim;
+};
+
+// (best, bi) of every thread of the block, reduced to every thread; the order (common.cuh
+// `better`) is total, so the shuffle butterfly and the fixed warp order give one answer.
+__device__ __forceinline__ void block_best(float& best, uint32_t& bi) {
+    __shared__ float wv[TC_WARPS];
+    __shared__ uint32_t wi[TC_WARPS];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, best, off);
+        const uint32_t i = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (better(v, i, best, bi)) { best = v; bi = i; }
+    }
+    if ((threadIdx.x & 31) == 0) { wv[threadIdx.x >> 5] = best; wi[threadIdx.x >> 5] = bi; }
+    __syncthreads();
+    best = wv[0];
+    bi = wi[0];
+#pragma unroll
+    for (int w = 1; w < TC_WARPS; w++)
+        if (better(wv[w], wi[w], best, bi)) { best = wv[w]; bi = wi[w]; }
+    __syncthreads();  // wv / wi may be reused by the next call
+}
+
+// The argmax epilogue: this block's pair, then in the last block the token and the gather.
+__device__ void argmax_tail(float best, uint32_t bi, const ArgmaxOut& a) {
+    __shared__ bool last;
+    block_best(best, bi);
+    if (threadIdx.x == 0) {
+        a.v[blockIdx.x] = best;
+        a.i[blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(a.ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    best = -INFINITY;
+    bi = 0xffffffffu;
+    for (int s = threadIdx.x; s < (int)gridDim.x; s += blockDim.x) {
+        const float v = ((volatile float*)a.v)[s];
+        const uint32_t i = ((volatile uint32_t*)a.i)[s];
+        if (better(v, i, best, bi)) { best = v; bi = i; }
+    }
+    block_best(best, bi);
+    const uint32_t token = bi == 0xffffffffu ? 0u : bi;  // as argmax_split: an all-NaN row gives 0
+    if (threadIdx.x == 0) {
+        *a.out = token;
+        *a.ticket = 0;
+    }
+    for (int i = threadIdx.x; i < a.dim; i += blockDim.x)
+        a.gathered[i] = __bfloat162float(a.table[(size_t)token * a.dim + i]);
+}
 
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
     __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
@@ -123,10 +191,10 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 // in flight instead of idling through each round trip. SWIGLU: W's rows interleave gate and up
 // (row 2i = gate_i, 2i+1 = up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to
 // y [m, out/2] instead.
-template <int UNROLL, bool SWIGLU, bool XP>
+template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX>
 __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
                           int out, int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
-                          const float* __restrict__ gamma, float* xg, float* ss_out) {
+                          const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int tiles_per_block = TC_WARPS / ksplit;
@@ -247,6 +315,8 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     // Partial sums of a tile's warps are added in a fixed order: deterministic, M-independent.
     if (!SWIGLU) {
         float sqv[TC_WARPS * 128 / (TC_WARPS * 32)];  // the squares of this thread's (≤ 4) outputs
+        float best = -INFINITY;  // ARGMAX: this thread's best output of row 0 and its index
+        uint32_t bi = 0xffffffffu;
 #pragma unroll
         for (int k = 0; k < TC_WARPS * 128 / (TC_WARPS * 32); k++) {
             const int idx = threadIdx.x + k * TC_WARPS * 32;
@@ -261,6 +331,10 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
                 size_t i = (size_t)col * out + o;
                 s = accumulate ? y[i] + s : s;
                 y[i] = s;
+                if (ARGMAX && col == 0 && better(s, (uint32_t)o, best, bi)) {
+                    best = s;
+                    bi = (uint32_t)o;
+                }
                 if (gamma != nullptr) {
                     xg[i] = s * gamma[o];
                     sq = s * s;
@@ -287,6 +361,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
                 if (lane == 0) ss_out[(size_t)warp * gridDim.x + blockIdx.x] = ss;
             }
         }
+        if constexpr (ARGMAX) argmax_tail(best, bi, am);
     } else {
         for (int idx = threadIdx.x; idx < tiles_per_block * 64; idx += blockDim.x) {
             int tl = idx >> 6, p = (idx >> 3) & 7, col = idx & 7;
@@ -314,17 +389,23 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 // * K split over all 8 warps in at most 2 blocks per SM (o, down, fc): 4 chunks per step;
 // * no more blocks than SMs (the draft's k|v): 4 chunks per step with the register file to
 //   itself, x prefetched a step ahead.
-#define MATVEC_TC(NAME, U, SW, XP, MINB)                                                                     \
-    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                        \
-        NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,   \
-             const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out) {          \
-        matvec_tc<U, SW, XP>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out);          \
+// Every variant takes the argmax epilogue's arguments too (null and unused but in the argmax one).
+#define MATVEC_TC(NAME, U, SW, XP, AM, MINB)                                                                    \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
+        NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
+             const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
+             uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
+             float* am_gathered, int am_dim) {                                                                    \
+        const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
+        matvec_tc<U, SW, XP, AM>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, am);     \
     }
-MATVEC_TC(matvec_tc_bf16, 2, false, false, 3)
-MATVEC_TC(matvec_tc_u4_bf16, 4, false, false, 2)
-MATVEC_TC(matvec_tc_u4b1_bf16, 4, false, true, 1)
+MATVEC_TC(matvec_tc_bf16, 2, false, false, false, 3)
+MATVEC_TC(matvec_tc_u4_bf16, 4, false, false, false, 2)
+MATVEC_TC(matvec_tc_u4b1_bf16, 4, false, true, false, 1)
 // W rows interleave gate and up; y is act [m, out/2] = silu(gate) ⊙ up.
-MATVEC_TC(matvec_tc_swiglu_bf16, 2, true, false, 3)
+MATVEC_TC(matvec_tc_swiglu_bf16, 2, true, false, false, 3)
+// One row; its outputs also reduced to the greedy token, whose row of a table is gathered.
+MATVEC_TC(matvec_tc_argmax_bf16, 2, false, false, true, 3)
 
 // Interleaved gate|up rows → act = silu(gate) ⊙ up for the general path: gu [rows, 2·inter]
 // with column 2i = gate_i, 2i+1 = up_i; act [rows, inter].

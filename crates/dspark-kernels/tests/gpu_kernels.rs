@@ -549,3 +549,6 @@ mod norm_fold;
 
 #[path = "gpu_kernels/kv_layers.rs"]
 mod kv_layers;
+
+#[path = "gpu_kernels/markov_step.rs"]
+mod markov_step;

@@ -352,59 +352,41 @@ impl CudaDraft {
         let mut chosen = shared.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
         for s in 0..b {
             let h_s = self.hidden.slice(s * h..(s + 1) * h);
-            if let Some(m) = &mut self.markov {
-                let e_s = self.e.slice(s * r..(s + 1) * r);
-                let input = match &mut m.variant {
-                    Variant::Vanilla => e_s,
-                    Variant::Gated { weight, bias } => {
-                        gpu.markov_gated_prep(
-                            &weight.as_view(),
-                            &bias.as_view(),
-                            &h_s,
-                            &e_s,
-                            &mut self.u.slice_mut(..r),
-                        )
+            let mut logits_s = self.logits.slice_mut(s * v..(s + 1) * v);
+            let mut token_s = chosen.data.slice_mut(s..s + 1);
+            let Some(m) = &mut self.markov else {
+                gpu.argmax_split(&logits_s.as_view(), v, v, 1, &mut token_s, &mut self.scratch.ops).map_err(gpu_err)?;
+                continue;
+            };
+            // e_s, and the slot of the W1 row this step's token picks (none after the last slot).
+            let mut pair = self.e.slice_mut(s * r..(s + 2).min(b) * r);
+            let (e_s, mut e_next) = pair.split_at_mut(r);
+            let e_s = e_s.as_view();
+            let input = match &mut m.variant {
+                Variant::Vanilla => e_s,
+                Variant::Gated { weight, bias } => {
+                    gpu.markov_gated_prep(&weight.as_view(), &bias.as_view(), &h_s, &e_s, &mut self.u.slice_mut(..r))
                         .map_err(gpu_err)?;
-                        self.u.slice(..r)
-                    }
-                    Variant::Rnn { weight, bias, state, scratch } => {
-                        gpu.markov_rnn_prep(
-                            &weight.as_view(),
-                            &bias.as_view(),
-                            &h_s,
-                            &e_s,
-                            &mut state.as_view_mut(),
-                            &mut scratch.as_view_mut(),
-                            &mut self.u.slice_mut(..r),
-                        )
-                        .map_err(gpu_err)?;
-                        self.u.slice(..r)
-                    }
-                };
-                gpu.matvec(&m.w2, &input, &mut self.logits.slice_mut(s * v..(s + 1) * v), (1, r, v), true)
-                    .map_err(gpu_err)?;
-                if s + 1 < b {
-                    gpu.argmax_gather(
-                        &self.logits.slice(s * v..(s + 1) * v),
-                        v,
-                        &mut chosen.data.slice_mut(s..s + 1),
-                        &mut self.scratch.ops,
-                        (&m.w1, r),
-                        &mut self.e.slice_mut((s + 1) * r..(s + 2) * r),
+                    self.u.slice(..r)
+                }
+                Variant::Rnn { weight, bias, state, scratch } => {
+                    gpu.markov_rnn_prep(
+                        &weight.as_view(),
+                        &bias.as_view(),
+                        &h_s,
+                        &e_s,
+                        &mut state.as_view_mut(),
+                        &mut scratch.as_view_mut(),
+                        &mut self.u.slice_mut(..r),
                     )
                     .map_err(gpu_err)?;
-                    continue;
+                    self.u.slice(..r)
                 }
-            }
-            gpu.argmax_split(
-                &self.logits.slice(s * v..(s + 1) * v),
-                v,
-                v,
-                1,
-                &mut chosen.data.slice_mut(s..s + 1),
-                &mut self.scratch.ops,
-            )
-            .map_err(gpu_err)?;
+            };
+            // logits_s += W2·u, its argmax, and the next W1 row: one launch on the tensor cores.
+            let gather = if s + 1 < b { Some(((&m.w1, r), &mut e_next)) } else { None };
+            gpu.matvec_argmax(&m.w2, &input, &mut logits_s, (r, v), true, &mut token_s, &mut self.scratch.ops, gather)
+                .map_err(gpu_err)?;
         }
         if let Some(c) = &self.confidence {
             gpu.confidence(

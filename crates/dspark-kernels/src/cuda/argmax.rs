@@ -1,9 +1,11 @@
 //! Launch wrappers of the argmax family (kernels/argmax.cu): the greedy token of logits rows
-//! on the device, and the Markov chain's step that also gathers the winner's W1 row.
+//! on the device, the Markov chain's step that also gathers the winner's W1 row, and that step
+//! fused with the W2 product before it (`matvec_tc_argmax_bf16`, kernels/matvec.cu).
 
+use super::matvec::{addr, ksplit, ArgmaxEpi, Epilogue};
 use super::ops::{cfg, check, launch, wptr, OpScratch, WeightBuf, ARGMAX_ROWS, ARGMAX_SEGMENTS};
-use super::pdl::{dptr, dptr_mut, Arg};
-use super::{CudaResult, Gpu};
+use super::pdl::{device_addr, dptr, dptr_mut, Arg};
+use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
 impl Gpu {
@@ -86,6 +88,63 @@ impl Gpu {
             WeightBuf::F32(_) => "argmax_gather_f32",
         };
         self.launch_pdl(name, (segs as u32, 1, 1), 256, &args)
+    }
+
+    /// One step of the draft's Markov chain: `logits (+)= W·x` for one row (`W` `[vocab, d_in]`),
+    /// `out = argmax(logits)` and, with `gather`, the winner's row of `table` `[vocab, dim]` into
+    /// `gathered` — [`Gpu::matvec`] then [`Gpu::argmax_gather`] (or [`Gpu::argmax_split`]
+    /// without a gather), in one launch where the product takes the tensor-core path and the
+    /// table is bf16: the W2 matvec's epilogue reduces its outputs (kernels/matvec.cu).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_argmax(
+        &self,
+        w: &WeightBuf,
+        x: &CudaView<f32>,
+        logits: &mut CudaViewMut<f32>,
+        (d_in, vocab): (usize, usize),
+        accumulate: bool,
+        out: &mut CudaViewMut<u32>,
+        scratch: &mut OpScratch,
+        gather: Option<((&WeightBuf, usize), &mut CudaViewMut<f32>)>,
+    ) -> CudaResult<()> {
+        check("matvec_argmax w", w.len(), vocab * d_in)?;
+        check("matvec_argmax x", x.len(), d_in)?;
+        check("matvec_argmax logits", logits.len(), vocab)?;
+        check("matvec_argmax out", out.len(), 1)?;
+        let tiles = vocab.div_ceil(16);
+        let grid = tiles.div_ceil(8 / ksplit(tiles, d_in, 8));
+        let table_ok = gather.as_ref().is_none_or(|((t, _), _)| matches!(t, WeightBuf::Bf16(_)));
+        let room = scratch.argmax_v.len().min(scratch.argmax_i.len()) >= grid && !scratch.argmax_tickets.is_empty();
+        if !(self.tc_path(w, x, d_in) && table_ok && room) {
+            self.matvec(w, x, logits, (1, d_in, vocab), accumulate)?;
+            return match gather {
+                Some((table, gathered)) => self.argmax_gather(&logits.as_view(), vocab, out, scratch, table, gathered),
+                None => self.argmax_split(&logits.as_view(), vocab, vocab, 1, out, scratch),
+            };
+        }
+        let (table, gathered, dim) = match gather {
+            Some(((table, dim), gathered)) => {
+                check("matvec_argmax table", table.len(), vocab * dim)?;
+                check("matvec_argmax gathered", gathered.len(), dim)?;
+                let WeightBuf::Bf16(t) = table else {
+                    return Err(CudaError::Shape("matvec_argmax: the fused gather reads a bf16 table".into()));
+                };
+                (device_addr(self, t), device_addr(self, gathered), dim)
+            }
+            None => (0, 0, 0),
+        };
+        let argmax = ArgmaxEpi {
+            v: addr(self, &scratch.argmax_v, scratch.argmax_v.len()),
+            i: addr(self, &scratch.argmax_i, scratch.argmax_i.len()),
+            ticket: device_addr(self, &scratch.argmax_tickets),
+            out: device_addr(self, out),
+            table,
+            gathered,
+            dim,
+        };
+        let epi = Epilogue { argmax: Some(argmax), ..Epilogue::default() };
+        self.matvec_tc_epi("matvec_tc_argmax_bf16", w, x, logits, (1, d_in, vocab), vocab, accumulate, epi)?;
+        Ok(())
     }
 
     /// `out[r] = argmax(logits[r·row_stride .. + vocab])` for `rows` rows.

@@ -13,7 +13,7 @@ const TC_ROWS: usize = 8;
 /// Warps sharing one 16-row tile's K in the tensor-core matvec: enough warps in flight
 /// (≥ 2048, about 16 per SM) for few-tile shapes, no split where tiles alone give that, and
 /// never so much that a warp has less than 4 chunks of 32 k.
-fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
+pub(crate) fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
     let mut ks = 1;
     while ks < warps && tiles * ks < 2048 && d_in / (32 * ks * 2) >= 4 {
         ks *= 2;
@@ -47,6 +47,22 @@ pub(crate) struct Epilogue {
     pub norm_in: Option<NormIn>,
     /// Also write the (accumulated) output times γ and this block's partial Σ y² per row.
     pub norm_out: Option<NormOut>,
+    /// Reduce the (one-row) output to its argmax in the same launch (`matvec_tc_argmax_bf16`).
+    pub argmax: Option<ArgmaxEpi>,
+}
+
+/// The argmax epilogue's buffers: `v`, `i` one pair per block, `ticket` (zero between
+/// launches), `out` the token, and the row `table[token, 0..dim)` into `gathered` (bf16 table;
+/// `dim` = 0 gathers nothing).
+#[derive(Clone, Copy)]
+pub(crate) struct ArgmaxEpi {
+    pub v: (u64, usize),
+    pub i: (u64, usize),
+    pub ticket: u64,
+    pub out: u64,
+    pub table: u64,
+    pub gathered: u64,
+    pub dim: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -173,6 +189,12 @@ impl Gpu {
         if let Some(n) = &epi.norm_in {
             check("matvec norm partials", n.ss.1, m * n.parts)?;
         }
+        if let Some(a) = &epi.argmax {
+            if m != 1 {
+                return Err(CudaError::Shape(format!("{name}: the argmax epilogue takes one row, got {m}")));
+            }
+            check("matvec argmax partials", a.v.1.min(a.i.1), grid)?;
+        }
         if let Some(o) = &epi.norm_out {
             check("matvec norm gamma", o.gamma.1, d_out)?;
             check("matvec norm x·gamma", o.xg.1, m * d_out)?;
@@ -194,7 +216,20 @@ impl Gpu {
                 Some(o) => (at(o.gamma.0, 0), at(o.xg.0, start * d_out), at(o.ss.0, start * grid)),
                 None => (null, null, null),
             };
-            // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit, ss_in, parts, eps, gamma, xg, ss_out)
+            let (av, ai, at_, ao, atab, agat, adim) = match epi.argmax {
+                Some(a) => (
+                    Arg::Ptr(a.v.0),
+                    Arg::Ptr(a.i.0),
+                    Arg::Ptr(a.ticket),
+                    Arg::Ptr(a.out),
+                    Arg::Ptr(a.table),
+                    Arg::Ptr(a.gathered),
+                    a.dim,
+                ),
+                None => (null, null, null, null, null, null, 0),
+            };
+            // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit, ss_in, parts, eps, gamma, xg,
+            // ss_out, am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim)
             let args = [
                 w,
                 dptr(self, &xs),
@@ -210,6 +245,13 @@ impl Gpu {
                 gamma,
                 xg,
                 ss_out,
+                av,
+                ai,
+                at_,
+                ao,
+                atab,
+                agat,
+                Arg::I32(adim as i32),
             ];
             self.launch_pdl(name, (grid as u32, 1, 1), 32 * warps as u32, &args)?;
             start += rows;
@@ -282,7 +324,7 @@ impl Gpu {
         check("matvec_swiglu x", x.len(), m * d_in)?;
         check("matvec_swiglu act", act.len(), m * inter)?;
         if self.tc_path(w, x, d_in) {
-            let epi = Epilogue { norm_in, norm_out: None };
+            let epi = Epilogue { norm_in, ..Epilogue::default() };
             self.matvec_tc_epi("matvec_tc_swiglu_bf16", w, x, act, (m, d_in, 2 * inter), inter, false, epi)?;
             return Ok(());
         }

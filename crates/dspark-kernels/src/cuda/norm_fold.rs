@@ -84,7 +84,7 @@ impl Gpu {
             xg: addr(self, &u.as_view(), u.len()),
             ss: addr(self, &ss.as_view(), ss.len()),
         };
-        let epi = Epilogue { norm_in: None, norm_out: Some(out) };
+        let epi = Epilogue { norm_out: Some(out), ..Epilogue::default() };
         let parts = self.matvec_tc_epi(name, w, x, y, (m, d_in, d_out), d_out, accumulate, epi)?;
         Ok(Normed::Pending { parts, eps })
     }
@@ -109,7 +109,7 @@ impl Gpu {
             None => self.matvec(w, &u.as_view(), y, (m, d_in, d_out), accumulate),
             Some(n) => {
                 let name = self.tc_name(d_out, d_in);
-                let epi = Epilogue { norm_in: Some(n), norm_out: None };
+                let epi = Epilogue { norm_in: Some(n), ..Epilogue::default() };
                 self.matvec_tc_epi(name, w, &u.as_view(), y, (m, d_in, d_out), d_out, accumulate, epi)?;
                 Ok(())
             }
