@@ -41,6 +41,12 @@
 #include "common.cuh"
 
 #define TC_WARPS 8
+// A tracing hook: scripts/exp/attn_phases.cu defines it to time-stamp the phases of each block
+// (start, after the PDL wait, Q staged, the first tile in shared memory, its S, its softmax,
+// the last tile's P·V, the end). In the engine it is nothing.
+#ifndef TC_MARK
+#define TC_MARK(i)
+#endif
 #define TC_TK 32  // keys per tile
 #define TC_Q 32   // queries per block: 2 m-tiles of 16
 #define TC_SP (TC_TK + 1)  // row stride of the score/P tile (padded against bank conflicts)
@@ -95,6 +101,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     float(*sp)[TC_SP] = reinterpret_cast<float(*)[TC_SP]>(dyn_smem + (2 * TC_Q + 2 * TC_TK) * D4);  // S, then P
     float* scorr = &sp[TC_Q][0];  // per row: this tile's rescale of O
     pdl_trigger();
+    TC_MARK(0);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int first_pos = lens[0], kv_len = lens[1];  // host-written: safe before the wait
@@ -142,23 +149,37 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     const bool early = j0 + TC_TK <= first_pos;
     if (early) fetch(j0);
     pdl_wait();
+    TC_MARK(1);
     if (!early) fetch(j0);  // all zeros when the slice is empty
     // Q, pre-scaled by 1/√hd and split once per block into TF32 big and small parts, stored in
     // fragment order. Thread i builds lane (g, t)'s fragments of m-tile mt, chunk ch from the
     // float4s of dims 16·ch + 4t .. +3 of its rows mt·16 + g (a0, a2) and mt·16 + g + 8 (a1, a3):
     // step 0 takes dims 4t, 4t + 1 and step 1 dims 4t + 2, 4t + 3 (the slot mapping above).
-    for (int i = threadIdx.x; i < 2 * CHUNKS * 32; i += blockDim.x) {
+    // All of a thread's Q loads go out before any is used: written as a loop over i with the
+    // block size as its stride, the second item's loads waited for the first's stores, and Q
+    // staging took 3.3 of a one-tile block's 8 µs (scripts/exp/attn_phases.cu).
+    constexpr int QITEMS = 2 * CHUNKS * 32, QPER = QITEMS / (TC_WARPS * 32);
+    static_assert(QITEMS % (TC_WARPS * 32) == 0, "Q items split evenly over the block");
+    float4 qv[QPER][2];
+#pragma unroll
+    for (int it = 0; it < QPER; it++) {
+        const int i = threadIdx.x + it * TC_WARPS * 32;
         const int fl = i & 31, ch = (i >> 5) % CHUNKS, m_t = i / (32 * CHUNKS);
-        const int fg = fl >> 2, ft = fl & 3;
-        float4 val[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int qi = q0 + m_t * 16 + fg + 8 * h;
-            val[h] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (qi < Q) {
-                val[h] = reinterpret_cast<const float4*>(q + ((size_t)sb.row(qi) * nh + sb.head(qi)) * HD)[ch * 4 + ft];
-                val[h].x *= scale; val[h].y *= scale; val[h].z *= scale; val[h].w *= scale;
-            }
+            const int qi = q0 + m_t * 16 + (fl >> 2) + 8 * h;
+            qv[it][h] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (qi < Q) qv[it][h] = reinterpret_cast<const float4*>(q + ((size_t)sb.row(qi) * nh + sb.head(qi)) * HD)[ch * 4 + (fl & 3)];
+        }
+    }
+#pragma unroll
+    for (int it = 0; it < QPER; it++) {
+        const int i = threadIdx.x + it * TC_WARPS * 32;
+        const int fl = i & 31, ch = (i >> 5) % CHUNKS, m_t = i / (32 * CHUNKS);
+        float4* val = qv[it];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            val[h].x *= scale; val[h].y *= scale; val[h].z *= scale; val[h].w *= scale;
         }
         uint4 b0, s0, b1, s1;
         split_tf32(val[0].x, b0.x, s0.x);
@@ -174,6 +195,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
         sqb[m_t][ch][1][fl] = b1;
         sqs[m_t][ch][1][fl] = s1;
     }
+    TC_MARK(2);
     store_tile();
 
     // Roles. Scores: warp w computes S for m-tile w & 1 and keys 8·(w >> 1) .. +8 of the tile.
@@ -200,6 +222,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
             store_tile();
         }
         __syncthreads();
+        if (t0 == j0) TC_MARK(3);
         // The next tile's K/V loads are in flight (in registers) while this tile is computed.
         if (t0 + TC_TK < j1) fetch(t0 + TC_TK);
 
@@ -228,6 +251,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
             sp[rb][col + 1] = sb[3] + ss[3];
         }
         __syncthreads();
+        if (t0 == j0) TC_MARK(4);
 
         // Online softmax, one row at a time per warp, lane = key: P replaces S in place. Each
         // lane keeps its own share of the row sum l (every lane sees the same max, so the
@@ -250,6 +274,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
             if (lane == 0) scorr[r] = corr;
         }
         __syncthreads();
+        if (t0 == j0) TC_MARK(5);
 
         // O = O·corr + P·V for 16 rows × hd/4 dims over the tile's 32 keys (4 k8 steps), 3xTF32.
         const float ca = scorr[ra], cb = scorr[rb];
@@ -281,6 +306,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
         }
     }
 
+    TC_MARK(6);
     // The unnormalised partial: m and l from the softmax warps, Σ p·v from the P·V warps.
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -298,6 +324,7 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
         if (qa < Q) *reinterpret_cast<float2*>(part_o + slot_of(qa) * HD + d) = make_float2(o[n][0], o[n][1]);
         if (qb < Q) *reinterpret_cast<float2*>(part_o + slot_of(qb) * HD + d) = make_float2(o[n][2], o[n][3]);
     }
+    TC_MARK(7);
 }
 
 // Dynamic shared memory of attention_tc for head dim hd (the host sets the same figure).

@@ -46,7 +46,7 @@ int main() {
             cudaEventRecord(e0);
             issuer<<<c.blocks, c.threads>>>((const char*)w, bytes, spin, c.mode, c.piece);
             cudaEventRecord(e1);
-            matvec_tc_u4_bf16<<<256, 256>>>(w, x, y, 1, 4096, 4096, 0, 8, nullptr, 0, 0.f, nullptr, nullptr, nullptr);
+            matvec_tc_u4_bf16<<<256, 256>>>(w, x, y, 1, 4096, 4096, 0, 8, nullptr, 0, 0.f, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0);
             cudaEventRecord(e2); cudaEventSynchronize(e2);
             float t1, t2; cudaEventElapsedTime(&t1, e0, e1); cudaEventElapsedTime(&t2, e1, e2);
             a.push_back(t1 * 1000); b.push_back(t2 * 1000);

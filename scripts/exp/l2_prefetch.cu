@@ -46,9 +46,9 @@ int main() {
         __nv_bfloat16* w; cudaMalloc(&w, bytes); cudaMemset(w, 0, bytes);
         int tiles = s.out / 16, blocks = tiles / (8 / s.ks);
         auto mv = [&](int m) {
-            if (s.kern[1] == '2') matvec_tc_bf16<<<blocks, 256>>>(w, x, y, m, s.in, s.out, 0, s.ks, nullptr, 0, 0.f, nullptr, nullptr, nullptr);
-            else if (s.kern[2] == 'b') matvec_tc_u4b1_bf16<<<blocks, 256>>>(w, x, y, m, s.in, s.out, 0, s.ks, nullptr, 0, 0.f, nullptr, nullptr, nullptr);
-            else matvec_tc_u4_bf16<<<blocks, 256>>>(w, x, y, m, s.in, s.out, 0, s.ks, nullptr, 0, 0.f, nullptr, nullptr, nullptr);
+            if (s.kern[1] == '2') matvec_tc_bf16<<<blocks, 256>>>(w, x, y, m, s.in, s.out, 0, s.ks, nullptr, 0, 0.f, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0);
+            else if (s.kern[2] == 'b') matvec_tc_u4b1_bf16<<<blocks, 256>>>(w, x, y, m, s.in, s.out, 0, s.ks, nullptr, 0, 0.f, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0);
+            else matvec_tc_u4_bf16<<<blocks, 256>>>(w, x, y, m, s.in, s.out, 0, s.ks, nullptr, 0, 0.f, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0);
         };
         for (int m : {1, 7}) {
             const char* cases[] = {"cold", "warm(read twice)", "spin10us", "spin10us+bulkpf", "spin10us+pf.evict_last", "spin20us+bulkpf"};

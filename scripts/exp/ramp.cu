@@ -15,7 +15,7 @@ __device__ __forceinline__ unsigned long long gtime() {
 template <int U, int MINB>
 __global__ void __launch_bounds__(256, MINB) timed(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int ks, unsigned long long* tr) {
     unsigned long long t0 = gtime();
-    matvec_tc<U, false, false>(w, x, y, m, in, out, 0, ks, nullptr, 0, 0.f, nullptr, nullptr, nullptr);
+    matvec_tc<U, false, false, false>(w, x, y, m, in, out, 0, ks, nullptr, 0, 0.f, nullptr, nullptr, nullptr, ArgmaxOut{});
     __syncthreads();
     if (threadIdx.x == 0) { unsigned smid; asm("mov.u32 %0, %smid;" : "=r"(smid)); tr[3 * blockIdx.x] = t0; tr[3 * blockIdx.x + 1] = gtime(); tr[3 * blockIdx.x + 2] = smid; }
 }
