@@ -387,9 +387,10 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 // * many tiles, or more blocks than 2 per SM (gate|up, lm_head, Markov W2, q|k|v's 384 tiles):
 //   2 chunks per step at 3 blocks per SM;
 // * K split over all 8 warps in at most 2 blocks per SM (o, down, fc): 4 chunks per step;
-// * no more blocks than SMs (the draft's k|v): 4 chunks per step with the register file to
+// * no more blocks than SMs (one layer's k|v alone): 4 chunks per step with the register file to
 //   itself, x prefetched a step ahead.
-// Every variant takes the argmax epilogue's arguments too (null and unused but in the argmax one).
+// The argmax variant (one row, the draft's Markov step) is the first shape with the argmax
+// epilogue. Every variant takes the argmax epilogue's arguments (null and unused in the others).
 #define MATVEC_TC(NAME, U, SW, XP, AM, MINB)                                                                    \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \

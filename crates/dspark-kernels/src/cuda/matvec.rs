@@ -353,7 +353,8 @@ mod tests {
         assert_eq!(tc_kernel(384, 4096, 132), "matvec_tc_bf16"); // q|k|v: 384 blocks
         assert_eq!(tc_kernel(256, 4096, 132), "matvec_tc_u4_bf16"); // o
         assert_eq!(tc_kernel(256, 12288, 132), "matvec_tc_u4_bf16"); // down
-        assert_eq!(tc_kernel(128, 4096, 132), "matvec_tc_u4b1_bf16"); // the draft's k|v
+        assert_eq!(tc_kernel(128, 4096, 132), "matvec_tc_u4b1_bf16"); // one layer's k|v (2048 rows)
+        assert_eq!(tc_kernel(640, 4096, 132), "matvec_tc_bf16"); // the draft's five layers' k|v
 
         // A smaller GPU moves o to the 3-blocks-per-SM kernel.
         assert_eq!(tc_kernel(256, 4096, 100), "matvec_tc_bf16");
