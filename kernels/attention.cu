@@ -111,16 +111,14 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     // step starts with that stream copy, ARCHITECTURE.md): a tile of such rows only may be
     // asked for before the PDL wait, while the kernels before this one still run. The step's own
     // rows are appended by the kernel just before this one.
-    // Thread i loads keys i / D4 + KSTEP·n of a tile, float4 column i % D4: one base pointer plus
-    // a per-tile offset, worked out once here rather than per load (it was ~10 integer
-    // instructions per 16-byte load): 5.44 → 5.25 µs at 512 keys, 18.0 → 17.75 µs at 4096 in
-    // scripts/exp/attn.cu.
+    // Each thread's K/V addresses from one base pointer (common.cuh TileRows; per-load index
+    // arithmetic measured 5.44 / 18.0 µs against 5.25 / 17.75 at 512 / 4096 keys in
+    // scripts/exp/attn.cu).
     constexpr int KSTEP = SPLIT_WARPS * 32 / D4;  // keys between one thread's loads of a tile
-    const int key0 = threadIdx.x / D4;
-    const size_t rs = (size_t)nkv * D4;  // float4s from one cache row to the next
-    const size_t head = (size_t)key0 * rs + (size_t)kvh * D4 + threadIdx.x % D4;
-    const float4* kb = reinterpret_cast<const float4*>(k) + head;
-    const float4* vb = reinterpret_cast<const float4*>(v) + head;
+    const TileRows tr = tile_rows<SPLIT_WARPS * 32, D4>(k, v, nkv, kvh);
+    const int key0 = tr.key0;
+    const size_t rs = tr.row;
+    const float4 *kb = tr.k, *vb = tr.v;
     auto first_tile = [&]() {
         const int rem = j1 - j0 - key0;  // load n is in the slice while KSTEP·n < rem
         const size_t o = (size_t)j0 * rs;

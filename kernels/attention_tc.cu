@@ -112,17 +112,14 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     auto slot_of = [&](int qi) { return sb.slot(qi, rows, nh); };
 
     // The first tile's K/V loads go out before Q is staged, so the two latencies overlap.
-    // Thread i loads keys i / D4 + KSTEP·n of a tile, float4 column i % D4: its addresses are one
-    // base pointer plus a per-tile offset, worked out once here rather than per load (~115
-    // instructions of a warp's ~860 per tile were this address arithmetic). The loads bypass L1
-    // (__ldcg): written plainly, they compiled to read-only-path loads, and the kernel took
+    // Each thread's K/V addresses from one base pointer (common.cuh TileRows). The loads bypass
+    // L1 (__ldcg): written plainly, they compiled to read-only-path loads, and the kernel took
     // 25.6 µs at 4096 keys against 24.1 µs this way (scripts/exp/attn.cu, docs/perf.md).
     constexpr int KSTEP = TC_WARPS * 32 / D4;  // keys between one thread's loads of a tile
-    const int key0 = threadIdx.x / D4;
-    const size_t rs = (size_t)nkv * D4;  // float4s from one cache row to the next
-    const size_t head = (size_t)key0 * rs + (size_t)kvh * D4 + threadIdx.x % D4;
-    const float4* kb = reinterpret_cast<const float4*>(k) + head;
-    const float4* vb = reinterpret_cast<const float4*>(v) + head;
+    const TileRows tr = tile_rows<TC_WARPS * 32, D4>(k, v, nkv, kvh);
+    const int key0 = tr.key0;
+    const size_t rs = tr.row;
+    const float4 *kb = tr.k, *vb = tr.v;
     float4 pk[LOADS], pv[LOADS];
     auto fetch = [&](int t0) {
         const int rem = j1 - t0 - key0;  // load n is in the slice while KSTEP·n < rem

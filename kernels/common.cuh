@@ -98,6 +98,28 @@ struct SplitBlock {
         return ((size_t)split * rows + row(qi)) * nh + head(qi);
     }
 };
+// Where one thread's 16-byte loads of a split-attention K/V tile come from, for a block of
+// THREADS threads and rows of D4 float4s: thread i loads keys i / D4 + KSTEP·n of a tile
+// (KSTEP = THREADS / D4), float4 column i % D4, so its addresses are one base pointer plus
+// (tile's first key + KSTEP·n) · row. Worked out once per block: 64-bit index arithmetic per
+// load was ~10 integer instructions each (~115 of a tensor-core warp's ~860 per tile).
+struct TileRows {
+    const float4* k;  // this thread's float4 of K at key 0 of the cache
+    const float4* v;
+    size_t row;  // float4s from one cache row to the next (nkv · D4)
+    int key0;    // this thread's first key within a tile
+};
+template <int THREADS, int D4>
+__device__ __forceinline__ TileRows tile_rows(const float* k, const float* v, int nkv, int kvh) {
+    TileRows t;
+    t.key0 = threadIdx.x / D4;
+    t.row = (size_t)nkv * D4;
+    const size_t at = (size_t)t.key0 * t.row + (size_t)kvh * D4 + threadIdx.x % D4;
+    t.k = reinterpret_cast<const float4*>(k) + at;
+    t.v = reinterpret_cast<const float4*>(v) + at;
+    return t;
+}
+
 // The step's slice count: kv_len / keys rounded up, at least 1, at most the grid's (the host
 // sizes the grid for the most keys a captured graph may see; attention_combine_f32 uses the same
 // count).
