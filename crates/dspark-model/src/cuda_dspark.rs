@@ -329,7 +329,7 @@ impl CudaDraft {
             (b, false),
             &lens,
             &self.inv_freq,
-            (&mut self.caches.k, &mut self.caches.v),
+            self.caches.caches_mut(),
             None,
             |_, _| Ok(()),
         )?;

@@ -15,14 +15,20 @@ use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaSlice, CudaView};
 
 /// The K and V caches of a stack of layers, each `[rows, nkv·hd]` f32, with the device arrays
-/// of their addresses that `kv_rope_append_layers_f32` reads.
+/// of their addresses that `kv_rope_append_layers_f32` reads. [`LayerCaches::caches_mut`] lends
+/// the buffers out (the layer steps write them too), and a buffer swapped for another through it
+/// would leave a stale address behind: every launch first checks the buffers against the
+/// addresses and lengths it recorded, and refuses to run on a mismatch.
 pub struct LayerCaches {
-    pub k: Vec<CudaSlice<f32>>,
-    pub v: Vec<CudaSlice<f32>>,
+    k: Vec<CudaSlice<f32>>,
+    v: Vec<CudaSlice<f32>>,
     k_ptrs: CudaSlice<u64>,
     v_ptrs: CudaSlice<u64>,
-    /// Floats per cache row (nkv · hd).
+    /// The addresses written to `k_ptrs` / `v_ptrs`, kept on the host for that check.
+    addrs: Vec<u64>,
+    /// Floats per cache row (nkv · hd), and per cache.
     row_len: usize,
+    len: usize,
 }
 
 impl LayerCaches {
@@ -55,11 +61,26 @@ impl LayerCaches {
                 k.len()
             )));
         }
-        let addrs = |cs: &[CudaSlice<f32>]| cs.iter().map(|c| device_addr(gpu, c)).collect::<Vec<u64>>();
+        let addrs: Vec<u64> = k.iter().chain(&v).map(|c| device_addr(gpu, c)).collect();
         let n = k.len();
-        gpu.stream.memcpy_htod(&addrs(&k), &mut k_ptrs.slice_mut(..n))?;
-        gpu.stream.memcpy_htod(&addrs(&v), &mut v_ptrs.slice_mut(..n))?;
-        Ok(LayerCaches { k, v, k_ptrs, v_ptrs, row_len })
+        gpu.stream.memcpy_htod(&addrs[..n], &mut k_ptrs.slice_mut(..n))?;
+        gpu.stream.memcpy_htod(&addrs[n..], &mut v_ptrs.slice_mut(..n))?;
+        Ok(LayerCaches { k, v, k_ptrs, v_ptrs, addrs, row_len, len })
+    }
+
+    /// The K and V caches, for the layer steps that read and write them.
+    pub fn caches_mut(&mut self) -> (&mut [CudaSlice<f32>], &mut [CudaSlice<f32>]) {
+        (&mut self.k, &mut self.v)
+    }
+
+    /// Layer `l`'s K and V caches.
+    pub fn layer(&self, l: usize) -> Option<(&CudaSlice<f32>, &CudaSlice<f32>)> {
+        Some((self.k.get(l)?, self.v.get(l)?))
+    }
+
+    /// Whether every buffer is still the one whose address the kernel will read.
+    fn unchanged(&self, gpu: &Gpu) -> bool {
+        self.k.iter().chain(&self.v).zip(&self.addrs).all(|(c, &a)| c.len() == self.len && device_addr(gpu, c) == a)
     }
 
     pub fn layers(&self) -> usize {
@@ -85,6 +106,11 @@ impl Gpu {
         lens: &StepLens<'_>,
         eps: f32,
     ) -> CudaResult<()> {
+        if !caches.unchanged(self) {
+            return Err(CudaError::Shape(
+                "kv_rope_append_layers: a layer cache was replaced after LayerCaches recorded its address".into(),
+            ));
+        }
         let layers = caches.layers();
         let hd = inv_freq.len() * 2;
         if layers == 0 || hd == 0 || hd > 512 || k_norm.len() != layers * hd || caches.row_len != nkv * hd {

@@ -39,7 +39,8 @@ fn kv_rope_append_layers_matches_reference() {
             let (mut wk, wv) = (part(0), part(nkv));
             cpu::rmsnorm::rmsnorm_inplace(&mut wk, &k_norm[l * hd..(l + 1) * hd], 1e-6);
             cpu::rope::rope_inplace(&mut wk, &positions, nkv, &freqs);
-            let (kh, vh) = (down(&g, &lc.k[l]), down(&g, &lc.v[l]));
+            let (kc, vc) = lc.layer(l).expect("a layer of the stack");
+            let (kh, vh) = (down(&g, kc), down(&g, vc));
             let e = rel_err(&kh[span.clone()], &wk);
             assert!(e <= 2e-5, "kv_rope_append_layers k, layer {l} of {layers}: {e}");
             assert_eq!(vh[span.clone()].to_vec(), wv, "kv_rope_append_layers v, layer {l} of {layers}");
@@ -70,4 +71,9 @@ fn kv_rope_append_layers_refuses_bad_shapes() {
     let kn1 = poisoned(&g, 32);
     let err = g.kv_rope_append_layers(&kv.as_view(), (&kn1.as_view(), &f.as_view()), &mut lc, (1, 1), &lens, 1e-6);
     assert!(err.is_err_and(|e| e.to_string().contains("k_norm")));
+    // A cache swapped for another buffer after its address was recorded.
+    let kn2 = poisoned(&g, 2 * 32);
+    lc.caches_mut().0[1] = poisoned(&g, 64);
+    let err = g.kv_rope_append_layers(&kv.as_view(), (&kn2.as_view(), &f.as_view()), &mut lc, (1, 1), &lens, 1e-6);
+    assert!(err.is_err_and(|e| e.to_string().contains("replaced")));
 }
