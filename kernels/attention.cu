@@ -80,6 +80,12 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 // Layout of the partials: o [splits, rows, nh, hd], ml [splits, rows, nh, 2].
 
 #define SPLIT_WARPS 4
+// A tracing hook like attention_tc.cu's TC_MARK (scripts/exp/attn_phases.cu q1): start, after
+// the PDL wait, q staged, the first tile in shared memory, its scores, its softmax, its P·V, the
+// end; `dep` is a value the mark must wait for (the phase's result). In the engine it is nothing.
+#ifndef Q1_MARK
+#define Q1_MARK(i, dep)
+#endif
 #define TK 32  // keys per tile
 
 // QW queries per warp, SPLIT_Q = 4·QW per block: QW = 1 for decode (one row: G = 4 queries per
@@ -96,6 +102,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     __shared__ float4 sk[TK][D4 + 1];
     __shared__ float sv[TK][HD];
     pdl_trigger();
+    Q1_MARK(0, 0.f);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int first_pos = lens[0], kv_len = lens[1];  // host-written: safe before the wait
     const SplitBlock sb = split_block(rows, nh, nkv, kv_len, keys, SPLIT_Q);
@@ -164,6 +171,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     };
     // (Asking for the second tile before the wait too measured no better: docs/perf.md.)
     pdl_wait();
+    Q1_MARK(1, 0.f);
     if (!early) first_tile();
     if (j0 + TK < j1) fetch(j0 + TK);
 
@@ -177,6 +185,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
         }
         sq[i / D4][c] = val;
     }
+    Q1_MARK(2, 0.f);
     for (int t0 = j0; t0 < j1; t0 += TK) {
         if (t0 == j0) {
             cp_async_wait_all();  // this thread's part of the first tile has landed
@@ -190,6 +199,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
             }
         }
         __syncthreads();  // the tile (and, the first time, sq) is in place for every warp
+        if (t0 == j0) Q1_MARK(3, 0.f);
         if (t0 != j0 && t0 + TK < j1) fetch(t0 + TK);  // in flight while this tile is computed
         const int j = t0 + lane;
         // Scores of this lane's key for all of the warp's queries in one pass over K, so each
@@ -206,6 +216,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
                 sc[i] += qq.x * kk.x + qq.y * kk.y + qq.z * kk.z + qq.w * kk.w;
             }
         }
+        if (t0 == j0) Q1_MARK(4, sc[0]);
         float p[QW];
 #pragma unroll
         for (int i = 0; i < QW; i++) {
@@ -222,6 +233,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
             for (int e = 0; e < PER; e++) o[i][e] *= corr;
         }
         // Σ p_j · v_j: each V element read once for all the warp's queries.
+        if (t0 == j0) Q1_MARK(5, p[0]);
         const int n = min(TK, j1 - t0);
         for (int jj = 0; jj < n; jj++) {
             float vv[PER];
@@ -234,6 +246,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
                 for (int e = 0; e < PER; e++) o[i][e] += pj * vv[e];
             }
         }
+        if (t0 == j0) Q1_MARK(6, o[0][0]);
     }
 #pragma unroll
     for (int i = 0; i < QW; i++) {
@@ -247,6 +260,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
             part_ml[slot * 2 + 1] = l[i];
         }
     }
+    Q1_MARK(7, 0.f);
 }
 
 #define SPLIT_KERNEL(PER, QW, NAME)                                                                                 \

@@ -2,7 +2,8 @@
 // (TC_MARK in kernels/attention_tc.cu: start, after the PDL wait, Q staged, first tile in shared
 // memory, its S, its softmax, the last P·V, end), for one cold launch at one context length with
 // the engine's slicing. Prints, per mark, the median and the last block's time since the first
-// block started. Usage: /tmp/attn_phases CTX [SPLITS]
+// block started. With Q1=1 the same for the one-row decode kernel (Q1_MARK in attention.cu:
+// the first tile's scores, softmax and P·V). Usage: [Q1=1] /tmp/attn_phases CTX [SPLITS]
 // nvcc -arch=sm_90 -O3 -std=c++17 -I kernels scripts/exp/attn_phases.cu -o /tmp/attn_phases
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -17,6 +18,12 @@ __device__ __forceinline__ unsigned long long gtime() {
 }
 #define TC_MARK(i) \
     if (threadIdx.x == 0) g_trace[(blockIdx.y * gridDim.x + blockIdx.x) * 8 + (i)] = gtime();
+#define Q1_MARK(i, dep)                                                                 \
+    if (threadIdx.x == 0) {                                                             \
+        asm volatile("" ::"f"(dep));                                                    \
+        g_trace[(blockIdx.y * gridDim.x + blockIdx.x) * 8 + (i)] = gtime();             \
+    }
+#include "attention.cu"
 #include "attention_tc.cu"
 
 __global__ void scrub(float* p, size_t n) {
@@ -25,12 +32,13 @@ __global__ void scrub(float* p, size_t n) {
 
 int main(int argc, char** argv) {
     const int ctx = argc > 1 ? atoi(argv[1]) : 512;
-    const int nh = 32, nkv = 8, hd = 128, rows = 8;
+    const bool q1 = getenv("Q1") != nullptr;
+    const int nh = 32, nkv = 8, hd = 128, rows = q1 ? 1 : 8;
     const int first_pos = ctx, kv_len = ctx + rows;
     int kv_cap = 1;
     while (kv_cap < kv_len) kv_cap *= 2;
     const int keys = 32;
-    const int splits = argc > 2 ? atoi(argv[2]) : std::min(33, kv_cap / keys);  // split_plan on 132 SMs
+    const int splits = argc > 2 ? atoi(argv[2]) : std::min(q1 ? 66 : 33, kv_cap / keys);  // split_plan, 132 SMs
     const size_t cache = (size_t)kv_cap * nkv * hd;
     std::vector<float> h(cache);
     for (size_t i = 0; i < cache; i++) h[i] = (float)((i * 2654435761u) % 2001) / 1000.f - 1.f;
@@ -50,11 +58,16 @@ int main(int argc, char** argv) {
     cudaMemcpyToSymbol(g_trace, &tr, sizeof(tr));
     const int smem = TC_SMEM(128);
     cudaFuncSetAttribute(attention_tc_hd128_f32, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    const char* names[8] = {"start", "pdl wait", "Q staged", "tile in smem", "S", "softmax", "last P.V", "end"};
+    const char* tc_names[8] = {"start", "pdl wait", "Q staged", "tile in smem", "S", "softmax", "last P.V", "end"};
+    const char* q1_names[8] = {"start", "pdl wait", "q staged", "tile in smem", "scores", "softmax", "first P.V", "end"};
+    const char** names = q1 ? q1_names : tc_names;
     for (int rep = 0; rep < 3; rep++) {
         cudaMemset(tr, 0, blocks * 8 * 8);
         scrub<<<528, 512>>>(sb, scrub_n);  // nothing of K/V left in L2
-        attention_tc_hd128_f32<<<dim3(nkv, splits), 256, smem>>>(q, k, v, po, pml, rows, nh, nkv, lens, 1, keys);
+        if (q1)
+            attention_split_q1_hd128_f32<<<dim3(nkv, splits), 128>>>(q, k, v, po, pml, rows, nh, nkv, lens, 1, keys);
+        else
+            attention_tc_hd128_f32<<<dim3(nkv, splits), 256, smem>>>(q, k, v, po, pml, rows, nh, nkv, lens, 1, keys);
         cudaDeviceSynchronize();
         std::vector<unsigned long long> t(blocks * 8);
         cudaMemcpy(t.data(), tr, t.size() * 8, cudaMemcpyDeviceToHost);
