@@ -2,7 +2,7 @@
 //! on the device, the Markov chain's step that also gathers the winner's W1 row, and that step
 //! fused with the W2 product before it (`matvec_tc_argmax_bf16`, kernels/matvec.cu).
 
-use super::matvec::{addr, ksplit, ArgmaxEpi, Epilogue};
+use super::matvec::{addr, tc_grid, ArgmaxEpi, Epilogue};
 use super::ops::{cfg, check, launch, wptr, OpScratch, WeightBuf, ARGMAX_ROWS, ARGMAX_SEGMENTS};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
@@ -111,8 +111,7 @@ impl Gpu {
         check("matvec_argmax x", x.len(), d_in)?;
         check("matvec_argmax logits", logits.len(), vocab)?;
         check("matvec_argmax out", out.len(), 1)?;
-        let tiles = vocab.div_ceil(16);
-        let grid = tiles.div_ceil(8 / ksplit(tiles, d_in, 8));
+        let (_, grid) = tc_grid(vocab.div_ceil(16), d_in);
         let table_ok = gather.as_ref().is_none_or(|((t, _), _)| matches!(t, WeightBuf::Bf16(_)));
         let room = scratch.argmax_v.len().min(scratch.argmax_i.len()) >= grid && !scratch.argmax_tickets.is_empty();
         if !(self.tc_path(w, x, d_in) && table_ok && room) {

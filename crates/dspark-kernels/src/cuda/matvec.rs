@@ -13,12 +13,23 @@ const TC_ROWS: usize = 8;
 /// Warps sharing one 16-row tile's K in the tensor-core matvec: enough warps in flight
 /// (≥ 2048, about 16 per SM) for few-tile shapes, no split where tiles alone give that, and
 /// never so much that a warp has less than 4 chunks of 32 k.
-pub(crate) fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
+fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
     let mut ks = 1;
     while ks < warps && tiles * ks < 2048 && d_in / (32 * ks * 2) >= 4 {
         ks *= 2;
     }
     ks
+}
+
+/// Warps per block of the tensor-core matvec kernels (TC_WARPS in kernels/matvec.cu).
+const TC_WARPS: usize = 8;
+
+/// The host's K split of a tensor-core matvec over `tiles` 16-row tiles of `d_in`, and its grid:
+/// a block holds TC_WARPS / ksplit tiles. Every launch and every launch plan uses this one figure
+/// (the argmax epilogue sizes its partials by the grid).
+pub(crate) fn tc_grid(tiles: usize, d_in: usize) -> (usize, usize) {
+    let ks = ksplit(tiles, d_in, TC_WARPS);
+    (ks, tiles.div_ceil(TC_WARPS / ks))
 }
 
 /// The tensor-core matvec kernel for a shape on a GPU of `sms` SMs (kernels/matvec.cu). What
@@ -27,8 +38,7 @@ pub(crate) fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
 /// than SMs; everything else, and any grid above 2 blocks per SM (q|k|v's 384 tiles), takes 2
 /// chunks per step at 3 blocks per SM. Measured with `dspark bench --matvec-variants`.
 fn tc_kernel(tiles: usize, d_in: usize, sms: usize) -> &'static str {
-    let ks = ksplit(tiles, d_in, 8);
-    let blocks = tiles.div_ceil(8 / ks);
+    let (ks, blocks) = tc_grid(tiles, d_in);
     if ks == 8 && blocks <= sms {
         "matvec_tc_u4b1_bf16"
     } else if ks == 8 && blocks <= 2 * sms {
@@ -180,9 +190,10 @@ impl Gpu {
         epi: Epilogue,
     ) -> CudaResult<usize> {
         let tiles = d_out.div_ceil(16);
-        let warps = 8;
-        let ks = ks_override.unwrap_or_else(|| ksplit(tiles, d_in, warps));
-        let grid = tiles.div_ceil(warps / ks);
+        let (ks, grid) = match ks_override {
+            Some(ks) => (ks, tiles.div_ceil(TC_WARPS / ks)),
+            None => tc_grid(tiles, d_in),
+        };
         let WeightView::U16(wv) = wv else {
             return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
         };
@@ -253,7 +264,7 @@ impl Gpu {
                 agat,
                 Arg::I32(adim as i32),
             ];
-            self.launch_pdl(name, (grid as u32, 1, 1), 32 * warps as u32, &args)?;
+            self.launch_pdl(name, (grid as u32, 1, 1), 32 * TC_WARPS as u32, &args)?;
             start += rows;
         }
         Ok(grid)
@@ -343,7 +354,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{ksplit, tc_kernel};
+    use super::{ksplit, tc_grid, tc_kernel};
 
     #[test]
     fn tc_kernel_follows_the_tile_count() {
@@ -374,5 +385,8 @@ mod tests {
         assert_eq!(ksplit(4, 512, 8), 4);
         assert_eq!(ksplit(4, 256, 8), 2);
         assert_eq!(ksplit(4, 4096, 4), 4);
+        // The grid that goes with it: Markov W2 (the argmax epilogue's 1,187 partials), q|k|v.
+        assert_eq!(tc_grid(9496, 256), (1, 1187));
+        assert_eq!(tc_grid(384, 4096), (8, 384));
     }
 }
