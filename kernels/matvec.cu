@@ -382,7 +382,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     }
 }
 
-// Three shapes of the same kernel, chosen on the host so the grid fits one wave (ops.rs
+// Three shapes of the same kernel, chosen on the host so the grid fits one wave (cuda/matvec.rs
 // `tc_kernel`), all measured with `dspark bench --matvec-variants` (docs/perf.md):
 // * many tiles, or more blocks than 2 per SM (gate|up, lm_head, Markov W2, q|k|v's 384 tiles):
 //   2 chunks per step at 3 blocks per SM;
