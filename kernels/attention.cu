@@ -91,13 +91,22 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 // QW queries per warp, SPLIT_Q = 4·QW per block: QW = 1 for decode (one row: G = 4 queries per
 // KV head). Only QW = 1 is built: more queries per KV head (verify, the draft block) go to the
 // tensor-core kernel in attention_tc.cu, which measured faster there (docs/perf.md).
-template <int PER, int QW>
-__device__ void attention_split(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+// E is the cache element (common.cuh KvElem): float, or __nv_bfloat16 for half the bytes per
+// key. The tiles are widened to f32 as they are put in shared memory, so the math below is the
+// same for both. cp.async cannot widen, so a bf16 first tile lands raw in the V tile's room (its
+// 16 KB hold a bf16 K and V tile) and is widened in place after a barrier; held in a second set
+// of registers instead, it spilled (128 registers).
+template <int PER, int QW, typename E = float>
+__device__ void attention_split(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                                 float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens,
                                 int causal, int keys) {
+    using KE = KvElem<E>;
+    using Chunk = typename KE::Chunk;
+    constexpr bool F32 = KE::PER_CHUNK == 4;
     constexpr int HD = PER * 32, D4 = HD / 4;
+    constexpr int DC = HD / KE::PER_CHUNK;                     // 16-byte chunks per cache row
     constexpr int SPLIT_Q = QW * SPLIT_WARPS;                  // queries per block
-    constexpr int LOADS = (TK * D4) / (SPLIT_WARPS * 32);      // float4 of K (and of V) per thread per tile
+    constexpr int LOADS = (TK * DC) / (SPLIT_WARPS * 32);      // chunks of K (and of V) per thread per tile
     __shared__ float4 sq[SPLIT_Q][D4];
     __shared__ float4 sk[TK][D4 + 1];
     __shared__ float sv[TK][HD];
@@ -121,11 +130,12 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     // Each thread's K/V addresses from one base pointer (common.cuh TileRows; per-load index
     // arithmetic measured 5.44 / 18.0 µs against 5.25 / 17.75 at 512 / 4096 keys in
     // scripts/exp/attn.cu).
-    constexpr int KSTEP = SPLIT_WARPS * 32 / D4;  // keys between one thread's loads of a tile
-    const TileRows tr = tile_rows<SPLIT_WARPS * 32, D4>(k, v, nkv, kvh);
+    constexpr int KSTEP = SPLIT_WARPS * 32 / DC;  // keys between one thread's loads of a tile
+    const TileRowsT<Chunk> tr = tile_rows<SPLIT_WARPS * 32, DC, Chunk>(k, v, nkv, kvh);
     const int key0 = tr.key0;
     const size_t rs = tr.row;
-    const float4 *kb = tr.k, *vb = tr.v;
+    const Chunk *kb = tr.k, *vb = tr.v;
+    uint4* raw = reinterpret_cast<uint4*>(&sv[0][0]);  // bf16: the first tile, K then V, unwidened
     auto first_tile = [&]() {
         const int rem = j1 - j0 - key0;  // load n is in the slice while KSTEP·n < rem
         const size_t o = (size_t)j0 * rs;
@@ -134,8 +144,13 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
             const int idx = threadIdx.x + i * SPLIT_WARPS * 32;
             const bool in = i * KSTEP < rem;
             const size_t off = in ? o + i * KSTEP * rs : 0;
-            cp_async16(&sk[idx / D4][idx % D4], kb + off, in);
-            cp_async16(reinterpret_cast<float4*>(&sv[idx / D4][0]) + idx % D4, vb + off, in);
+            if constexpr (F32) {
+                cp_async16(&sk[idx / D4][idx % D4], kb + off, in);
+                cp_async16(reinterpret_cast<float4*>(&sv[idx / D4][0]) + idx % D4, vb + off, in);
+            } else {
+                cp_async16(raw + idx, kb + off, in);
+                cp_async16(raw + TK * DC + idx, vb + off, in);
+            }
         }
         cp_async_commit();
     };
@@ -154,7 +169,7 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
         for (int e = 0; e < PER; e++) o[i][e] = 0.f;
     }
 
-    float4 pk[LOADS], pv[LOADS];
+    Chunk pk[LOADS], pv[LOADS];
     auto fetch = [&](int t0) {
         const int rem = j1 - t0 - key0;
         const size_t o = (size_t)t0 * rs;
@@ -164,8 +179,25 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
                 pk[i] = kb[o + i * KSTEP * rs];
                 pv[i] = vb[o + i * KSTEP * rs];
             } else {
-                pk[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+                pk[i] = KE::zero();
                 pv[i] = pk[i];
+            }
+        }
+    };
+    // A tile from registers into shared memory (f32: chunk = float4 column; bf16: a chunk is two
+    // float4 columns once widened).
+    auto store_tile = [&](const Chunk* ck, const Chunk* cv) {
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) {
+            int idx = threadIdx.x + i * SPLIT_WARPS * 32;
+            if constexpr (F32) {
+                sk[idx / D4][idx % D4] = ck[i];
+                reinterpret_cast<float4*>(&sv[idx / D4][0])[idx % D4] = cv[i];
+            } else {
+                const int key = idx / DC, c = 2 * (idx % DC);
+                float4* vrow = reinterpret_cast<float4*>(&sv[key][0]);
+                KE::widen(ck[i], sk[key][c], sk[key][c + 1]);
+                KE::widen(cv[i], vrow[c], vrow[c + 1]);
             }
         }
     };
@@ -189,14 +221,19 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     for (int t0 = j0; t0 < j1; t0 += TK) {
         if (t0 == j0) {
             cp_async_wait_all();  // this thread's part of the first tile has landed
+            if constexpr (!F32) {  // widen it in place: every thread reads its raw chunks first
+                Chunk ck[LOADS], cv[LOADS];
+#pragma unroll
+                for (int i = 0; i < LOADS; i++) {
+                    ck[i] = raw[threadIdx.x + i * SPLIT_WARPS * 32];
+                    cv[i] = raw[TK * DC + threadIdx.x + i * SPLIT_WARPS * 32];
+                }
+                __syncthreads();
+                store_tile(ck, cv);
+            }
         } else {
             __syncthreads();  // the previous tile is no longer being read
-#pragma unroll
-            for (int i = 0; i < LOADS; i++) {
-                int idx = threadIdx.x + i * SPLIT_WARPS * 32;
-                sk[idx / D4][idx % D4] = pk[i];
-                reinterpret_cast<float4*>(&sv[idx / D4][0])[idx % D4] = pv[i];
-            }
+            store_tile(pk, pv);
         }
         __syncthreads();  // the tile (and, the first time, sq) is in place for every warp
         if (t0 == j0) Q1_MARK(3, 0.f);
@@ -263,12 +300,15 @@ __device__ void attention_split(const float* __restrict__ q, const float* __rest
     Q1_MARK(7, 0.f);
 }
 
-#define SPLIT_KERNEL(PER, QW, NAME)                                                                                 \
+// E: the cache element. The engine's caches are f32; the bf16-cache kernels are built only by
+// scripts/exp/attn.cu for now, which times them against these on the same values.
+#define SPLIT_KERNEL_E(PER, QW, E, NAME)                                                                            \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)                                               \
-        NAME(const float* q, const float* k, const float* v, float* part_o, float* part_ml, int rows, int nh,       \
-             int nkv, const int* lens, int causal, int keys) {                                                      \
-        attention_split<PER, QW>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                     \
+        NAME(const float* q, const E* k, const E* v, float* part_o, float* part_ml, int rows, int nh, int nkv,       \
+             const int* lens, int causal, int keys) {                                                               \
+        attention_split<PER, QW, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                  \
     }
+#define SPLIT_KERNEL(PER, QW, NAME) SPLIT_KERNEL_E(PER, QW, float, NAME)
 SPLIT_KERNEL(2, 1, attention_split_q1_hd64_f32)
 SPLIT_KERNEL(4, 1, attention_split_q1_hd128_f32)
 

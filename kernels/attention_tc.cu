@@ -82,13 +82,30 @@ __device__ __forceinline__ void mma_3xtf32(float* big, float* small, const uint3
     mma_tf32(big, ab[0], ab[1], ab[2], ab[3], bb[0], bb[1]);
 }
 
-template <int PER>
-__device__ void attention_tc(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+// The 2xTF32 product for a B operand that is exactly TF32 (a bf16 cache's K or V): its small
+// part is zero, so a·b = big·b + small·b, two MMAs instead of three and no split of b.
+__device__ __forceinline__ void mma_2xtf32(float* big, float* small, const uint32_t* ab, const uint32_t* as,
+                                           const uint32_t* b) {
+    mma_tf32(small, as[0], as[1], as[2], as[3], b[0], b[1]);
+    mma_tf32(big, ab[0], ab[1], ab[2], ab[3], b[0], b[1]);
+}
+
+// E is the cache element (common.cuh KvElem): float, or __nv_bfloat16 for half the bytes per key.
+// Tiles are widened to f32 as they are put in shared memory; bf16 values are exact TF32 numbers,
+// so K and V then skip their splits and one MMA of three in both products (mma_2xtf32), and the
+// results equal the f32 kernel's on a cache holding the same (bf16-rounded) values to within
+// the dropped small·small term.
+template <int PER, typename E = float>
+__device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                              float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens, int causal,
                              int keys) {
+    using KE = KvElem<E>;
+    using Chunk = typename KE::Chunk;
+    constexpr bool F32 = KE::PER_CHUNK == 4, EXACT = KE::exact_tf32;
     constexpr int HD = PER * 32, D4 = HD / 4, CHUNKS = HD / 16;
+    constexpr int DC = HD / KE::PER_CHUNK;  // 16-byte chunks per cache row
     constexpr int NQ = HD / 32;  // n-tiles of 8 dims per warp in P·V (a quarter of hd)
-    constexpr int LOADS = (TC_TK * D4) / (TC_WARPS * 32);  // float4 of K (and of V) per thread per tile
+    constexpr int LOADS = (TC_TK * DC) / (TC_WARPS * 32);  // chunks of K (and of V) per thread per tile
     extern __shared__ float4 dyn_smem[];
     // Q big and small parts in fragment order: [m-tile][chunk][k8 step][lane] holds lane's A
     // fragment {a0, a1, a2, a3} of that MMA, so the S loop loads it with one 16-byte read straight
@@ -115,18 +132,18 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     // Each thread's K/V addresses from one base pointer (common.cuh TileRows). The loads bypass
     // L1 (__ldcg): written plainly, they compiled to read-only-path loads, and the kernel took
     // 25.6 µs at 4096 keys against 24.1 µs this way (scripts/exp/attn.cu, docs/perf.md).
-    constexpr int KSTEP = TC_WARPS * 32 / D4;  // keys between one thread's loads of a tile
-    const TileRows tr = tile_rows<TC_WARPS * 32, D4>(k, v, nkv, kvh);
+    constexpr int KSTEP = TC_WARPS * 32 / DC;  // keys between one thread's loads of a tile
+    const TileRowsT<Chunk> tr = tile_rows<TC_WARPS * 32, DC, Chunk>(k, v, nkv, kvh);
     const int key0 = tr.key0;
     const size_t rs = tr.row;
-    const float4 *kb = tr.k, *vb = tr.v;
-    float4 pk[LOADS], pv[LOADS];
+    const Chunk *kb = tr.k, *vb = tr.v;
+    Chunk pk[LOADS], pv[LOADS];
     auto fetch = [&](int t0) {
         const int rem = j1 - t0 - key0;  // load n is in the slice while KSTEP·n < rem
         const size_t o = (size_t)t0 * rs;
 #pragma unroll
         for (int i = 0; i < LOADS; i++) {
-            pk[i] = pv[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+            pk[i] = pv[i] = KE::zero();
             if (i * KSTEP < rem) {
                 pk[i] = __ldcg(kb + o + i * KSTEP * rs);
                 pv[i] = __ldcg(vb + o + i * KSTEP * rs);
@@ -136,9 +153,17 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
     auto store_tile = [&]() {
 #pragma unroll
         for (int i = 0; i < LOADS; i++) {
-            const int idx = threadIdx.x + i * TC_WARPS * 32, key = idx / D4, c = idx % D4;
-            sk[key][c ^ ((key & 1) << 2)] = pk[i];
-            reinterpret_cast<float4*>(&sv[key][0])[c ^ (((key >> 1) & 3) << 1)] = pv[i];
+            if constexpr (F32) {
+                const int idx = threadIdx.x + i * TC_WARPS * 32, key = idx / D4, c = idx % D4;
+                sk[key][c ^ ((key & 1) << 2)] = pk[i];
+                reinterpret_cast<float4*>(&sv[key][0])[c ^ (((key >> 1) & 3) << 1)] = pv[i];
+            } else {  // a chunk widens to float4 columns c and c + 1 (c even: the swizzles keep them adjacent)
+                const int idx = threadIdx.x + i * TC_WARPS * 32, key = idx / DC, c = 2 * (idx % DC);
+                const int ck = c ^ ((key & 1) << 2), cv = c ^ (((key >> 1) & 3) << 1);
+                float4* vrow = reinterpret_cast<float4*>(&sv[key][0]);
+                KE::widen(pk[i], sk[key][ck], sk[key][ck + 1]);
+                KE::widen(pv[i], vrow[cv], vrow[cv + 1]);
+            }
         }
     };
     // Cache rows below first_pos were written by earlier, completed steps (attention.cu): a
@@ -233,13 +258,20 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
                 const uint4 q0b = sqb[mt][ch][0][lane], q1b = sqb[mt][ch][1][lane];
                 const uint4 q0s = sqs[mt][ch][0][lane], q1s = sqs[mt][ch][1][lane];
                 const float4 kk = sk[key][c4 ^ sw];
-                uint32_t bb[4], bs[4];
-                split_tf32(kk.x, bb[0], bs[0]);
-                split_tf32(kk.y, bb[1], bs[1]);
-                split_tf32(kk.z, bb[2], bs[2]);
-                split_tf32(kk.w, bb[3], bs[3]);
-                mma_3xtf32(sb, ss, &q0b.x, &q0s.x, &bb[0], &bs[0]);
-                mma_3xtf32(sb, ss, &q1b.x, &q1s.x, &bb[2], &bs[2]);
+                if constexpr (EXACT) {
+                    const uint32_t bb[4] = {__float_as_uint(kk.x), __float_as_uint(kk.y), __float_as_uint(kk.z),
+                                            __float_as_uint(kk.w)};
+                    mma_2xtf32(sb, ss, &q0b.x, &q0s.x, &bb[0]);
+                    mma_2xtf32(sb, ss, &q1b.x, &q1s.x, &bb[2]);
+                } else {
+                    uint32_t bb[4], bs[4];
+                    split_tf32(kk.x, bb[0], bs[0]);
+                    split_tf32(kk.y, bb[1], bs[1]);
+                    split_tf32(kk.z, bb[2], bs[2]);
+                    split_tf32(kk.w, bb[3], bs[3]);
+                    mma_3xtf32(sb, ss, &q0b.x, &q0s.x, &bb[0], &bs[0]);
+                    mma_3xtf32(sb, ss, &q1b.x, &q1s.x, &bb[2], &bs[2]);
+                }
             }
             const int col = quarter * 8 + 2 * t;
             sp[ra][col] = sb[0] + ss[0];
@@ -292,13 +324,19 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
 #pragma unroll
             for (int n = 0; n < NQ; n++) {
                 const int d = (quarter * (HD / 4) + 8 * n + g) ^ (t << 3);  // (key / 2) & 3 == t
-                uint32_t bb[2], bs[2];
-                split_tf32(sv[key][d], bb[0], bs[0]);
-                split_tf32(sv[key + 1][d], bb[1], bs[1]);
                 // O has one accumulator, so the small terms go in before the big one.
-                mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bs[0], bs[1]);
-                mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], bb[0], bb[1]);
-                mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bb[0], bb[1]);
+                if constexpr (EXACT) {
+                    const uint32_t b0 = __float_as_uint(sv[key][d]), b1 = __float_as_uint(sv[key + 1][d]);
+                    mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], b0, b1);
+                    mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], b0, b1);
+                } else {
+                    uint32_t bb[2], bs[2];
+                    split_tf32(sv[key][d], bb[0], bs[0]);
+                    split_tf32(sv[key + 1][d], bb[1], bs[1]);
+                    mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bs[0], bs[1]);
+                    mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], bb[0], bb[1]);
+                    mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bb[0], bb[1]);
+                }
             }
         }
     }
@@ -327,11 +365,14 @@ __device__ void attention_tc(const float* __restrict__ q, const float* __restric
 // Dynamic shared memory of attention_tc for head dim hd (the host sets the same figure).
 #define TC_SMEM(HD) ((2 * TC_Q + 2 * TC_TK) * (HD) * 4 + (TC_Q + 1) * TC_SP * 4)
 
-#define TC_KERNEL(PER, NAME)                                                                                       \
+// E: the cache element; as in attention.cu, the bf16-cache kernels are built only by
+// scripts/exp/attn.cu for now.
+#define TC_KERNEL_E(PER, E, NAME)                                                                                  \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
-        NAME(const float* q, const float* k, const float* v, float* part_o, float* part_ml, int rows, int nh,      \
-             int nkv, const int* lens, int causal, int keys) {                                                     \
-        attention_tc<PER>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                          \
+        NAME(const float* q, const E* k, const E* v, float* part_o, float* part_ml, int rows, int nh, int nkv,      \
+             const int* lens, int causal, int keys) {                                                              \
+        attention_tc<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                        \
     }
+#define TC_KERNEL(PER, NAME) TC_KERNEL_E(PER, float, NAME)
 TC_KERNEL(2, attention_tc_hd64_f32)
 TC_KERNEL(4, attention_tc_hd128_f32)

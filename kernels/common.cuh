@@ -99,26 +99,65 @@ struct SplitBlock {
     }
 };
 // Where one thread's 16-byte loads of a split-attention K/V tile come from, for a block of
-// THREADS threads and rows of D4 float4s: thread i loads keys i / D4 + KSTEP·n of a tile
-// (KSTEP = THREADS / D4), float4 column i % D4, so its addresses are one base pointer plus
+// THREADS threads and rows of DC 16-byte chunks: thread i loads keys i / DC + KSTEP·n of a tile
+// (KSTEP = THREADS / DC), chunk column i % DC, so its addresses are one base pointer plus
 // (tile's first key + KSTEP·n) · row. Worked out once per block: 64-bit index arithmetic per
-// load was ~10 integer instructions each (~115 of a tensor-core warp's ~860 per tile).
-struct TileRows {
-    const float4* k;  // this thread's float4 of K at key 0 of the cache
-    const float4* v;
-    size_t row;  // float4s from one cache row to the next (nkv · D4)
+// load was ~10 integer instructions each (~115 of a tensor-core warp's ~860 per tile). C is the
+// chunk type: float4 for f32 caches, uint4 (8 bf16) for bf16 ones (KvElem below).
+template <typename C>
+struct TileRowsT {
+    const C* k;  // this thread's chunk of K at key 0 of the cache
+    const C* v;
+    size_t row;  // chunks from one cache row to the next (nkv · DC)
     int key0;    // this thread's first key within a tile
 };
-template <int THREADS, int D4>
-__device__ __forceinline__ TileRows tile_rows(const float* k, const float* v, int nkv, int kvh) {
-    TileRows t;
-    t.key0 = threadIdx.x / D4;
-    t.row = (size_t)nkv * D4;
-    const size_t at = (size_t)t.key0 * t.row + (size_t)kvh * D4 + threadIdx.x % D4;
-    t.k = reinterpret_cast<const float4*>(k) + at;
-    t.v = reinterpret_cast<const float4*>(v) + at;
+using TileRows = TileRowsT<float4>;
+template <int THREADS, int DC, typename C = float4, typename E>
+__device__ __forceinline__ TileRowsT<C> tile_rows(const E* k, const E* v, int nkv, int kvh) {
+    TileRowsT<C> t;
+    t.key0 = threadIdx.x / DC;
+    t.row = (size_t)nkv * DC;
+    const size_t at = (size_t)t.key0 * t.row + (size_t)kvh * DC + threadIdx.x % DC;
+    t.k = reinterpret_cast<const C*>(k) + at;
+    t.v = reinterpret_cast<const C*>(v) + at;
     return t;
 }
+
+// A KV cache element type of the split-attention kernels: float (4 per 16-byte chunk, loaded as
+// float4) or __nv_bfloat16 (8 per chunk, loaded as uint4: half the bytes of a cache row). Both
+// kernels widen a chunk to f32 as they put it in shared memory, so their math is the same for
+// both; `exact_tf32` says that every value is already a TF32 number (a bf16 has 8 significant
+// bits, TF32 11), so the tensor-core kernel hands K and V to its MMAs unsplit and drops the
+// products with their (zero) small parts.
+template <typename E>
+struct KvElem;
+template <>
+struct KvElem<float> {
+    using Chunk = float4;
+    static constexpr int PER_CHUNK = 4;
+    static constexpr bool exact_tf32 = false;
+    // The chunk as f32, in two float4s: only lo is used (a chunk holds four values).
+    __device__ static __forceinline__ void widen(const float4& c, float4& lo, float4& hi) {
+        lo = c;
+        hi = c;
+    }
+    __device__ static __forceinline__ float4 zero() { return make_float4(0.f, 0.f, 0.f, 0.f); }
+};
+template <>
+struct KvElem<__nv_bfloat16> {
+    using Chunk = uint4;
+    static constexpr int PER_CHUNK = 8;
+    static constexpr bool exact_tf32 = true;
+    // bf16 → f32 is the 16 bits shifted up: each 32-bit word holds elements 2i (low half) and
+    // 2i + 1 (high half).
+    __device__ static __forceinline__ void widen(const uint4& c, float4& lo, float4& hi) {
+        lo = make_float4(__uint_as_float(c.x << 16), __uint_as_float(c.x & 0xffff0000u), __uint_as_float(c.y << 16),
+                         __uint_as_float(c.y & 0xffff0000u));
+        hi = make_float4(__uint_as_float(c.z << 16), __uint_as_float(c.z & 0xffff0000u), __uint_as_float(c.w << 16),
+                         __uint_as_float(c.w & 0xffff0000u));
+    }
+    __device__ static __forceinline__ uint4 zero() { return make_uint4(0u, 0u, 0u, 0u); }
+};
 
 // The step's slice count: kv_len / keys rounded up, at least 1, at most the grid's (the host
 // sizes the grid for the most keys a captured graph may see; attention_combine_f32 uses the same
