@@ -96,7 +96,13 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 // same for both. cp.async cannot widen, so a bf16 first tile lands raw in the V tile's room (its
 // 16 KB hold a bf16 K and V tile) and is widened in place after a barrier; held in a second set
 // of registers instead, it spilled (128 registers).
-template <int PER, int QW, typename E = float>
+//
+// PV4 (an experiment, built only by scripts/exp/attn.cu with PV4=1): in P·V lane d owns dims
+// PER·d .. PER·d + PER − 1 instead of d, d + 32, …, so a key's V is one vector read per lane
+// instead of PER scalar ones, and the tile's p reach the lanes through shared memory four keys
+// at a time (one broadcast read) instead of one shuffle per key: about 21 instructions per four
+// keys instead of 36 at hd 128.
+template <int PER, int QW, typename E = float, bool PV4 = false>
 __device__ void attention_split(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                                 float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens,
                                 int causal, int keys) {
@@ -110,6 +116,7 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     __shared__ float4 sq[SPLIT_Q][D4];
     __shared__ float4 sk[TK][D4 + 1];
     __shared__ float sv[TK][HD];
+    __shared__ float4 sp4[PV4 ? SPLIT_WARPS * QW * TK / 4 : 1];  // PV4: each warp's p, by query
     pdl_trigger();
     Q1_MARK(0, 0.f);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -272,15 +279,46 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
         // Σ p_j · v_j: each V element read once for all the warp's queries.
         if (t0 == j0) Q1_MARK(5, p[0]);
         const int n = min(TK, j1 - t0);
-        for (int jj = 0; jj < n; jj++) {
-            float vv[PER];
+        if constexpr (PV4) {
+            // Keys past n have p = 0 and zero-filled V rows, so whole groups of four are safe.
+            float4* wp = sp4 + warp * QW * (TK / 4);
 #pragma unroll
-            for (int e = 0; e < PER; e++) vv[e] = sv[jj][lane + 32 * e];
+            for (int i = 0; i < QW; i++) reinterpret_cast<float*>(wp + i * (TK / 4))[lane] = p[i];
+            __syncwarp();
+            for (int jj = 0; jj < n; jj += 4) {
+                float4 pj[QW];
 #pragma unroll
-            for (int i = 0; i < QW; i++) {
-                float pj = __shfl_sync(0xffffffffu, p[i], jj);
+                for (int i = 0; i < QW; i++) pj[i] = wp[i * (TK / 4) + jj / 4];
 #pragma unroll
-                for (int e = 0; e < PER; e++) o[i][e] += pj * vv[e];
+                for (int kk = 0; kk < 4; kk++) {
+                    float vv[PER];
+                    if constexpr (PER == 4) {
+                        const float4 v4 = reinterpret_cast<const float4*>(&sv[jj + kk][0])[lane];
+                        vv[0] = v4.x; vv[1] = v4.y; vv[2] = v4.z; vv[3] = v4.w;
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < PER; e++) vv[e] = sv[jj + kk][PER * lane + e];
+                    }
+#pragma unroll
+                    for (int i = 0; i < QW; i++) {
+                        const float w = kk == 0 ? pj[i].x : kk == 1 ? pj[i].y : kk == 2 ? pj[i].z : pj[i].w;
+#pragma unroll
+                        for (int e = 0; e < PER; e++) o[i][e] += w * vv[e];
+                    }
+                }
+            }
+            __syncwarp();  // this tile's p are read before the next tile's overwrite them
+        } else {
+            for (int jj = 0; jj < n; jj++) {
+                float vv[PER];
+#pragma unroll
+                for (int e = 0; e < PER; e++) vv[e] = sv[jj][lane + 32 * e];
+#pragma unroll
+                for (int i = 0; i < QW; i++) {
+                    float pj = __shfl_sync(0xffffffffu, p[i], jj);
+#pragma unroll
+                    for (int e = 0; e < PER; e++) o[i][e] += pj * vv[e];
+                }
             }
         }
         if (t0 == j0) Q1_MARK(6, o[0][0]);
@@ -291,7 +329,7 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
         if (qi >= Q) continue;
         const size_t slot = sb.slot(qi, rows, nh);
 #pragma unroll
-        for (int e = 0; e < PER; e++) part_o[slot * HD + lane + 32 * e] = o[i][e];
+        for (int e = 0; e < PER; e++) part_o[slot * HD + (PV4 ? PER * lane + e : lane + 32 * e)] = o[i][e];
         if (lane == 0) {
             part_ml[slot * 2] = m[i];
             part_ml[slot * 2 + 1] = l[i];
