@@ -214,12 +214,12 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     if (!early) first_tile();
     if (j0 + TK < j1) fetch(j0 + TK);
 
-    // q is the previous kernel's output: staged after the wait.
+    // q is the previous kernel's output: staged after the wait, through L2 (__ldcg, common.cuh).
     for (int i = threadIdx.x; i < SPLIT_Q * D4; i += blockDim.x) {
         int qi = q0 + i / D4, c = i % D4;
         float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
         if (qi < Q) {
-            val = reinterpret_cast<const float4*>(q + ((size_t)sb.row(qi) * nh + sb.head(qi)) * HD)[c];
+            val = __ldcg(reinterpret_cast<const float4*>(q + ((size_t)sb.row(qi) * nh + sb.head(qi)) * HD) + c);
             val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
         }
         sq[i / D4][c] = val;

@@ -179,7 +179,9 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     // step 0 takes dims 4t, 4t + 1 and step 1 dims 4t + 2, 4t + 3 (the slot mapping above).
     // All of a thread's Q loads go out before any is used: written as a loop over i with the
     // block size as its stride, the second item's loads waited for the first's stores, and Q
-    // staging took 3.3 of a one-tile block's 8 µs (scripts/exp/attn_phases.cu).
+    // staging took 3.3 of a one-tile block's 8 µs (scripts/exp/attn_phases.cu). Q is the
+    // previous kernel's output, read through L2 (__ldcg): read plainly through the __restrict__
+    // pointer, ptxas moved the loads above the PDL wait at hd 128 (common.cuh).
     constexpr int QITEMS = 2 * CHUNKS * 32, QPER = QITEMS / (TC_WARPS * 32);
     static_assert(QITEMS % (TC_WARPS * 32) == 0, "Q items split evenly over the block");
     float4 qv[QPER][2];
@@ -191,7 +193,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
         for (int h = 0; h < 2; h++) {
             const int qi = q0 + m_t * 16 + (fl >> 2) + 8 * h;
             qv[it][h] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (qi < Q) qv[it][h] = reinterpret_cast<const float4*>(q + ((size_t)sb.row(qi) * nh + sb.head(qi)) * HD)[ch * 4 + (fl & 3)];
+            if (qi < Q) qv[it][h] = __ldcg(reinterpret_cast<const float4*>(q + ((size_t)sb.row(qi) * nh + sb.head(qi)) * HD) + ch * 4 + (fl & 3));
         }
     }
 #pragma unroll

@@ -53,6 +53,13 @@ __device__ __forceinline__ bool better(float v, uint32_t i, float bv, uint32_t b
 // reads or writes anything another kernel produces or consumes. Only reads of weights, which
 // no kernel writes, may come before the wait. Both are no-ops on older GPUs and when the kernel
 // was launched normally.
+// What another kernel produced must not be read through the non-coherent path either
+// (ld.global.nc: a plain read through a `const T* __restrict__`, or __ldg), even in code after
+// the wait: ptxas takes such a load for a read of memory that is constant while the kernel
+// runs and may schedule it above griddepcontrol.wait. It did so for attention_tc's Q at head
+// dim 128 (SASS: LDG.E.128.CONSTANT before ACQBULK), and a verify step then read queries that
+// qkv_rope_append had not yet written. Such reads use __ldcg (or a pointer without
+// __restrict__); the plain test `pdl_kernels_read_produced_data_coherently` checks the PTX.
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

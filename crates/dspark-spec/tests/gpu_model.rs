@@ -9,7 +9,9 @@
 //! * zero device allocations during decode, verify and draft rounds (arena counter and the
 //!   driver's free-memory figure both unchanged);
 //! * the device greedy path: on-device argmax == host argmax of the logits, device captures
-//!   handed to the draft == host captures, stale capture handles refused.
+//!   handed to the draft == host captures, stale capture handles refused;
+//! * Qwen3-8B's attention shape (head dim 128, four query heads per KV head) on bf16 pairs:
+//!   logits against the CPU, greedy = CPU greedy = speculative (`gpu_model/head_dim_128.rs`).
 //!
 //! Compiled only with `--features gpu-tests` (`cargo xtask test --gpu`).
 #![cfg(feature = "gpu-tests")]
@@ -204,7 +206,17 @@ fn lossless_on_random_pairs() {
 /// in is a multiple of 8, so the tensor-core paths run — and a draft of `spec` for it in
 /// `draft_dtype`, written as HF folders: (the temporary folder, target dir, draft dir).
 fn write_bf16_pair(seed: u64, spec: &DraftSpec, draft_dtype: DType) -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let cfg = target_config(96, 64, 3, 2, 1, 64, 128);
+    write_pair(&target_config(96, 64, 3, 2, 1, 64, 128), seed, spec, draft_dtype)
+}
+
+/// A random bf16 target of `cfg` and a draft of `spec` for it, written as HF folders.
+fn write_pair(
+    cfg: &dspark_model::config::Qwen3Config,
+    seed: u64,
+    spec: &DraftSpec,
+    draft_dtype: DType,
+) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let cfg = cfg.clone();
     let w = target_weights(seed, &cfg);
     let d = random_draft(seed ^ 0xD5, &cfg, &w, spec);
     let dir = tempfile::tempdir().unwrap();
@@ -416,3 +428,6 @@ fn graph_replays_match_eager_launches_bit_for_bit() {
         token = ga.ids[0];
     }
 }
+
+#[path = "gpu_model/head_dim_128.rs"]
+mod head_dim_128;

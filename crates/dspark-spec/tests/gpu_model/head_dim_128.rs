@@ -1,0 +1,60 @@
+//! Qwen3-8B's attention shape on small random bf16 pairs: head dim 128 and four query heads per
+//! KV head (32 / 8 in Qwen3-8B), so prefill, verify and the draft block run the tensor-core
+//! attention kernel at hd 128 and decode the one-query-per-warp kernel at hd 128, each launched
+//! with PDL right after `qkv_rope_append_f32` as in the engine, under CUDA graphs. The fixture
+//! models are all head dim 64; at hd 128 ptxas had moved attention_tc's query loads above the
+//! PDL wait (kernels/common.cuh), which only a whole-model run at this shape could show: the
+//! CUDA logits must equal the CPU's (1e-4), and CUDA greedy, CPU greedy and speculative
+//! decoding must agree token for token.
+
+use super::*;
+
+#[test]
+fn qwen3_8b_attention_shape_matches_the_cpu_and_stays_lossless() {
+    // vocab 96, hidden 128, 3 layers, 8 query heads and 2 KV heads of 128.
+    let cfg = target_config(96, 128, 3, 8, 2, 128, 160);
+    let spec = DraftSpec {
+        layers: 2,
+        block_size: 8,
+        target_layer_ids: vec![0, 1],
+        markov_rank: 8,
+        markov_kind: MarkovKind::Vanilla,
+        confidence_head: false,
+        confidence_with_markov: false,
+    };
+    for seed in 0..6u64 {
+        let (_dir, tdir, ddir) = write_pair(&cfg, 7000 + seed, &spec, DType::BF16);
+        let mut rng = Rng(seed);
+        let prompt: Vec<u32> = (0..1 + rng.below(24)).map(|_| rng.below(96) as u32).collect();
+        let name = format!("seed {seed}, prompt of {}", prompt.len());
+
+        let mut cpu = CpuQwen3::load(&tdir).unwrap();
+        let mut cuda = CudaQwen3::load(gpu(), &tdir, 160).unwrap();
+        let a = cpu.forward(&prompt, LogitRows::All).unwrap();
+        let b = cuda.forward(&prompt, LogitRows::All).unwrap();
+        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: prompt logits");
+        // A verify-shaped step of eight rows after a rollback, then a decode step.
+        let keep = prompt.len() / 2;
+        cpu.truncate(keep).unwrap();
+        cuda.truncate(keep).unwrap();
+        let rows: Vec<u32> = (0..8).map(|_| rng.below(96) as u32).collect();
+        let a = cpu.forward(&rows, LogitRows::All).unwrap();
+        let b = cuda.forward(&rows, LogitRows::All).unwrap();
+        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: eight-row step");
+        let a = cpu.forward(&rows[..1], LogitRows::All).unwrap();
+        let b = cuda.forward(&rows[..1], LogitRows::All).unwrap();
+        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: one-row step");
+
+        let opts = GenerateOptions { max_tokens: 24 + rng.below(24), eos_token_ids: vec![] };
+        let mut cpu = CpuQwen3::load(&tdir).unwrap();
+        let mut t = CudaQwen3::load(gpu(), &tdir, 160).unwrap();
+        let mut dr = CudaDraft::load(&ddir, &t).unwrap();
+        let want = greedy(&mut cpu, &prompt, &opts, |_| {}).unwrap().tokens;
+        let plain = greedy(&mut t, &prompt, &opts, |_| {}).unwrap().tokens;
+        assert_eq!(plain, want, "{name}: CUDA greedy != CPU greedy");
+        for k in [7, 1 + rng.below(7)] {
+            let out = speculative(&mut t, &mut dr, &prompt, &opts, &VerifyLen::Fixed(k), |_| {}).unwrap().tokens;
+            assert_eq!(out, plain, "{name}: speculative (verify {k}) != greedy");
+        }
+    }
+}
