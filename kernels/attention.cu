@@ -13,8 +13,10 @@
 #define WARPS 4
 #define MAXD 8  // hd / 32 values per lane, hd ≤ 256
 
-extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v, float* out, int nh, int nkv,
-                                         int hd, const int* lens, int causal) {
+// E: the cache element (float, or __nv_bfloat16 for `attention_f32_kvbf16`), widened by load_w.
+template <typename E>
+__device__ void attention_head(const float* q, const E* k, const E* v, float* out, int nh, int nkv, int hd,
+                               const int* lens, int causal) {
     const int first_pos = lens[0], kv_len = lens[1];
     int row = blockIdx.x / nh, h = blockIdx.x % nh;
     int kvh = h / (nh / nkv);
@@ -27,15 +29,15 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
     for (int d = 0; d < per; d++) { qv[d] = qh[lane + 32 * d] * scale; o[d] = 0.f; }
     float m = -INFINITY, l = 0.f;
     for (int j = warp; j < visible; j += WARPS) {
-        const float* kj = k + ((size_t)j * nkv + kvh) * hd;
+        const E* kj = k + ((size_t)j * nkv + kvh) * hd;
         float s = 0.f;
-        for (int d = 0; d < per; d++) s += qv[d] * kj[lane + 32 * d];
+        for (int d = 0; d < per; d++) s += qv[d] * load_w(kj, lane + 32 * d);
         s = warp_sum(s);
         float m_new = fmaxf(m, s);
         float corr = expf(m - m_new);  // 0 when m = -inf
         float p = expf(s - m_new);
-        const float* vj = v + ((size_t)j * nkv + kvh) * hd;
-        for (int d = 0; d < per; d++) o[d] = o[d] * corr + p * vj[lane + 32 * d];
+        const E* vj = v + ((size_t)j * nkv + kvh) * hd;
+        for (int d = 0; d < per; d++) o[d] = o[d] * corr + p * load_w(vj, lane + 32 * d);
         l = l * corr + p;
         m = m_new;
     }
@@ -58,6 +60,14 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
         float* oh = out + ((size_t)row * nh + h) * hd;
         for (int d = 0; d < per; d++) oh[lane + 32 * d] = acc[d] / L;
     }
+}
+extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v, float* out, int nh, int nkv,
+                                         int hd, const int* lens, int causal) {
+    attention_head(q, k, v, out, nh, nkv, hd, lens, causal);
+}
+extern "C" __global__ void attention_f32_kvbf16(const float* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                                float* out, int nh, int nkv, int hd, const int* lens, int causal) {
+    attention_head(q, k, v, out, nh, nkv, hd, lens, causal);
 }
 
 // ---- split-KV attention for a few query rows (decode, verify, draft block) ----------------------
@@ -338,8 +348,7 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     Q1_MARK(7, 0.f);
 }
 
-// E: the cache element. The engine's caches are f32; the bf16-cache kernels are built only by
-// scripts/exp/attn.cu for now, which times them against these on the same values.
+// E: the cache element: f32 caches, or bf16 ones (`_kvbf16`, `--kv-cache bf16`).
 #define SPLIT_KERNEL_E(PER, QW, E, NAME)                                                                            \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)                                               \
         NAME(const float* q, const E* k, const E* v, float* part_o, float* part_ml, int rows, int nh, int nkv,       \
@@ -349,6 +358,8 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
 #define SPLIT_KERNEL(PER, QW, NAME) SPLIT_KERNEL_E(PER, QW, float, NAME)
 SPLIT_KERNEL(2, 1, attention_split_q1_hd64_f32)
 SPLIT_KERNEL(4, 1, attention_split_q1_hd128_f32)
+SPLIT_KERNEL_E(2, 1, __nv_bfloat16, attention_split_q1_hd64_f32_kvbf16)
+SPLIT_KERNEL_E(4, 1, __nv_bfloat16, attention_split_q1_hd128_f32_kvbf16)
 
 // One block of 4·hd threads per (row, head); splits ≤ 128, counted as the attention kernel counts
 // them (split_count over lens[1] keys). The slice weights e^(m_s−M) are

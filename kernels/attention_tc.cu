@@ -367,8 +367,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
 // Dynamic shared memory of attention_tc for head dim hd (the host sets the same figure).
 #define TC_SMEM(HD) ((2 * TC_Q + 2 * TC_TK) * (HD) * 4 + (TC_Q + 1) * TC_SP * 4)
 
-// E: the cache element; as in attention.cu, the bf16-cache kernels are built only by
-// scripts/exp/attn.cu for now.
+// E: the cache element, as in attention.cu.
 #define TC_KERNEL_E(PER, E, NAME)                                                                                  \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
         NAME(const float* q, const E* k, const E* v, float* part_o, float* part_ml, int rows, int nh, int nkv,      \
@@ -378,3 +377,5 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
 #define TC_KERNEL(PER, NAME) TC_KERNEL_E(PER, float, NAME)
 TC_KERNEL(2, attention_tc_hd64_f32)
 TC_KERNEL(4, attention_tc_hd128_f32)
+TC_KERNEL_E(2, __nv_bfloat16, attention_tc_hd64_f32_kvbf16)
+TC_KERNEL_E(4, __nv_bfloat16, attention_tc_hd128_f32_kvbf16)

@@ -12,6 +12,11 @@ __device__ __forceinline__ float load_w(const float* w, size_t i) { return w[i];
 __device__ __forceinline__ float load_w(const __nv_bfloat16* w, size_t i) { return __bfloat162float(w[i]); }
 __device__ __forceinline__ float load_w(const __half* w, size_t i) { return __half2float(w[i]); }
 
+// A KV cache element written from f32: kept as it is, or rounded to the nearest bf16 (ties to
+// even, as the CPU reference's `round_bf16` does).
+__device__ __forceinline__ void store_kv(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_kv(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

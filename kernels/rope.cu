@@ -9,14 +9,16 @@
 // Thread i < hd/2 holds (a, b) = (v[i], v[i + hd/2]) of one head vector, its norm weights
 // (wa, wb) and its rotation (c, s); the block normalises the vector and writes it rotated to dst.
 // Every thread of the block must call it (the sum of squares is a block reduction).
-__device__ __forceinline__ void norm_rope_store(float a, float b, float wa, float wb, float c, float s, float* dst,
-                                                int i, int half, int hd, float eps) {
+// D is float (q_out, an f32 cache) or __nv_bfloat16 (a bf16 cache: the result rounded once).
+template <typename D>
+__device__ __forceinline__ void norm_rope_store(float a, float b, float wa, float wb, float c, float s, D* dst, int i,
+                                                int half, int hd, float eps) {
     const float inv = rsqrtf(block_sum(a * a + b * b) / hd + eps);
     if (i < half) {
         a = a * inv * wa;
         b = b * inv * wb;
-        dst[i] = a * c - b * s;
-        dst[i + half] = b * c + a * s;
+        store_kv(dst + i, a * c - b * s);
+        store_kv(dst + i + half, b * c + a * s);
     }
 }
 
@@ -29,10 +31,12 @@ __device__ __forceinline__ void norm_rope_store(float a, float b, float wa, floa
 // position.
 // One launch replaces two norm+rope launches and two cache copies; nq = 0 (keys and values
 // only) is allowed. Launch: one block of hd/2 threads (rounded up
-// to a warp multiple) per (row, head) with heads = nq + 2·nkv.
-extern "C" __global__ void qkv_rope_append_f32(const float* qkv, const float* q_norm, const float* k_norm,
-                                               const float* inv_freq, float* q_out, float* k_cache, float* v_cache,
-                                               int nq, int nkv, int hd, const int* lens, float eps) {
+// to a warp multiple) per (row, head) with heads = nq + 2·nkv. E is the cache element: the
+// `_kvbf16` kernel rounds k and v to bf16 as it stores them (q stays f32).
+template <typename E>
+__device__ void qkv_rope_append(const float* qkv, const float* q_norm, const float* k_norm, const float* inv_freq,
+                                float* q_out, E* k_cache, E* v_cache, int nq, int nkv, int hd, const int* lens,
+                                float eps) {
     pdl_trigger();
     // Written by the host before the step (not by a kernel): safe to read before the wait.
     const int first_pos = lens[0], cache_row = first_pos;
@@ -56,13 +60,31 @@ extern "C" __global__ void qkv_rope_append_f32(const float* qkv, const float* q_
     float a = 0.f, b = 0.f;
     if (i < half) { a = src[i]; b = src[i + half]; }
     if (is_v) {  // v: plain copy (uniform branch per block)
-        float* dst = v_cache + ((size_t)(cache_row + row) * nkv + (head - nq - nkv)) * hd;
-        if (i < half) { dst[i] = a; dst[i + half] = b; }
+        E* dst = v_cache + ((size_t)(cache_row + row) * nkv + (head - nq - nkv)) * hd;
+        if (i < half) { store_kv(dst + i, a); store_kv(dst + i + half, b); }
         return;
     }
-    float* dst = is_q ? q_out + ((size_t)row * nq + head) * hd
-                      : k_cache + ((size_t)(cache_row + row) * nkv + (head - nq)) * hd;
-    norm_rope_store(a, b, wa, wb, c, s, dst, i, half, hd, eps);
+    if constexpr (sizeof(E) == sizeof(float)) {  // one call (the block reduction inlined once)
+        float* dst = is_q ? q_out + ((size_t)row * nq + head) * hd
+                          : k_cache + ((size_t)(cache_row + row) * nkv + (head - nq)) * hd;
+        norm_rope_store(a, b, wa, wb, c, s, dst, i, half, hd, eps);
+    } else if (is_q) {
+        norm_rope_store(a, b, wa, wb, c, s, q_out + ((size_t)row * nq + head) * hd, i, half, hd, eps);
+    } else {
+        norm_rope_store(a, b, wa, wb, c, s, k_cache + ((size_t)(cache_row + row) * nkv + (head - nq)) * hd, i, half,
+                        hd, eps);
+    }
+}
+extern "C" __global__ void qkv_rope_append_f32(const float* qkv, const float* q_norm, const float* k_norm,
+                                               const float* inv_freq, float* q_out, float* k_cache, float* v_cache,
+                                               int nq, int nkv, int hd, const int* lens, float eps) {
+    qkv_rope_append(qkv, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, nq, nkv, hd, lens, eps);
+}
+extern "C" __global__ void qkv_rope_append_f32_kvbf16(const float* qkv, const float* q_norm, const float* k_norm,
+                                                      const float* inv_freq, float* q_out, __nv_bfloat16* k_cache,
+                                                      __nv_bfloat16* v_cache, int nq, int nkv, int hd,
+                                                      const int* lens, float eps) {
+    qkv_rope_append(qkv, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, nq, nkv, hd, lens, eps);
 }
 
 // The draft's context rows for all of its layers in one launch (cuda_dspark.rs): kv [rows,

@@ -1,6 +1,6 @@
-// Harness: the split-attention kernels on a bf16 KV cache against the same kernels on an f32
-// cache holding the same (bf16-rounded) values — what a bf16 cache would save per launch, and a
-// check that it changes nothing else. Usage: /tmp/attn_bf16 {tc|q1} CTX [ITERS]
+// Harness: the split-attention kernels on a bf16 KV cache (the engine's `_kvbf16` kernels,
+// `--kv-cache bf16`) against the same kernels on an f32 cache holding the same (bf16-rounded)
+// values — what a bf16 cache saves per launch, and a check that it changes nothing else. Usage: /tmp/attn_bf16 {tc|q1} CTX [ITERS]
 // nvcc -arch=sm_90 -O3 -std=c++17 -I kernels scripts/exp/attn_bf16.cu -o /tmp/attn_bf16
 //
 // The grid is the engine's (ops.rs split_plan: 32-key slices, at most one wave of blocks: 4 per
@@ -19,9 +19,6 @@
 #include <cstring>
 #include <vector>
 #include <cuda_runtime.h>
-
-SPLIT_KERNEL_E(4, 1, __nv_bfloat16, attention_split_q1_hd128_kvbf16)
-TC_KERNEL_E(4, __nv_bfloat16, attention_tc_hd128_kvbf16)
 
 // f32 → bf16, round to nearest even (finite inputs only, as here).
 static uint16_t to_bf16(float f) {
@@ -89,14 +86,14 @@ int main(int argc, char** argv) {
     cudaMemcpy(lens, hl, 8, cudaMemcpyHostToDevice);
     const int smem = TC_SMEM(128);
     cudaFuncSetAttribute(attention_tc_hd128_f32, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    cudaFuncSetAttribute(attention_tc_hd128_kvbf16, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaFuncSetAttribute(attention_tc_hd128_f32_kvbf16, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
 
     auto attn = [&](bool bf, int c) {
         if (tc) {
-            if (bf) attention_tc_hd128_kvbf16<<<dim3(nkv, splits), 256, smem>>>(q, kb[c], vb[c], po, pml, rows, nh, nkv, lens, 1, keys);
+            if (bf) attention_tc_hd128_f32_kvbf16<<<dim3(nkv, splits), 256, smem>>>(q, kb[c], vb[c], po, pml, rows, nh, nkv, lens, 1, keys);
             else attention_tc_hd128_f32<<<dim3(nkv, splits), 256, smem>>>(q, kf[c], vf[c], po, pml, rows, nh, nkv, lens, 1, keys);
         } else {
-            if (bf) attention_split_q1_hd128_kvbf16<<<dim3(nkv * rows, splits), 128>>>(q, kb[c], vb[c], po, pml, rows, nh, nkv, lens, 1, keys);
+            if (bf) attention_split_q1_hd128_f32_kvbf16<<<dim3(nkv * rows, splits), 128>>>(q, kb[c], vb[c], po, pml, rows, nh, nkv, lens, 1, keys);
             else attention_split_q1_hd128_f32<<<dim3(nkv * rows, splits), 128>>>(q, kf[c], vf[c], po, pml, rows, nh, nkv, lens, 1, keys);
         }
     };

@@ -10,6 +10,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use dspark_kernels::KvDtype;
 use dspark_model::cuda_dspark::CudaDraft;
 use dspark_model::cuda_qwen3::CudaQwen3;
 use dspark_model::dspark::CpuDraft;
@@ -55,6 +56,10 @@ pub struct GenerateArgs {
     /// Positions the GPU KV caches are sized for (capped at max_position_embeddings).
     #[arg(long, default_value_t = 8192)]
     max_context: usize,
+    /// Element type of the target's KV cache: f32 (the CPU reference's, bit for bit) or bf16
+    /// (half the memory and bytes per position; keys and values rounded once as stored).
+    #[arg(long, default_value = "f32", value_parser = crate::parse_kv_cache)]
+    kv_cache: KvDtype,
     /// Drafts to verify per round: a number (capped at the draft's block size), or `auto` to
     /// choose per round from the confidence head and a start-up cost table. Default: the whole
     /// block.
@@ -111,7 +116,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     };
     let (mut target, mut draft): (Box<dyn TargetModel>, Option<Box<dyn Drafter>>) = match device {
         Device::Cpu => {
-            let t = CpuQwen3::load(dir)?;
+            let t = CpuQwen3::load(dir)?.with_kv_dtype(args.kv_cache);
             let d = match &args.draft {
                 Some(d) => Some(Box::new(CpuDraft::load(d, t.config(), t.weights())?) as Box<dyn Drafter>),
                 None => None,
@@ -123,7 +128,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
                 bail!("--device cuda: no NVIDIA driver (libcuda) or no CUDA device found on this machine; use --device cpu");
             }
             let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
-            let t = CudaQwen3::load(gpu, dir, args.max_context)?;
+            let t = CudaQwen3::load_kv(gpu, dir, args.max_context, args.kv_cache)?;
             let d = match &args.draft {
                 Some(d) => Some(Box::new(CudaDraft::load(d, &t)?) as Box<dyn Drafter>),
                 None => None,

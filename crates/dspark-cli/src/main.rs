@@ -9,6 +9,7 @@ mod bench;
 mod generate;
 
 use clap::{Parser, Subcommand};
+use dspark_kernels::KvDtype;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -30,6 +31,11 @@ enum Command {
     },
     /// Benchmark every decoding phase on Qwen3-8B / DSpark-8B shapes against the HBM floor.
     Bench(bench::BenchArgs),
+}
+
+/// `--kv-cache f32|bf16`.
+pub(crate) fn parse_kv_cache(s: &str) -> Result<KvDtype, String> {
+    KvDtype::parse(s).ok_or_else(|| format!("expected f32 or bf16, got {s:?}"))
 }
 
 fn main() -> ExitCode {

@@ -262,6 +262,36 @@ fn generate_with_a_draft_prints_the_plain_greedy_tokens_and_round_stats() {
 }
 
 #[test]
+fn generate_with_a_bf16_kv_cache_stays_lossless() {
+    // With --kv-cache bf16 the target rounds its keys and values to bf16 as it caches them, so
+    // its greedy output may differ from the f32 cache's; speculative decoding on the same cache
+    // must still reproduce that greedy output exactly.
+    let target = fixture("qwen3-tiny-f32");
+    let draft = fixture("dspark-tiny-vanilla");
+    let prompt = csv(&golden_ids("qwen3-tiny-f32", "prompt_ids"));
+    let run = |with_draft: bool| -> Vec<u64> {
+        let mut args = vec!["generate", "--target", target.to_str().unwrap(), "--prompt-ids", &prompt];
+        if with_draft {
+            args.extend(["--draft", draft.to_str().unwrap()]);
+        }
+        args.extend(["--max-tokens", "48", "--device", "cpu", "--kv-cache", "bf16", "--json"]);
+        let out = dspark(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+    };
+    let plain = run(false);
+    assert_eq!(plain.len(), 48);
+    assert_eq!(run(true), plain);
+    let d = target.to_str().unwrap();
+    // A value clap refuses: its usual error (with a --help hint line), naming the flag.
+    let out = dspark(&["generate", "--target", d, "--prompt-ids", "1", "--kv-cache", "f16"]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.starts_with("error: "), "{e}");
+    assert!(e.contains("--kv-cache") && e.contains("expected f32 or bf16"), "{e}");
+}
+
+#[test]
 fn generate_with_a_mismatched_draft_fails_cleanly() {
     let target = fixture("qwen3-tiny-f32");
     let e = expect_error(&[

@@ -10,3 +10,6 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod kv_dtype;
+
+pub use kv_dtype::KvDtype;

@@ -302,108 +302,6 @@ fn pdl_policy_leaves_out_the_combine_and_swiglu() {
 }
 
 #[test]
-fn split_attention_matches_reference() {
-    let g = gpu();
-    let cases = [
-        (1, 1, 2, 1, 32, Some(0)),
-        (4, 9, 4, 2, 32, Some(5)),
-        (7, 70, 4, 2, 64, None),
-        // The tensor-core kernel (more than 4 queries per KV head): slices a row cannot see at
-        // all, a partial last tile, two query groups per KV head.
-        (4, 100, 8, 2, 64, Some(10)),
-        (2, 300, 32, 8, 128, Some(298)),
-        (16, 600, 32, 8, 128, Some(584)),
-        (3, 100, 4, 4, 256, Some(97)),
-        (1, 512, 32, 8, 128, Some(511)),
-        (8, 520, 32, 8, 128, Some(512)),
-        (1, 4096, 32, 8, 128, Some(4095)),
-        (8, 4103, 32, 8, 128, Some(4095)),
-        (7, 4103, 32, 8, 128, None),
-        // One query head per KV head (G = 1) and five (G = 5, Qwen3-14B's 40 / 8): the query
-        // index's row and head come from a multiply by ⌈2³²/G⌉, with G = 1 taken apart.
-        (1, 50, 8, 8, 64, Some(49)),
-        (5, 77, 4, 4, 128, Some(72)),
-        (1, 300, 40, 8, 128, Some(299)),
-        (3, 90, 40, 8, 128, Some(87)),
-    ];
-    // As eager steps launch it (the grid fits kv_len), then as a captured graph does: the grid
-    // sized for the next power of two of keys, the cache rows past kv_len poisoned.
-    for graph_grid in [false, true] {
-        check_attention(
-            &g,
-            12,
-            "split attention",
-            &cases,
-            graph_grid,
-            |q, k, v, out, lens, (rows, _, nh, nkv, hd, c)| {
-                let mut sc = scratch(&g, nh, hd);
-                g.attention_split(q, k, v, out, rows, lens, (nh, nkv, hd), c.is_some(), &mut sc).unwrap();
-            },
-        );
-    }
-}
-
-#[test]
-fn qkv_rope_append_matches_reference() {
-    let g = gpu();
-    let mut rng = Rng(13);
-    for (rows, nq, nkv, hd, first_pos) in
-        [(1, 2, 1, 32, 0), (5, 4, 2, 64, 17), (3, 0, 2, 32, 9), (8, 32, 8, 128, 4000), (3, 8, 2, 128, 40000)]
-            .into_iter()
-            .filter(|s| full_size() || s.1 < 8)
-    {
-        let heads = nq + 2 * nkv;
-        let qkv = rng.vec(rows * heads * hd);
-        let (qn, kn) = (rng.vec(hd), rng.vec(hd));
-        let freqs = cpu::rope::inv_freq(1e6, hd);
-        let positions: Vec<usize> = (first_pos..first_pos + rows).collect();
-        let part = |lo: usize, n: usize| -> Vec<f32> {
-            (0..rows).flat_map(|r| qkv[(r * heads + lo) * hd..][..n * hd].to_vec()).collect()
-        };
-        let (mut wq, mut wk, wv) = (part(0, nq), part(nq, nkv), part(nq + nkv, nkv));
-        if nq > 0 {
-            cpu::rmsnorm::rmsnorm_inplace(&mut wq, &qn, 1e-6);
-            cpu::rope::rope_inplace(&mut wq, &positions, nq, &freqs);
-        }
-        cpu::rmsnorm::rmsnorm_inplace(&mut wk, &kn, 1e-6);
-        cpu::rope::rope_inplace(&mut wk, &positions, nkv, &freqs);
-        let cache_row = first_pos; // a step's rows go to the cache rows of their positions
-        let cache_len = (cache_row + rows + 3) * nkv * hd;
-        let lens_d = g.stream.clone_htod(&[first_pos as u32, (first_pos + rows) as u32]).unwrap();
-        let lens = StepLens { dev: lens_d.as_view(), first_pos, kv_cap: first_pos + rows };
-        let (qd, qnd, knd, fd) = (up(&g, &qkv), up(&g, &qn), up(&g, &kn), up(&g, &freqs));
-        let mut q_out = poisoned(&g, (rows * nq * hd).max(1));
-        let mut kc = poisoned(&g, cache_len);
-        let mut vc = poisoned(&g, cache_len);
-        g.qkv_rope_append(
-            &qd.as_view(),
-            &qnd.as_view(),
-            &knd.as_view(),
-            &fd.as_view(),
-            &mut q_out.slice_mut(..rows * nq * hd),
-            &mut kc.as_view_mut(),
-            &mut vc.as_view_mut(),
-            (rows, nq, nkv),
-            &lens,
-            1e-6,
-        )
-        .unwrap();
-        let span = cache_row * nkv * hd..(cache_row + rows) * nkv * hd;
-        let (kh, vh) = (down(&g, &kc), down(&g, &vc));
-        if nq > 0 {
-            let e = rel_err(&down(&g, &q_out)[..rows * nq * hd], &wq);
-            assert!(e <= 2e-5, "qkv_rope_append q: {e}");
-        }
-        assert!(rel_err(&kh[span.clone()], &wk) <= 2e-5, "qkv_rope_append k");
-        assert_eq!(vh[span.clone()].to_vec(), wv, "qkv_rope_append v");
-        // Angles up to 4e4 rad: cos/sin of a large f32 argument differ by an ulp or two between
-        // the device's and the host's libm, which shows at ~1e-5 of the values (hence 2e-5).
-        // Rows outside the appended span are left alone (still poisoned).
-        assert!(kh[..span.start].iter().chain(&kh[span.end..]).all(|x| x.is_nan()));
-    }
-}
-
-#[test]
 fn copy_rows_strided() {
     let g = gpu();
     let mut rng = Rng(14);
@@ -470,71 +368,6 @@ fn rmsnorm_matches_reference() {
     }
 }
 
-/// Random q, k, v for an attention case and the CPU reference output.
-fn attention_case(
-    rng: &mut Rng,
-    (rows, kv_len, nh, nkv, hd): (usize, usize, usize, usize, usize),
-    causal: Option<usize>,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
-    let q = rng.vec(rows * nh * hd);
-    let k = rng.vec(kv_len * nkv * hd);
-    let v = rng.vec(kv_len * nkv * hd);
-    let mask = match causal {
-        Some(p) => cpu::attention::Mask::Causal { first_pos: p },
-        None => cpu::attention::Mask::None,
-    };
-    let shape = cpu::attention::AttnShape { rows, kv_len, n_heads: nh, n_kv_heads: nkv, head_dim: hd };
-    let want = cpu::attention::attention(&q, &k, &v, shape, mask);
-    (q, k, v, want)
-}
-
-#[test]
-fn attention_causal_and_bidirectional() {
-    let g = gpu();
-    let cases = [
-        (1, 1, 2, 1, 32, Some(0)),
-        (4, 9, 4, 2, 32, Some(5)),
-        (8, 520, 32, 8, 128, Some(512)),
-        (7, 70, 4, 2, 64, None),
-        (7, 4103, 32, 8, 128, None),
-    ];
-    check_attention(&g, 6, "attention", &cases, false, |q, k, v, out, lens, (rows, _, nh, nkv, hd, causal)| {
-        g.attention(q, k, v, out, rows, lens, (nh, nkv, hd), causal.is_some()).unwrap();
-    });
-}
-
-/// (rows, kv_len, n_heads, n_kv_heads, head_dim, causal first position)
-type AttnCase = (usize, usize, usize, usize, usize, Option<usize>);
-
-/// Runs `launch` on every case (the Qwen3-8B-sized ones only in the full-size pass) with fresh
-/// random q, k, v and a poisoned output, and checks it against the CPU reference at 1e-5. The
-/// positions go in device memory (`StepLens`); with `graph_grid` the launch is sized for the
-/// next power of two of keys, as a captured graph's is, and the K/V rows past `kv_len` are NaN.
-fn check_attention(
-    g: &Gpu,
-    seed: u64,
-    what: &str,
-    cases: &[AttnCase],
-    graph_grid: bool,
-    launch: impl Fn(&CudaView<f32>, &CudaView<f32>, &CudaView<f32>, &mut CudaViewMut<f32>, &StepLens<'_>, AttnCase),
-) {
-    let mut rng = Rng(seed);
-    for &case in cases.iter().filter(|s| full_size() || s.1 < 1000) {
-        let (rows, kv_len, nh, nkv, hd, causal) = case;
-        let (q, mut k, mut v, want) = attention_case(&mut rng, (rows, kv_len, nh, nkv, hd), causal);
-        let kv_cap = if graph_grid { kv_len.next_power_of_two() } else { kv_len };
-        k.resize(kv_cap * nkv * hd, f32::NAN);
-        v.resize(kv_cap * nkv * hd, f32::NAN);
-        let (qd, kd, vd) = (up(g, &q), up(g, &k), up(g, &v));
-        let lens_d = g.stream.clone_htod(&[causal.unwrap_or(0) as u32, kv_len as u32]).unwrap();
-        let lens = StepLens { dev: lens_d.as_view(), first_pos: causal.unwrap_or(0), kv_cap };
-        let mut out = poisoned(g, rows * nh * hd);
-        launch(&qd.as_view(), &kd.as_view(), &vd.as_view(), &mut out.as_view_mut(), &lens, case);
-        let e = rel_err(&down(g, &out), &want);
-        assert!(e <= 1e-5, "{what} rows {rows} kv {kv_len} (grid for {kv_cap}) hd {hd} {causal:?}: {e}");
-    }
-}
-
 #[test]
 fn shape_checks_refuse_short_buffers() {
     let g = gpu();
@@ -543,6 +376,9 @@ fn shape_checks_refuse_short_buffers() {
     let mut y = poisoned(&g, 1);
     assert!(g.matvec(&w, &x.as_view(), &mut y.as_view_mut(), (1, 10, 2), false).is_err());
 }
+
+#[path = "gpu_kernels/attention.rs"]
+mod attention;
 
 #[path = "gpu_kernels/norm_fold.rs"]
 mod norm_fold;

@@ -21,6 +21,7 @@ use crate::safetensors::Checkpoint;
 use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
+use dspark_kernels::cuda::kv::LayersKv;
 use dspark_kernels::cuda::kv_layers::LayerCaches;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
@@ -329,7 +330,10 @@ impl CudaDraft {
             (b, false),
             &lens,
             &self.inv_freq,
-            self.caches.caches_mut(),
+            {
+                let (k, v) = self.caches.caches_mut();
+                LayersKv::F32(k, v)
+            },
             None,
             |_, _| Ok(()),
         )?;

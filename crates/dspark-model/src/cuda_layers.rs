@@ -20,6 +20,7 @@ use crate::config::Qwen3Config;
 use crate::error::{Error, Result};
 use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaViewMut};
+use dspark_kernels::cuda::kv::LayersKv;
 use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::{OpScratch, StepLens, WeightBuf};
 use dspark_kernels::cuda::{CudaError, Gpu};
@@ -119,13 +120,6 @@ impl Scratch {
     }
 }
 
-/// Where a layer step reads and writes its K/V: the step's rows go to cache rows
-/// `first_pos ..` and attention reads rows `0..kv_len`, both from the step's [`StepLens`].
-struct CacheRows<'a> {
-    pub k: &'a mut CudaSlice<f32>,
-    pub v: &'a mut CudaSlice<f32>,
-}
-
 /// Runs `layers` in order over `n` rows of `x` (`[n, H]`, updated in place), one
 /// [`layer_step`] each with its own K/V cache. Each layer's `down` leaves the next layer's input
 /// norm for it, and the last layer's leaves `final_norm` when one is given; `after(l, x)` runs
@@ -141,17 +135,24 @@ pub fn run_layers(
     (n, causal): (usize, bool),
     lens: &StepLens<'_>,
     inv_freq: &CudaSlice<f32>,
-    (k_cache, v_cache): (&mut [CudaSlice<f32>], &mut [CudaSlice<f32>]),
+    mut caches: LayersKv<'_>,
     final_norm: Option<&CudaSlice<f32>>,
     mut after: impl FnMut(usize, &CudaViewMut<f32>) -> Result<()>,
 ) -> Result<Option<Normed>> {
+    if caches.layers() < layers.len() {
+        return Err(gpu_err(CudaError::Shape(format!(
+            "{} layers with K/V caches for {}",
+            layers.len(),
+            caches.layers()
+        ))));
+    }
     let mut normed = None;
-    for (l, (lw, (k, v))) in layers.iter().zip(k_cache.iter_mut().zip(v_cache.iter_mut())).enumerate() {
+    for (l, lw) in layers.iter().enumerate() {
         let next_norm = match layers.get(l + 1) {
             Some(next) => Some(&next.input_layernorm),
             None => final_norm,
         };
-        let cache = CacheRows { k, v };
+        let cache = (&mut caches, l);
         normed = layer_step(gpu, cfg, lw, s, x, n, lens, inv_freq, cache, causal, (normed, next_norm))?;
         after(l, x)?;
     }
@@ -174,7 +175,7 @@ fn layer_step(
     n: usize,
     lens: &StepLens<'_>,
     inv_freq: &CudaSlice<f32>,
-    cache: CacheRows<'_>,
+    (cache, l): (&mut LayersKv<'_>, usize),
     causal: bool,
     (input, next_norm): (Option<Normed>, Option<&CudaSlice<f32>>),
 ) -> Result<Option<Normed>> {
@@ -201,24 +202,25 @@ fn layer_step(
         false,
     )
     .map_err(e)?;
+    let (mut k_app, mut v_app) = cache.append_views(l);
     gpu.qkv_rope_append(
         &s.qkv.slice(..n * qkv_dim),
         &lw.q_norm.as_view(),
         &lw.k_norm.as_view(),
         &inv_freq.as_view(),
         &mut s.q.slice_mut(..n * q),
-        &mut cache.k.slice_mut(..),
-        &mut cache.v.slice_mut(..),
+        &mut k_app,
+        &mut v_app,
         (n, heads.0, heads.1),
         lens,
         eps,
     )
     .map_err(e)?;
-    let lim = lens.kv_cap * kv;
+    let (k_read, v_read) = cache.read_views(l, lens.kv_cap * kv);
     gpu.attention_split(
         &s.q.slice(..n * q),
-        &cache.k.slice(..lim),
-        &cache.v.slice(..lim),
+        &k_read,
+        &v_read,
         &mut s.o.slice_mut(..n * q),
         n,
         lens,

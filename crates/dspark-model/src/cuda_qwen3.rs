@@ -23,6 +23,7 @@ use crate::safetensors::Checkpoint;
 use crate::weights::WeightSource;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu::rope::inv_freq;
+use dspark_kernels::cuda::kv::{KvCaches, KvDtype};
 use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
@@ -67,8 +68,8 @@ pub struct CudaQwen3 {
     layers: Vec<GpuLayer>,
     norm: CudaSlice<f32>,
     inv_freq: CudaSlice<f32>,
-    k_cache: Vec<CudaSlice<f32>>,
-    v_cache: Vec<CudaSlice<f32>>,
+    /// Every layer's K and V cache, f32 or bf16 ([`KvDtype`]).
+    caches: KvCaches,
     len: usize,
     capture: Vec<usize>,
     scratch: Scratch,
@@ -88,13 +89,29 @@ impl CudaQwen3 {
     /// Loads an HF model folder onto `gpu`, with a KV cache of `max_len` positions (capped at
     /// `max_position_embeddings`).
     pub fn load(gpu: Arc<Gpu>, dir: &Path, max_len: usize) -> Result<CudaQwen3> {
+        Self::load_kv(gpu, dir, max_len, KvDtype::F32)
+    }
+
+    /// [`CudaQwen3::load`] with the KV caches' element type chosen (`--kv-cache`).
+    pub fn load_kv(gpu: Arc<Gpu>, dir: &Path, max_len: usize, kv: KvDtype) -> Result<CudaQwen3> {
         let cfg = Qwen3Config::from_dir(dir)?;
         let ck = Checkpoint::open_dir(dir)?;
-        Self::from_source(gpu, cfg, &ck, max_len)
+        Self::from_source_kv(gpu, cfg, &ck, max_len, kv)
     }
 
     /// Builds the target from any [`WeightSource`] (a checkpoint, or random bench weights).
     pub fn from_source(gpu: Arc<Gpu>, cfg: Qwen3Config, ck: &dyn WeightSource, max_len: usize) -> Result<CudaQwen3> {
+        Self::from_source_kv(gpu, cfg, ck, max_len, KvDtype::F32)
+    }
+
+    /// [`CudaQwen3::from_source`] with the KV caches' element type chosen.
+    pub fn from_source_kv(
+        gpu: Arc<Gpu>,
+        cfg: Qwen3Config,
+        ck: &dyn WeightSource,
+        max_len: usize,
+        kv_dtype: KvDtype,
+    ) -> Result<CudaQwen3> {
         let arena = Arena::new(gpu.stream.clone());
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let max_len = max_len.min(cfg.max_position_embeddings).max(1);
@@ -109,11 +126,17 @@ impl CudaQwen3 {
             .collect::<Result<Vec<_>>>()?;
         let norm = ck.vector(&arena, "model.norm.weight", &[h])?;
         let inv = arena.upload(&inv_freq(cfg.rope_theta as f32, cfg.head_dim)).map_err(drv)?;
-        let kv = cfg.kv_dim();
-        let k_cache =
-            (0..cfg.num_hidden_layers).map(|_| arena.zeros::<f32>(max_len * kv).map_err(drv)).collect::<Result<_>>()?;
-        let v_cache =
-            (0..cfg.num_hidden_layers).map(|_| arena.zeros::<f32>(max_len * kv).map_err(drv)).collect::<Result<_>>()?;
+        let (kv, n) = (cfg.kv_dim(), cfg.num_hidden_layers);
+        let caches = match kv_dtype {
+            KvDtype::F32 => {
+                let make = || (0..n).map(|_| arena.zeros::<f32>(max_len * kv).map_err(drv)).collect::<Result<_>>();
+                KvCaches::F32 { k: make()?, v: make()? }
+            }
+            KvDtype::Bf16 => {
+                let make = || (0..n).map(|_| arena.zeros::<u16>(max_len * kv).map_err(drv)).collect::<Result<_>>();
+                KvCaches::Bf16 { k: make()?, v: make()? }
+            }
+        };
         let scratch = Scratch::new(&arena, &cfg, CHUNK)?;
         let step_in = arena.zeros::<u32>(2 + CHUNK).map_err(drv)?;
         let x = arena.zeros::<f32>(CHUNK * h).map_err(drv)?;
@@ -131,8 +154,7 @@ impl CudaQwen3 {
             layers,
             norm,
             inv_freq: inv,
-            k_cache,
-            v_cache,
+            caches,
             len: 0,
             capture: Vec::new(),
             scratch,
@@ -144,6 +166,11 @@ impl CudaQwen3 {
             captured,
             drafted,
         })
+    }
+
+    /// The KV caches' element type.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.caches.dtype()
     }
 
     /// Bytes of weights a forward streams (every matrix once; the embedding is gathered).
@@ -234,7 +261,7 @@ impl CudaQwen3 {
             (n, true),
             &lens,
             &self.inv_freq,
-            (&mut self.k_cache, &mut self.v_cache),
+            self.caches.layers_mut(),
             logit_from.map(|_| &self.norm),
             |l, x| {
                 for (slot, _) in capture.iter().enumerate().filter(|(_, &cl)| cl == l) {

@@ -25,6 +25,7 @@ use dspark_kernels::cpu::attention::{attention, AttnShape, Mask};
 use dspark_kernels::cpu::matmul::linear;
 use dspark_kernels::cpu::rmsnorm::{rmsnorm, rmsnorm_inplace};
 use dspark_kernels::cpu::rope::{inv_freq, rope_inplace};
+use dspark_kernels::KvDtype;
 use std::path::Path;
 
 /// Weights of one decoder layer, f32, PyTorch `[out, in]` layout.
@@ -187,6 +188,13 @@ impl CpuQwen3 {
         let inv_freq = inv_freq(cfg.rope_theta as f32, cfg.head_dim);
         let kv = KvCache::new(cfg.num_hidden_layers, cfg.kv_dim());
         CpuQwen3 { cfg, w, inv_freq, kv, capture: Vec::new() }
+    }
+
+    /// The same model with a KV cache of element type `kv` (empty, as at construction): the
+    /// CPU reference of the GPU's `--kv-cache bf16`.
+    pub fn with_kv_dtype(mut self, kv: KvDtype) -> CpuQwen3 {
+        self.kv = KvCache::with_dtype(self.cfg.num_hidden_layers, self.cfg.kv_dim(), kv);
+        self
     }
 
     pub fn weights(&self) -> &Qwen3Weights {

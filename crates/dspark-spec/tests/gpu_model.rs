@@ -12,6 +12,7 @@
 //!   handed to the draft == host captures, stale capture handles refused;
 //! * Qwen3-8B's attention shape (head dim 128, four query heads per KV head) on bf16 pairs:
 //!   logits against the CPU, greedy = CPU greedy = speculative (`gpu_model/head_dim_128.rs`).
+//! * a bf16 KV cache against the CPU reference rounded alike, and lossless on it (`kv_bf16.rs`).
 //!
 //! Compiled only with `--features gpu-tests` (`cargo xtask test --gpu`).
 #![cfg(feature = "gpu-tests")]
@@ -431,3 +432,6 @@ fn graph_replays_match_eager_launches_bit_for_bit() {
 
 #[path = "gpu_model/head_dim_128.rs"]
 mod head_dim_128;
+
+#[path = "gpu_model/kv_bf16.rs"]
+mod kv_bf16;

@@ -1,11 +1,13 @@
 //! The product's invariant: speculative greedy output equals plain greedy output, token for
-//! token, for any target/draft pair, verify length and stopping condition.
+//! token, for any target/draft pair, verify length, stopping condition and KV cache type
+//! (f32, or bf16-rounded as `--kv-cache bf16` keeps it).
 //!
 //! Pairs are random tiny models (`dspark_model::testing`) with small vocabularies, so rounds
 //! with every acceptance length occur. `lossless_property` runs in the normal test suite
 //! (PROPTEST_CASES overrides its 1,000 cases); `cargo xtask soak` runs it in release with
 //! 10,000 cases.
 
+use dspark_kernels::KvDtype;
 use dspark_model::draft_config::MarkovKind;
 use dspark_model::qwen3::CpuQwen3;
 use dspark_model::testing::{random_draft, random_target, target_config, target_weights, DraftSpec};
@@ -24,6 +26,8 @@ struct Case {
     max_pos: usize,
     verify: VerifyLen,
     eos: Vec<u32>,
+    /// The target's KV cache: f32 or bf16-rounded (`--kv-cache`).
+    kv: KvDtype,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -37,6 +41,7 @@ fn case() -> impl Strategy<Value = Case> {
         prop_oneof![Just(MarkovKind::Vanilla), Just(MarkovKind::Gated), Just(MarkovKind::Rnn)],
         (any::<bool>(), any::<bool>(), 1usize..3),
         (1usize..12, 0usize..40, any::<bool>(), 0usize..10, any::<bool>()),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -49,6 +54,7 @@ fn case() -> impl Strategy<Value = Case> {
                 kind,
                 (conf, conf_markov, draft_layers),
                 (plen, max_tokens, short_ctx, verify_sel, with_eos),
+                kv_bf16,
             )| {
                 let markov_rank = [0, 4, 8][rank_sel];
                 // Taps: a strictly increasing subset of 0..=layers-2, never empty.
@@ -87,6 +93,7 @@ fn case() -> impl Strategy<Value = Case> {
                     max_pos,
                     verify,
                     eos: if with_eos { vec![(seed % vocab as u64) as u32] } else { vec![] },
+                    kv: if kv_bf16 { KvDtype::Bf16 } else { KvDtype::F32 },
                 }
             },
         )
@@ -95,7 +102,7 @@ fn case() -> impl Strategy<Value = Case> {
 fn check(c: &Case) -> Result<(), TestCaseError> {
     let cfg = target_config(c.vocab, 16, c.layers, c.heads.0, c.heads.1, 8, c.max_pos);
     let weights = target_weights(c.seed, &cfg);
-    let mut target = CpuQwen3::new(cfg.clone(), weights.clone());
+    let mut target = CpuQwen3::new(cfg.clone(), weights.clone()).with_kv_dtype(c.kv);
     let mut draft = random_draft(c.seed ^ 0xD5, &cfg, &weights, &c.draft);
     let opts = GenerateOptions { max_tokens: c.max_tokens, eos_token_ids: c.eos.clone() };
     let plain = greedy(&mut target, &c.prompt, &opts, |_| {}).map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -23,6 +23,7 @@ pub mod report;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dspark_kernels::cuda::Gpu;
+use dspark_kernels::KvDtype;
 use dspark_model::backend::Captured;
 use dspark_model::cuda_dspark::CudaDraft;
 use dspark_model::cuda_qwen3::CudaQwen3;
@@ -65,6 +66,10 @@ pub struct BenchArgs {
     /// e.g. matvec_tc_u4_bf16; `name@ks` forces the K split to 1, 2, 4 or 8) on every projection.
     #[arg(long, value_delimiter = ',')]
     pub matvec_variants: Vec<String>,
+    /// Element type of the target's KV cache (as `generate --kv-cache`); the floors count its
+    /// bytes at that width.
+    #[arg(long, default_value = "f32", value_parser = crate::parse_kv_cache)]
+    pub kv_cache: KvDtype,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -83,8 +88,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if max_ctx > tcfg.max_position_embeddings {
         bail!("--contexts: {max_ctx} positions exceed max_position_embeddings {}", tcfg.max_position_embeddings);
     }
-    let mut target =
-        CudaQwen3::from_source(gpu.clone(), tcfg, &RandomWeights::new(gpu.clone(), args.seed, 0.02), max_ctx)?;
+    let weights = RandomWeights::new(gpu.clone(), args.seed, 0.02);
+    let mut target = CudaQwen3::from_source_kv(gpu.clone(), tcfg, &weights, max_ctx, args.kv_cache)?;
     let mut draft =
         CudaDraft::from_source(dcfg, &RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02), &target)?;
     target.set_capture(draft.target_layer_ids())?;
@@ -106,7 +111,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let tb = target.streamed_weight_bytes() as f64;
     let tcfg = target.config().clone();
-    let t_kv = (tcfg.num_hidden_layers * 2 * tcfg.kv_dim() * 4) as f64; // f32 K and V per position
+    // K and V per position, at the cache's width (the draft's caches are f32).
+    let t_kv = (tcfg.num_hidden_layers * 2 * tcfg.kv_dim() * target.kv_dtype().bytes()) as f64;
+    let kv_name = target.kv_dtype().name();
     let (fc, dlayers, lm_head, w2) = draft.matrix_bytes();
     let dl = &draft.config().layer;
     let d_kv = (dl.num_hidden_layers * 2 * dl.kv_dim() * 4) as f64;
@@ -236,7 +243,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         modelled,
         profiles,
         notes: vec![
-            format!("KV caches are f32 ({} bytes per target position); floors count them at that width.", t_kv),
+            format!(
+                "The target's KV caches are {} ({} bytes per target position; `--kv-cache`), the draft's f32; floors count them at those widths.",
+                kv_name,
+                t_kv
+            ),
             format!("draft_round appends {COMMITTED} committed rows; its floor counts fc, the 5 layers and lm_head once and Markov W2 once per each of the {block} sequential steps."),
             "Phase times are host wall-clock medians around the same calls the decoding loop makes, synchronisation included; projections are CUDA-event means over rotated weight copies.".into(),
             "Modelled rows assume τ tokens per round; they are not measured acceptance.".into(),

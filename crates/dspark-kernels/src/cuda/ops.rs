@@ -7,6 +7,7 @@
 //! GPU's stream. Activations are f32 views; large weights are a [`WeightBuf`] in the
 //! checkpoint's dtype, small per-channel weights (norms, head vectors) f32.
 
+use super::kv::{KvView, KvViewMut};
 use super::pdl::{dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
@@ -105,7 +106,7 @@ impl OpScratch {
 /// Dynamic shared memory of the kernels that use it: `attention_tc_hd*` stages Q (split in
 /// two), a 32-key K and V tile and the 32 × 33 score tile (kernels/attention_tc.cu, TC_SMEM).
 pub(crate) fn dynamic_smem(name: &str) -> Option<usize> {
-    let hd = match name {
+    let hd = match name.strip_suffix("_kvbf16").unwrap_or(name) {
         "attention_tc_hd64_f32" => 64,
         "attention_tc_hd128_f32" => 128,
         _ => return None,
@@ -117,6 +118,14 @@ pub(crate) fn aligned16<T>(gpu: &Gpu, v: &CudaView<T>) -> bool {
     use cudarc::driver::DevicePtr;
     let (ptr, _guard) = v.device_ptr(&gpu.stream);
     ptr % 16 == 0
+}
+
+/// The element type of a K and V cache pair, which must agree.
+fn same_kv(what: &str, k: &KvView<'_>, v: &KvView<'_>) -> CudaResult<super::kv::KvDtype> {
+    if k.dtype() != v.dtype() {
+        return Err(CudaError::Shape(format!("{what}: K cache is {}, V cache {}", k.dtype().name(), v.dtype().name())));
+    }
+    Ok(k.dtype())
 }
 
 pub(crate) fn check(what: &str, got: usize, want: usize) -> CudaResult<()> {
@@ -279,8 +288,8 @@ impl Gpu {
     pub fn attention(
         &self,
         q: &CudaView<f32>,
-        k: &CudaView<f32>,
-        v: &CudaView<f32>,
+        k: &KvView<'_>,
+        v: &KvView<'_>,
         out: &mut CudaViewMut<f32>,
         rows: usize,
         lens: &StepLens<'_>,
@@ -295,11 +304,19 @@ impl Gpu {
         let heads = (n_heads, n_kv_heads, head_dim);
         check_attention((q.len(), k.len(), v.len(), out.len()), rows, lens.kv_cap, heads)?;
         check("attention lens", lens.dev.len(), 2)?;
+        let kv = same_kv("attention", k, v)?;
         let (nh, nkv, hd, c) = (n_heads as i32, n_kv_heads as i32, head_dim as i32, causal as i32);
-        let mut b = self.stream.launch_builder(self.function("attention_f32")?);
-        b.arg(q).arg(k).arg(v).arg(out).arg(&nh).arg(&nkv).arg(&hd).arg(&lens.dev).arg(&c);
-        // SAFETY: matches attention_f32(q, k, v, out, nh, nkv, hd, lens, causal).
-        launch!(self, "attention_f32", b, cfg(rows * n_heads, 128));
+        let name = format!("attention_f32{}", kv.kernel_suffix());
+        let mut b = self.stream.launch_builder(self.function(&name)?);
+        b.arg(q);
+        match (k, v) {
+            (KvView::F32(k), KvView::F32(v)) => b.arg(k).arg(v),
+            (KvView::Bf16(k), KvView::Bf16(v)) => b.arg(k).arg(v),
+            _ => unreachable!("same_kv checked the pair"),
+        };
+        b.arg(out).arg(&nh).arg(&nkv).arg(&hd).arg(&lens.dev).arg(&c);
+        // SAFETY: matches attention_f32[_kvbf16](q, k, v, out, nh, nkv, hd, lens, causal).
+        launch!(self, &name, b, cfg(rows * n_heads, 128));
         Ok(())
     }
 
@@ -309,8 +326,8 @@ impl Gpu {
     pub fn attention_split(
         &self,
         q: &CudaView<f32>,
-        k: &CudaView<f32>,
-        v: &CudaView<f32>,
+        k: &KvView<'_>,
+        v: &KvView<'_>,
         out: &mut CudaViewMut<f32>,
         rows: usize,
         lens: &StepLens<'_>,
@@ -330,16 +347,17 @@ impl Gpu {
         let kv_cap = lens.kv_cap;
         check_attention((q.len(), k.len(), v.len(), out.len()), rows, kv_cap, (n_heads, n_kv_heads, head_dim))?;
         check("attention lens", lens.dev.len(), 2)?;
-        if !aligned16(self, k) || !aligned16(self, v) {
+        let kv = same_kv("attention_split", k, v)?;
+        if !k.aligned16(self) || !v.aligned16(self) {
             return Err(CudaError::Shape("attention_split: K/V cache views must be 16-byte aligned".into()));
         }
         // A block takes 4 queries (one per warp) when that is the whole group (decode); more
         // queries (verify, the draft block) go to the tensor-core kernel, 32 per block.
         let group_queries = rows * (n_heads / n_kv_heads);
         let (name, per_block, per_sm) = if group_queries <= 4 {
-            (format!("attention_split_q1_hd{head_dim}_f32"), 4, 4)
+            (format!("attention_split_q1_hd{head_dim}_f32{}", kv.kernel_suffix()), 4, 4)
         } else {
-            (format!("attention_tc_hd{head_dim}_f32"), 32, 2)
+            (format!("attention_tc_hd{head_dim}_f32{}", kv.kernel_suffix()), 32, 2)
         };
         let groups = group_queries.div_ceil(per_block);
         let (splits, keys) = split_plan(kv_cap, n_kv_heads * groups, per_sm * self.sms);
@@ -348,8 +366,8 @@ impl Gpu {
         let lens_dev = dptr(self, &lens.dev);
         let args = [
             dptr(self, q),
-            dptr(self, k),
-            dptr(self, v),
+            k.arg(self),
+            v.arg(self),
             dptr_mut(self, &mut scratch.attn_o),
             dptr_mut(self, &mut scratch.attn_ml),
             Arg::I32(r),
@@ -391,8 +409,8 @@ impl Gpu {
         k_norm: &CudaView<f32>,
         inv_freq: &CudaView<f32>,
         q_out: &mut CudaViewMut<f32>,
-        k_cache: &mut CudaViewMut<f32>,
-        v_cache: &mut CudaViewMut<f32>,
+        k_cache: &mut KvViewMut<'_>,
+        v_cache: &mut KvViewMut<'_>,
         (rows, nq, nkv): (usize, usize, usize),
         lens: &StepLens<'_>,
         eps: f32,
@@ -409,6 +427,10 @@ impl Gpu {
         check("qkv_rope_append k_cache", k_cache.len(), (lens.first_pos + rows) * nkv * hd)?;
         check("qkv_rope_append v_cache", v_cache.len(), (lens.first_pos + rows) * nkv * hd)?;
         check("qkv_rope_append lens", lens.dev.len(), 1)?;
+        if k_cache.dtype() != v_cache.dtype() {
+            return Err(CudaError::Shape("qkv_rope_append: K and V caches of different element types".into()));
+        }
+        let name = format!("qkv_rope_append_f32{}", k_cache.dtype().kernel_suffix());
         let threads = ((hd / 2).div_ceil(32) * 32) as u32;
         // qkv_rope_append_f32(qkv, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, nq, nkv,
         // hd, lens, eps); lengths checked above.
@@ -418,15 +440,15 @@ impl Gpu {
             dptr(self, k_norm),
             dptr(self, inv_freq),
             dptr_mut(self, q_out),
-            dptr_mut(self, k_cache),
-            dptr_mut(self, v_cache),
+            k_cache.arg(self),
+            v_cache.arg(self),
             Arg::I32(nq as i32),
             Arg::I32(nkv as i32),
             Arg::I32(hd as i32),
             dptr(self, &lens.dev),
             Arg::F32(eps),
         ];
-        self.launch_pdl("qkv_rope_append_f32", ((rows * (nq + 2 * nkv)) as u32, 1, 1), threads, &args)?;
+        self.launch_pdl(&name, ((rows * (nq + 2 * nkv)) as u32, 1, 1), threads, &args)?;
         Ok(())
     }
 }

@@ -21,8 +21,11 @@ pub const MODULES: &[PtxModule] = &[
         sm80: include_str!("../../ptx/attention.sm80.ptx"),
         functions: &[
             "attention_f32",
+            "attention_f32_kvbf16",
             "attention_split_q1_hd64_f32",
             "attention_split_q1_hd128_f32",
+            "attention_split_q1_hd64_f32_kvbf16",
+            "attention_split_q1_hd128_f32_kvbf16",
             "attention_combine_f32",
         ],
     },
@@ -30,7 +33,12 @@ pub const MODULES: &[PtxModule] = &[
         name: "attention_tc",
         sm90: include_str!("../../ptx/attention_tc.sm90.ptx"),
         sm80: include_str!("../../ptx/attention_tc.sm80.ptx"),
-        functions: &["attention_tc_hd64_f32", "attention_tc_hd128_f32"],
+        functions: &[
+            "attention_tc_hd64_f32",
+            "attention_tc_hd128_f32",
+            "attention_tc_hd64_f32_kvbf16",
+            "attention_tc_hd128_f32_kvbf16",
+        ],
     },
     PtxModule {
         name: "embedding",
@@ -83,6 +91,6 @@ pub const MODULES: &[PtxModule] = &[
         name: "rope",
         sm90: include_str!("../../ptx/rope.sm90.ptx"),
         sm80: include_str!("../../ptx/rope.sm80.ptx"),
-        functions: &["qkv_rope_append_f32", "kv_rope_append_layers_f32"],
+        functions: &["qkv_rope_append_f32", "qkv_rope_append_f32_kvbf16", "kv_rope_append_layers_f32"],
     },
 ];

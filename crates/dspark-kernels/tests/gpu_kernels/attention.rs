@@ -1,0 +1,258 @@
+//! The attention kernels and the fused q|k|v norm + RoPE + cache append, for both KV cache
+//! element types (`cuda::kv`): f32 caches against the f32 CPU reference at 1e-5; bf16 caches
+//! against the same reference fed the bf16-rounded keys and values (which the kernels widen
+//! exactly, so the bound is the same 1e-5). The append with a bf16 cache rounds once what the f32
+//! chain computes, so its keys may sit one bf16 step from the reference's rounded keys where the
+//! two f32 values straddle a rounding boundary: ≤ 2⁻⁸ of the largest key, beside the 2e-5 of the
+//! f32 chain.
+
+use super::*;
+use dspark_kernels::cpu::round_bf16;
+use dspark_kernels::cuda::kv::{KvDtype, KvView, KvViewMut};
+
+/// A cache as the device holds it: f32, or bf16 bits (NaN stays NaN: the poison rows).
+enum Cache {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<u16>),
+}
+
+impl Cache {
+    fn up(g: &Gpu, v: &[f32], kv: KvDtype) -> Cache {
+        match kv {
+            KvDtype::F32 => Cache::F32(up(g, v)),
+            KvDtype::Bf16 => {
+                let bits: Vec<u16> = v.iter().map(|x| bf16::from_f32(*x).to_bits()).collect();
+                Cache::Bf16(g.stream.clone_htod(&bits).unwrap())
+            }
+        }
+    }
+
+    fn view(&self) -> KvView<'_> {
+        match self {
+            Cache::F32(s) => KvView::F32(s.as_view()),
+            Cache::Bf16(s) => KvView::Bf16(s.as_view()),
+        }
+    }
+
+    fn view_mut(&mut self) -> KvViewMut<'_> {
+        match self {
+            Cache::F32(s) => KvViewMut::F32(s.as_view_mut()),
+            Cache::Bf16(s) => KvViewMut::Bf16(s.as_view_mut()),
+        }
+    }
+
+    /// The values, widened to f32.
+    fn down(&self, g: &Gpu) -> Vec<f32> {
+        match self {
+            Cache::F32(s) => down(g, s),
+            Cache::Bf16(s) => {
+                g.stream.clone_dtoh(s).unwrap().into_iter().map(|b| bf16::from_bits(b).to_f32()).collect()
+            }
+        }
+    }
+}
+
+const KV_DTYPES: [KvDtype; 2] = [KvDtype::F32, KvDtype::Bf16];
+
+#[test]
+fn split_attention_matches_reference() {
+    let g = gpu();
+    let cases = [
+        (1, 1, 2, 1, 32, Some(0)),
+        (4, 9, 4, 2, 32, Some(5)),
+        (7, 70, 4, 2, 64, None),
+        // The tensor-core kernel (more than 4 queries per KV head): slices a row cannot see at
+        // all, a partial last tile, two query groups per KV head.
+        (4, 100, 8, 2, 64, Some(10)),
+        (2, 300, 32, 8, 128, Some(298)),
+        (16, 600, 32, 8, 128, Some(584)),
+        (3, 100, 4, 4, 256, Some(97)),
+        (1, 512, 32, 8, 128, Some(511)),
+        (8, 520, 32, 8, 128, Some(512)),
+        (1, 4096, 32, 8, 128, Some(4095)),
+        (8, 4103, 32, 8, 128, Some(4095)),
+        (7, 4103, 32, 8, 128, None),
+        // One query head per KV head (G = 1) and five (G = 5, Qwen3-14B's 40 / 8): the query
+        // index's row and head come from a multiply by ⌈2³²/G⌉, with G = 1 taken apart.
+        (1, 50, 8, 8, 64, Some(49)),
+        (5, 77, 4, 4, 128, Some(72)),
+        (1, 300, 40, 8, 128, Some(299)),
+        (3, 90, 40, 8, 128, Some(87)),
+    ];
+    // As eager steps launch it (the grid fits kv_len), then as a captured graph does: the grid
+    // sized for the next power of two of keys, the cache rows past kv_len poisoned.
+    for kv in KV_DTYPES {
+        for graph_grid in [false, true] {
+            check_attention(
+                &g,
+                12,
+                "split attention",
+                &cases,
+                (kv, graph_grid),
+                |q, k, v, out, lens, (rows, _, nh, nkv, hd, c)| {
+                    let mut sc = scratch(&g, nh, hd);
+                    g.attention_split(q, k, v, out, rows, lens, (nh, nkv, hd), c.is_some(), &mut sc).unwrap();
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_causal_and_bidirectional() {
+    let g = gpu();
+    let cases = [
+        (1, 1, 2, 1, 32, Some(0)),
+        (4, 9, 4, 2, 32, Some(5)),
+        (8, 520, 32, 8, 128, Some(512)),
+        (7, 70, 4, 2, 64, None),
+        (7, 4103, 32, 8, 128, None),
+    ];
+    for kv in KV_DTYPES {
+        check_attention(&g, 6, "attention", &cases, (kv, false), |q, k, v, out, lens, (rows, _, nh, nkv, hd, c)| {
+            g.attention(q, k, v, out, rows, lens, (nh, nkv, hd), c.is_some()).unwrap();
+        });
+    }
+}
+
+#[test]
+fn attention_refuses_mixed_cache_types() {
+    let g = gpu();
+    let (nh, nkv, hd) = (2, 1, 32);
+    let q = up(&g, &[0.5; 32 * 2]);
+    let kf = Cache::up(&g, &[0.5; 32], KvDtype::F32);
+    let vb = Cache::up(&g, &[0.5; 32], KvDtype::Bf16);
+    let lens_d = g.stream.clone_htod(&[0u32, 1]).unwrap();
+    let lens = StepLens { dev: lens_d.as_view(), first_pos: 0, kv_cap: 1 };
+    let mut out = poisoned(&g, nh * hd);
+    let mut sc = scratch(&g, nh, hd);
+    let heads = (nh, nkv, hd);
+    let e =
+        g.attention_split(&q.as_view(), &kf.view(), &vb.view(), &mut out.as_view_mut(), 1, &lens, heads, true, &mut sc);
+    assert!(e.unwrap_err().to_string().contains("K cache is f32, V cache bf16"));
+    assert!(g.attention(&q.as_view(), &kf.view(), &vb.view(), &mut out.as_view_mut(), 1, &lens, heads, true).is_err());
+}
+
+/// (rows, kv_len, n_heads, n_kv_heads, head_dim, causal first position)
+type AttnCase = (usize, usize, usize, usize, usize, Option<usize>);
+
+/// Runs `launch` on every case (the Qwen3-8B-sized ones only in the full-size pass) with fresh
+/// random q, k, v and a poisoned output, and checks it against the CPU reference at 1e-5 (fed
+/// the cache's values: bf16-rounded keys and values for a bf16 cache). The positions go in
+/// device memory (`StepLens`); with `graph_grid` the launch is sized for the next power of two
+/// of keys, as a captured graph's is, and the K/V rows past `kv_len` are NaN.
+fn check_attention(
+    g: &Gpu,
+    seed: u64,
+    what: &str,
+    cases: &[AttnCase],
+    (kv, graph_grid): (KvDtype, bool),
+    launch: impl Fn(&CudaView<f32>, &KvView<'_>, &KvView<'_>, &mut CudaViewMut<f32>, &StepLens<'_>, AttnCase),
+) {
+    let mut rng = Rng(seed);
+    for &case in cases.iter().filter(|s| full_size() || s.1 < 1000) {
+        let (rows, kv_len, nh, nkv, hd, causal) = case;
+        let q = rng.vec(rows * nh * hd);
+        let mut k = rng.vec(kv_len * nkv * hd);
+        let mut v = rng.vec(kv_len * nkv * hd);
+        if kv == KvDtype::Bf16 {
+            k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = round_bf16(*x));
+        }
+        let mask = match causal {
+            Some(p) => cpu::attention::Mask::Causal { first_pos: p },
+            None => cpu::attention::Mask::None,
+        };
+        let shape = cpu::attention::AttnShape { rows, kv_len, n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+        let want = cpu::attention::attention(&q, &k, &v, shape, mask);
+        let kv_cap = if graph_grid { kv_len.next_power_of_two() } else { kv_len };
+        k.resize(kv_cap * nkv * hd, f32::NAN);
+        v.resize(kv_cap * nkv * hd, f32::NAN);
+        let (qd, kd, vd) = (up(g, &q), Cache::up(g, &k, kv), Cache::up(g, &v, kv));
+        let lens_d = g.stream.clone_htod(&[causal.unwrap_or(0) as u32, kv_len as u32]).unwrap();
+        let lens = StepLens { dev: lens_d.as_view(), first_pos: causal.unwrap_or(0), kv_cap };
+        let mut out = poisoned(g, rows * nh * hd);
+        launch(&qd.as_view(), &kd.view(), &vd.view(), &mut out.as_view_mut(), &lens, case);
+        let e = rel_err(&down(g, &out), &want);
+        let name = kv.name();
+        assert!(e <= 1e-5, "{what} ({name} cache) rows {rows} kv {kv_len} (grid for {kv_cap}) hd {hd} {causal:?}: {e}");
+    }
+}
+
+#[test]
+fn qkv_rope_append_matches_reference() {
+    let g = gpu();
+    let mut rng = Rng(13);
+    let shapes = [(1, 2, 1, 32, 0), (5, 4, 2, 64, 17), (3, 0, 2, 32, 9), (8, 32, 8, 128, 4000), (3, 8, 2, 128, 40000)];
+    for kv in KV_DTYPES {
+        for (rows, nq, nkv, hd, first_pos) in shapes.into_iter().filter(|s| full_size() || s.1 < 8) {
+            let heads = nq + 2 * nkv;
+            let qkv = rng.vec(rows * heads * hd);
+            let (qn, kn) = (rng.vec(hd), rng.vec(hd));
+            let freqs = cpu::rope::inv_freq(1e6, hd);
+            let positions: Vec<usize> = (first_pos..first_pos + rows).collect();
+            let part = |lo: usize, n: usize| -> Vec<f32> {
+                (0..rows).flat_map(|r| qkv[(r * heads + lo) * hd..][..n * hd].to_vec()).collect()
+            };
+            let (mut wq, mut wk, wv) = (part(0, nq), part(nq, nkv), part(nq + nkv, nkv));
+            if nq > 0 {
+                cpu::rmsnorm::rmsnorm_inplace(&mut wq, &qn, 1e-6);
+                cpu::rope::rope_inplace(&mut wq, &positions, nq, &freqs);
+            }
+            cpu::rmsnorm::rmsnorm_inplace(&mut wk, &kn, 1e-6);
+            cpu::rope::rope_inplace(&mut wk, &positions, nkv, &freqs);
+            let cache_row = first_pos; // a step's rows go to the cache rows of their positions
+            let cache_len = (cache_row + rows + 3) * nkv * hd;
+            let lens_d = g.stream.clone_htod(&[first_pos as u32, (first_pos + rows) as u32]).unwrap();
+            let lens = StepLens { dev: lens_d.as_view(), first_pos, kv_cap: first_pos + rows };
+            let (qd, qnd, knd, fd) = (up(&g, &qkv), up(&g, &qn), up(&g, &kn), up(&g, &freqs));
+            let mut q_out = poisoned(&g, (rows * nq * hd).max(1));
+            let mut kc = Cache::up(&g, &vec![f32::NAN; cache_len], kv);
+            let mut vc = Cache::up(&g, &vec![f32::NAN; cache_len], kv);
+            g.qkv_rope_append(
+                &qd.as_view(),
+                &qnd.as_view(),
+                &knd.as_view(),
+                &fd.as_view(),
+                &mut q_out.slice_mut(..rows * nq * hd),
+                &mut kc.view_mut(),
+                &mut vc.view_mut(),
+                (rows, nq, nkv),
+                &lens,
+                1e-6,
+            )
+            .unwrap();
+            let span = cache_row * nkv * hd..(cache_row + rows) * nkv * hd;
+            let (kh, vh) = (kc.down(&g), vc.down(&g));
+            let name = kv.name();
+            if nq > 0 {
+                let e = rel_err(&down(&g, &q_out)[..rows * nq * hd], &wq);
+                assert!(e <= 2e-5, "qkv_rope_append q ({name} cache): {e}");
+            }
+            // Angles up to 4e4 rad: cos/sin of a large f32 argument differ by an ulp or two
+            // between the device's and the host's libm, which shows at ~1e-5 of the values
+            // (hence 2e-5); a bf16 cache adds at most one bf16 step (module doc).
+            let (k_tol, round): (f32, fn(f32) -> f32) = match kv {
+                KvDtype::F32 => (2e-5, |x| x),
+                KvDtype::Bf16 => (2e-5 + 1.0 / 256.0, round_bf16),
+            };
+            let wk: Vec<f32> = wk.iter().map(|&x| round(x)).collect();
+            let e = rel_err(&kh[span.clone()], &wk);
+            assert!(e <= k_tol, "qkv_rope_append k ({name} cache): {e}");
+            if kv == KvDtype::Bf16 {
+                // Straddling a rounding boundary needs the two f32 keys within ~1e-5 of one:
+                // rare (about 1 in 4000 here), so nearly every key is the reference's exactly.
+                let off = kh[span.clone()].iter().zip(&wk).filter(|(a, b)| a != b).count();
+                assert!(
+                    off * 100 <= wk.len().max(200),
+                    "qkv_rope_append k (bf16 cache): {off} of {} keys differ",
+                    wk.len()
+                );
+            }
+            let wv: Vec<f32> = wv.iter().map(|&x| round(x)).collect();
+            assert_eq!(vh[span.clone()].to_vec(), wv, "qkv_rope_append v ({name} cache)");
+            // Rows outside the appended span are left alone (still poisoned).
+            assert!(kh[..span.start].iter().chain(&kh[span.end..]).all(|x| x.is_nan()));
+            assert!(vh[..span.start].iter().chain(&vh[span.end..]).all(|x| x.is_nan()));
+        }
+    }
+}
