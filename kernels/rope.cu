@@ -95,9 +95,11 @@ extern "C" __global__ void qkv_rope_append_f32_kvbf16(const float* qkv, const fl
 // nq = 0. One launch instead of one per layer, after one matvec instead of one per layer: the
 // five 16.8 MB k|v projections of DSpark-8B ran at about a third of the copy ceiling each.
 // Launch: one block of hd/2 threads (rounded up to a warp multiple) per (row, layer, head).
-extern "C" __global__ void kv_rope_append_layers_f32(const float* kv, const float* k_norm, const float* inv_freq,
-                                                     float* const* k_caches, float* const* v_caches, int layers,
-                                                     int nkv, int hd, const int* lens, float eps) {
+// E is the caches' element, as in qkv_rope_append.
+template <typename E>
+__device__ void kv_rope_append_layers(const float* kv, const float* k_norm, const float* inv_freq,
+                                      E* const* k_caches, E* const* v_caches, int layers, int nkv, int hd,
+                                      const int* lens, float eps) {
     pdl_trigger();
     const int first_pos = lens[0];  // host-written, like the cache pointers: safe before the wait
     const int heads = layers * 2 * nkv;
@@ -115,13 +117,24 @@ extern "C" __global__ void kv_rope_append_layers_f32(const float* kv, const floa
         s = sinf(angle);
     }
     const size_t at = ((size_t)(first_pos + row) * nkv + (is_v ? head - nkv : head)) * hd;
-    float* dst = (is_v ? v_caches[layer] : k_caches[layer]) + at;
+    E* dst = (is_v ? v_caches[layer] : k_caches[layer]) + at;
     pdl_wait();
     float a = 0.f, b = 0.f;
     if (i < half) { a = src[i]; b = src[i + half]; }
     if (is_v) {
-        if (i < half) { dst[i] = a; dst[i + half] = b; }
+        if (i < half) { store_kv(dst + i, a); store_kv(dst + i + half, b); }
         return;
     }
     norm_rope_store(a, b, wa, wb, c, s, dst, i, half, hd, eps);
+}
+extern "C" __global__ void kv_rope_append_layers_f32(const float* kv, const float* k_norm, const float* inv_freq,
+                                                     float* const* k_caches, float* const* v_caches, int layers,
+                                                     int nkv, int hd, const int* lens, float eps) {
+    kv_rope_append_layers(kv, k_norm, inv_freq, k_caches, v_caches, layers, nkv, hd, lens, eps);
+}
+extern "C" __global__ void kv_rope_append_layers_f32_kvbf16(const float* kv, const float* k_norm,
+                                                            const float* inv_freq, __nv_bfloat16* const* k_caches,
+                                                            __nv_bfloat16* const* v_caches, int layers, int nkv,
+                                                            int hd, const int* lens, float eps) {
+    kv_rope_append_layers(kv, k_norm, inv_freq, k_caches, v_caches, layers, nkv, hd, lens, eps);
 }

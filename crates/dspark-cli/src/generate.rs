@@ -56,8 +56,9 @@ pub struct GenerateArgs {
     /// Positions the GPU KV caches are sized for (capped at max_position_embeddings).
     #[arg(long, default_value_t = 8192)]
     max_context: usize,
-    /// Element type of the target's KV cache: f32 (the CPU reference's, bit for bit) or bf16
-    /// (half the memory and bytes per position; keys and values rounded once as stored).
+    /// Element type of the target's and the draft's KV caches: f32 (bit for bit the f32 CPU
+    /// reference's) or bf16 (half the memory and bytes per position; keys and values rounded
+    /// once as stored).
     #[arg(long, default_value = "f32", value_parser = crate::parse_kv_cache)]
     kv_cache: KvDtype,
     /// Drafts to verify per round: a number (capped at the draft's block size), or `auto` to
@@ -118,7 +119,8 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         Device::Cpu => {
             let t = CpuQwen3::load(dir)?.with_kv_dtype(args.kv_cache);
             let d = match &args.draft {
-                Some(d) => Some(Box::new(CpuDraft::load(d, t.config(), t.weights())?) as Box<dyn Drafter>),
+                Some(d) => Some(Box::new(CpuDraft::load(d, t.config(), t.weights())?.with_kv_dtype(args.kv_cache))
+                    as Box<dyn Drafter>),
                 None => None,
             };
             (Box::new(t), d)

@@ -60,6 +60,15 @@ fn down(g: &Gpu, s: &CudaSlice<f32>) -> Vec<f32> {
     g.stream.clone_dtoh(s).unwrap()
 }
 
+/// A cache view's values, widened to f32.
+fn kv_down(g: &Gpu, v: &dspark_kernels::cuda::kv::KvView<'_>) -> Vec<f32> {
+    use dspark_kernels::cuda::kv::KvView;
+    match v {
+        KvView::F32(s) => g.stream.clone_dtoh(s).unwrap(),
+        KvView::Bf16(s) => g.stream.clone_dtoh(s).unwrap().into_iter().map(|b| bf16::from_bits(b).to_f32()).collect(),
+    }
+}
+
 /// A weight in `dtype` plus the exact f32 values the device will see.
 fn weight(g: &Gpu, v: &[f32], dtype: &str) -> (WeightBuf, Vec<f32>) {
     match dtype {

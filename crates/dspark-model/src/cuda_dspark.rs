@@ -21,10 +21,11 @@ use crate::safetensors::Checkpoint;
 use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
-use dspark_kernels::cuda::kv::LayersKv;
+use dspark_kernels::cuda::kv::KvCaches;
 use dspark_kernels::cuda::kv_layers::LayerCaches;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
+use dspark_kernels::KvDtype;
 use dspark_tensor::arena::Arena;
 use std::path::Path;
 use std::sync::Arc;
@@ -192,14 +193,20 @@ impl CudaDraft {
         for (i, lw) in layers.iter().enumerate() {
             gpu.stream.memcpy_dtod(&lw.k_norm, &mut ctx_k_norm.slice_mut(i * hd..(i + 1) * hd)).map_err(drv)?;
         }
-        let caches = LayerCaches::new(
-            &gpu,
-            (0..n_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
-            (0..n_layers).map(|_| z((max_len + b) * kv)).collect::<Result<_>>()?,
-            (arena.zeros::<u64>(n_layers).map_err(drv)?, arena.zeros::<u64>(n_layers).map_err(drv)?),
-            kv,
-        )
-        .map_err(gpu_err)?;
+        // The draft's caches take the target's element type (`--kv-cache`).
+        let cache_len = (max_len + b) * kv;
+        let caches = match target.kv_dtype() {
+            KvDtype::F32 => {
+                let make = || (0..n_layers).map(|_| z(cache_len)).collect::<Result<_>>();
+                KvCaches::F32 { k: make()?, v: make()? }
+            }
+            KvDtype::Bf16 => {
+                let make = || (0..n_layers).map(|_| arena.zeros::<u16>(cache_len).map_err(drv)).collect::<Result<_>>();
+                KvCaches::Bf16 { k: make()?, v: make()? }
+            }
+        };
+        let ptrs = (arena.zeros::<u64>(n_layers).map_err(drv)?, arena.zeros::<u64>(n_layers).map_err(drv)?);
+        let caches = LayerCaches::new(&gpu, caches, ptrs, kv).map_err(gpu_err)?;
         Ok(CudaDraft {
             fc: ck.matrix(&arena, "fc.weight", &[h, t * h])?,
             hidden_norm: ck.vector(&arena, "hidden_norm.weight", &[h])?,
@@ -330,10 +337,7 @@ impl CudaDraft {
             (b, false),
             &lens,
             &self.inv_freq,
-            {
-                let (k, v) = self.caches.caches_mut();
-                LayersKv::F32(k, v)
-            },
+            self.caches.caches_mut(),
             None,
             |_, _| Ok(()),
         )?;

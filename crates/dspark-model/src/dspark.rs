@@ -28,6 +28,8 @@ use dspark_kernels::cpu::attention::{attention, AttnShape, Mask};
 use dspark_kernels::cpu::matmul::linear;
 use dspark_kernels::cpu::rmsnorm::{rmsnorm, rmsnorm_inplace};
 use dspark_kernels::cpu::rope::inv_freq;
+use dspark_kernels::cpu::round_bf16;
+use dspark_kernels::KvDtype;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -208,6 +210,9 @@ pub struct CpuDraft {
     ctx_k: Vec<Vec<f32>>,
     ctx_v: Vec<Vec<f32>>,
     ctx_len: usize,
+    /// What the keys and values attention reads are rounded to (`--kv-cache`; the GPU draft
+    /// rounds its context rows and its block's rows as it caches them).
+    kv: KvDtype,
 }
 
 impl CpuDraft {
@@ -223,7 +228,24 @@ impl CpuDraft {
     pub fn new(cfg: DraftConfig, w: DraftWeights) -> CpuDraft {
         let inv_freq = inv_freq(cfg.layer.rope_theta as f32, cfg.layer.head_dim);
         let n = cfg.layer.num_hidden_layers;
-        CpuDraft { cfg, w, inv_freq, ctx_k: vec![Vec::new(); n], ctx_v: vec![Vec::new(); n], ctx_len: 0 }
+        let (ctx_k, ctx_v) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+        CpuDraft { cfg, w, inv_freq, ctx_k, ctx_v, ctx_len: 0, kv: KvDtype::F32 }
+    }
+
+    /// The same draft with its keys and values rounded to `kv` (an empty context, as at
+    /// construction): the CPU reference of the GPU draft under `--kv-cache bf16`.
+    pub fn with_kv_dtype(mut self, kv: KvDtype) -> CpuDraft {
+        self.reset();
+        self.kv = kv;
+        self
+    }
+
+    /// `x` as the cache keeps it.
+    fn cached(&self, x: Vec<f32>) -> Vec<f32> {
+        match self.kv {
+            KvDtype::F32 => x,
+            KvDtype::Bf16 => x.into_iter().map(round_bf16).collect(),
+        }
     }
 
     pub fn config(&self) -> &DraftConfig {
@@ -252,6 +274,7 @@ impl CpuDraft {
         let kv_row = l.kv_dim();
         for (i, lw) in self.w.layers.iter().enumerate() {
             let (q, k, vv) = lw.attention_inputs(l, &x, &positions, &self.inv_freq);
+            let (k, vv) = (self.cached(k), self.cached(vv));
             let mut keys = Vec::with_capacity((p + b) * kv_row);
             keys.extend_from_slice(&self.ctx_k[i]);
             keys.extend_from_slice(&k);
@@ -327,6 +350,7 @@ impl Drafter for CpuDraft {
             let v = linear(&c, &lw.v_proj, n, h, l.kv_dim());
             rmsnorm_inplace(&mut k, &lw.k_norm, l.rms_norm_eps as f32);
             dspark_kernels::cpu::rope::rope_inplace(&mut k, &positions, l.num_key_value_heads, &self.inv_freq);
+            let (k, v) = (self.cached(k), self.cached(v));
             self.ctx_k[i].extend_from_slice(&k);
             self.ctx_v[i].extend_from_slice(&v);
         }

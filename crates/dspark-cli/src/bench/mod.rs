@@ -111,12 +111,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let tb = target.streamed_weight_bytes() as f64;
     let tcfg = target.config().clone();
-    // K and V per position, at the cache's width (the draft's caches are f32).
-    let t_kv = (tcfg.num_hidden_layers * 2 * tcfg.kv_dim() * target.kv_dtype().bytes()) as f64;
+    // K and V per position at the caches' width (the draft's take the target's, `--kv-cache`).
+    let kv_bytes = target.kv_dtype().bytes();
+    let t_kv = (tcfg.num_hidden_layers * 2 * tcfg.kv_dim() * kv_bytes) as f64;
     let kv_name = target.kv_dtype().name();
     let (fc, dlayers, lm_head, w2) = draft.matrix_bytes();
     let dl = &draft.config().layer;
-    let d_kv = (dl.num_hidden_layers * 2 * dl.kv_dim() * 4) as f64;
+    let d_kv = (dl.num_hidden_layers * 2 * dl.kv_dim() * kv_bytes) as f64;
     let block = draft.block_size();
     let logits_row = (tcfg.vocab_size * 4) as f64;
 
@@ -244,7 +245,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         profiles,
         notes: vec![
             format!(
-                "The target's KV caches are {} ({} bytes per target position; `--kv-cache`), the draft's f32; floors count them at those widths.",
+                "KV caches are {} ({} bytes per target position; `--kv-cache`, the draft's alike); floors count them at that width.",
                 kv_name,
                 t_kv
             ),

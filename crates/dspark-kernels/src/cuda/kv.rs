@@ -9,7 +9,7 @@
 //! values back to f32 exactly. bf16 is what transformers keeps for a bf16 model and what vLLM and
 //! llama.cpp default to; f32 keeps the CPU reference's cache bit for bit.
 
-use super::pdl::{dptr, dptr_mut, Arg};
+use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::Gpu;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
@@ -99,6 +99,37 @@ impl KvCaches {
         match self {
             KvCaches::F32 { .. } => KvDtype::F32,
             KvCaches::Bf16 { .. } => KvDtype::Bf16,
+        }
+    }
+
+    pub fn layers(&self) -> usize {
+        match self {
+            KvCaches::F32 { k, v } => k.len().min(v.len()),
+            KvCaches::Bf16 { k, v } => k.len().min(v.len()),
+        }
+    }
+
+    /// Layer `l`'s K and V caches, whole.
+    pub fn layer(&self, l: usize) -> Option<(KvView<'_>, KvView<'_>)> {
+        match self {
+            KvCaches::F32 { k, v } => Some((KvView::F32(k.get(l)?.as_view()), KvView::F32(v.get(l)?.as_view()))),
+            KvCaches::Bf16 { k, v } => Some((KvView::Bf16(k.get(l)?.as_view()), KvView::Bf16(v.get(l)?.as_view()))),
+        }
+    }
+
+    /// Every K cache's then every V cache's (length in values, device address).
+    pub(crate) fn lens_and_addrs(&self, gpu: &Gpu) -> Vec<(usize, u64)> {
+        match self {
+            KvCaches::F32 { k, v } => k.iter().chain(v).map(|c| (c.len(), device_addr(gpu, c))).collect(),
+            KvCaches::Bf16 { k, v } => k.iter().chain(v).map(|c| (c.len(), device_addr(gpu, c))).collect(),
+        }
+    }
+
+    /// Layers of K and of V caches.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        match self {
+            KvCaches::F32 { k, v } => (k.len(), v.len()),
+            KvCaches::Bf16 { k, v } => (k.len(), v.len()),
         }
     }
 

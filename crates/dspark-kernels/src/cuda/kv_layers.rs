@@ -9,87 +9,85 @@
 //! pointers, so [`LayerCaches`] owns the caches together with those arrays: a pointer can only
 //! be read while the buffer it points at is alive.
 
+use super::kv::{KvCaches, KvDtype, KvView, LayersKv};
 use super::ops::StepLens;
-use super::pdl::{device_addr, dptr, Arg};
+use super::pdl::{dptr, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaSlice, CudaView};
 
-/// The K and V caches of a stack of layers, each `[rows, nkv·hd]` f32, with the device arrays
-/// of their addresses that `kv_rope_append_layers_f32` reads. [`LayerCaches::caches_mut`] lends
+/// The K and V caches of a stack of layers, each `[rows, nkv·hd]` (f32 or bf16, [`KvCaches`]),
+/// with the device arrays of their addresses that `kv_rope_append_layers_f32[_kvbf16]` reads. [`LayerCaches::caches_mut`] lends
 /// the buffers out (the layer steps write them too), and a buffer swapped for another through it
 /// would leave a stale address behind: every launch first checks the buffers against the
 /// addresses and lengths it recorded, and refuses to run on a mismatch.
 pub struct LayerCaches {
-    k: Vec<CudaSlice<f32>>,
-    v: Vec<CudaSlice<f32>>,
+    caches: KvCaches,
     k_ptrs: CudaSlice<u64>,
     v_ptrs: CudaSlice<u64>,
-    /// The addresses written to `k_ptrs` / `v_ptrs`, kept on the host for that check.
-    addrs: Vec<u64>,
-    /// Floats per cache row (nkv · hd), and per cache.
+    /// Each cache's length and the address written to `k_ptrs` / `v_ptrs`, kept on the host
+    /// for that check.
+    recorded: Vec<(usize, u64)>,
+    /// Values per cache row (nkv · hd), and per cache.
     row_len: usize,
     len: usize,
 }
 
 impl LayerCaches {
-    /// Takes the layers' caches (equal lengths, whole rows of `row_len` floats) and two buffers
+    /// Takes the layers' caches (equal lengths, whole rows of `row_len` values) and two buffers
     /// of at least `layers` elements for their addresses, which it fills.
     pub fn new(
         gpu: &Gpu,
-        k: Vec<CudaSlice<f32>>,
-        v: Vec<CudaSlice<f32>>,
+        caches: KvCaches,
         (mut k_ptrs, mut v_ptrs): (CudaSlice<u64>, CudaSlice<u64>),
         row_len: usize,
     ) -> CudaResult<LayerCaches> {
-        let len = k.first().map_or(0, CudaSlice::len);
-        if k.len() != v.len()
-            || k.iter().chain(&v).any(|c| c.len() != len)
-            || row_len == 0
-            || !len.is_multiple_of(row_len)
-        {
+        let (nk, nv) = caches.counts();
+        let recorded = caches.lens_and_addrs(gpu);
+        let len = recorded.first().map_or(0, |r| r.0);
+        if nk != nv || recorded.iter().any(|r| r.0 != len) || row_len == 0 || !len.is_multiple_of(row_len) {
             return Err(CudaError::Shape(format!(
-                "layer caches: {} K and {} V buffers, each must hold the same whole number of {row_len}-float rows",
-                k.len(),
-                v.len()
+                "layer caches: {nk} K and {nv} V buffers, each must hold the same whole number of {row_len}-value rows"
             )));
         }
-        if k_ptrs.len() < k.len() || v_ptrs.len() < v.len() {
+        if k_ptrs.len() < nk || v_ptrs.len() < nv {
             return Err(CudaError::Shape(format!(
-                "layer caches: address buffers of {} / {} for {} layers",
+                "layer caches: address buffers of {} / {} for {nk} layers",
                 k_ptrs.len(),
-                v_ptrs.len(),
-                k.len()
+                v_ptrs.len()
             )));
         }
-        let addrs: Vec<u64> = k.iter().chain(&v).map(|c| device_addr(gpu, c)).collect();
-        let n = k.len();
-        gpu.stream.memcpy_htod(&addrs[..n], &mut k_ptrs.slice_mut(..n))?;
-        gpu.stream.memcpy_htod(&addrs[n..], &mut v_ptrs.slice_mut(..n))?;
-        Ok(LayerCaches { k, v, k_ptrs, v_ptrs, addrs, row_len, len })
+        let addrs: Vec<u64> = recorded.iter().map(|r| r.1).collect();
+        gpu.stream.memcpy_htod(&addrs[..nk], &mut k_ptrs.slice_mut(..nk))?;
+        gpu.stream.memcpy_htod(&addrs[nk..], &mut v_ptrs.slice_mut(..nk))?;
+        Ok(LayerCaches { caches, k_ptrs, v_ptrs, recorded, row_len, len })
     }
 
     /// The K and V caches, for the layer steps that read and write them.
-    pub fn caches_mut(&mut self) -> (&mut [CudaSlice<f32>], &mut [CudaSlice<f32>]) {
-        (&mut self.k, &mut self.v)
+    pub fn caches_mut(&mut self) -> LayersKv<'_> {
+        self.caches.layers_mut()
     }
 
     /// Layer `l`'s K and V caches.
-    pub fn layer(&self, l: usize) -> Option<(&CudaSlice<f32>, &CudaSlice<f32>)> {
-        Some((self.k.get(l)?, self.v.get(l)?))
+    pub fn layer(&self, l: usize) -> Option<(KvView<'_>, KvView<'_>)> {
+        self.caches.layer(l)
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.caches.dtype()
     }
 
     /// Whether every buffer is still the one whose address the kernel will read.
     fn unchanged(&self, gpu: &Gpu) -> bool {
-        self.k.iter().chain(&self.v).zip(&self.addrs).all(|(c, &a)| c.len() == self.len && device_addr(gpu, c) == a)
+        self.caches.lens_and_addrs(gpu) == self.recorded
     }
 
     pub fn layers(&self) -> usize {
-        self.k.len()
+        self.caches.layers()
     }
 
     /// Rows each layer's cache holds.
     pub fn rows(&self) -> usize {
-        self.k.first().map_or(0, |c| c.len() / self.row_len)
+        self.len / self.row_len
     }
 }
 
@@ -126,8 +124,9 @@ impl Gpu {
         super::ops::check("kv_rope_append_layers cache rows", caches.rows(), lens.first_pos + rows)?;
         super::ops::check("kv_rope_append_layers lens", lens.dev.len(), 1)?;
         let threads = ((hd / 2).div_ceil(32) * 32) as u32;
-        // kv_rope_append_layers_f32(kv, k_norm, inv_freq, k_caches, v_caches, layers, nkv, hd,
-        // lens, eps); lengths checked above, the address arrays filled by LayerCaches::new.
+        // kv_rope_append_layers_f32[_kvbf16](kv, k_norm, inv_freq, k_caches, v_caches, layers,
+        // nkv, hd, lens, eps); lengths checked above, the address arrays filled by
+        // LayerCaches::new.
         let args = [
             dptr(self, kv),
             dptr(self, k_norm),
@@ -140,6 +139,7 @@ impl Gpu {
             dptr(self, &lens.dev),
             Arg::F32(eps),
         ];
-        self.launch_pdl("kv_rope_append_layers_f32", ((rows * layers * 2 * nkv) as u32, 1, 1), threads, &args)
+        let name = format!("kv_rope_append_layers_f32{}", caches.dtype().kernel_suffix());
+        self.launch_pdl(&name, ((rows * layers * 2 * nkv) as u32, 1, 1), threads, &args)
     }
 }

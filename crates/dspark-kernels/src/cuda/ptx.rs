@@ -91,6 +91,11 @@ pub const MODULES: &[PtxModule] = &[
         name: "rope",
         sm90: include_str!("../../ptx/rope.sm90.ptx"),
         sm80: include_str!("../../ptx/rope.sm80.ptx"),
-        functions: &["qkv_rope_append_f32", "qkv_rope_append_f32_kvbf16", "kv_rope_append_layers_f32"],
+        functions: &[
+            "qkv_rope_append_f32",
+            "qkv_rope_append_f32_kvbf16",
+            "kv_rope_append_layers_f32",
+            "kv_rope_append_layers_f32_kvbf16",
+        ],
     },
 ];

@@ -43,12 +43,7 @@ impl Cache {
 
     /// The values, widened to f32.
     fn down(&self, g: &Gpu) -> Vec<f32> {
-        match self {
-            Cache::F32(s) => down(g, s),
-            Cache::Bf16(s) => {
-                g.stream.clone_dtoh(s).unwrap().into_iter().map(|b| bf16::from_bits(b).to_f32()).collect()
-            }
-        }
+        kv_down(g, &self.view())
     }
 }
 

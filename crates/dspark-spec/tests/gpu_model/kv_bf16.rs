@@ -1,9 +1,11 @@
-//! The target with a bf16 KV cache (`--kv-cache bf16`): its logits against the CPU reference
-//! with the same rounding (`CpuQwen3::with_kv_dtype`) at the bf16-operand tolerance, 1e-2 — the
-//! device and the host may round a key that their f32 chains put on either side of a bf16
-//! rounding boundary differently, by one bf16 step; the option must change the logits (it is not
-//! ignored); and speculative decoding on it must equal plain greedy decoding on it, token for
-//! token, for random bf16 target/draft pairs (the draft keeps its f32 caches).
+//! Target and draft with bf16 KV caches (`--kv-cache bf16`; the draft takes the target's type):
+//! the target's logits against the CPU reference with the same rounding
+//! (`CpuQwen3::with_kv_dtype`) at the bf16-operand tolerance, 1e-2 — the device and the host may
+//! round a key that their f32 chains put on either side of a bf16 rounding boundary differently,
+//! by one bf16 step; the option must change the logits (it is not ignored); the draft's
+//! proposals equal the CPU draft's rounded alike (`CpuDraft::with_kv_dtype`; such a one-step
+//! difference could only flip a near-tie); and speculative decoding on bf16 caches must equal
+//! plain greedy decoding on them, token for token, for random bf16 target/draft pairs.
 
 use super::*;
 use dspark_kernels::KvDtype;
@@ -34,6 +36,27 @@ fn bf16_kv_cache_matches_the_cpu_reference_with_the_same_rounding() {
         let b = cuda.forward(&prompt[8..9], LogitRows::All).unwrap();
         let e = rel_err(&b.logits, &a.logits);
         assert!(e <= 1e-2, "{name}: one-row step {e}");
+    }
+}
+
+#[test]
+fn draft_proposals_on_bf16_caches_match_the_cpu_draft() {
+    let tdir = root().join("fixtures/qwen3-tiny-f32");
+    let cpu_t = CpuQwen3::load(&tdir).unwrap();
+    let cuda_t = CudaQwen3::load_kv(gpu(), &tdir, 256, KvDtype::Bf16).unwrap();
+    for name in ["dspark-tiny-vanilla", "dspark-tiny-rnn"] {
+        let ddir = root().join("fixtures").join(name);
+        let mut a = CpuDraft::load(&ddir, cpu_t.config(), cpu_t.weights()).unwrap().with_kv_dtype(KvDtype::Bf16);
+        let mut b = CudaDraft::load(&ddir, &cuda_t).unwrap();
+        let row = a.config().num_taps() * 64;
+        let mut rng = Rng(19);
+        for round in 0..4 {
+            let feats = rng.vec([12, 1, 3, 8][round] * row, 1.0);
+            a.append_context(&feats).unwrap();
+            b.append_context(&feats).unwrap();
+            let anchor = rng.below(500) as u32;
+            assert_eq!(b.propose(anchor).unwrap().tokens, a.propose(anchor).unwrap().tokens, "{name} round {round}");
+        }
     }
 }
 
