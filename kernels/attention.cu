@@ -111,7 +111,8 @@ extern "C" __global__ void attention_f32_kvbf16(const float* q, const __nv_bfloa
 // PER·d .. PER·d + PER − 1 instead of d, d + 32, …, so a key's V is one vector read per lane
 // instead of PER scalar ones, and the tile's p reach the lanes through shared memory four keys
 // at a time (one broadcast read) instead of one shuffle per key: about 21 instructions per four
-// keys instead of 36 at hd 128.
+// keys instead of 36 at hd 128. Measured on the H200 it was 3–6% faster alone at 512 keys but
+// made decode 0.6% slower in the model (docs/perf.md), so the engine keeps PV4 = false.
 template <int PER, int QW, typename E = float, bool PV4 = false>
 __device__ void attention_split(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                                 float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens,
