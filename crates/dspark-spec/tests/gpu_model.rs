@@ -210,6 +210,20 @@ fn write_bf16_pair(seed: u64, spec: &DraftSpec, draft_dtype: DType) -> (tempfile
     write_pair(&target_config(96, 64, 3, 2, 1, 64, 128), seed, spec, draft_dtype)
 }
 
+/// A two-layer draft tapping target layers 0 and 1, Markov rank 8, with a confidence head (that
+/// also reads the Markov term) when `confidence` is set.
+fn two_layer_draft(block_size: usize, markov_kind: MarkovKind, confidence: bool) -> DraftSpec {
+    DraftSpec {
+        layers: 2,
+        block_size,
+        target_layer_ids: vec![0, 1],
+        markov_rank: 8,
+        markov_kind,
+        confidence_head: confidence,
+        confidence_with_markov: confidence,
+    }
+}
+
 /// A random bf16 target of `cfg` and a draft of `spec` for it, written as HF folders.
 fn write_pair(
     cfg: &dspark_model::config::Qwen3Config,
@@ -379,15 +393,7 @@ fn graph_replays_match_eager_launches_bit_for_bit() {
     // decode and verify logits, device captures and draft proposals must be the same bits.
     let seed = 77;
     let mut rng = Rng(seed);
-    let spec = DraftSpec {
-        layers: 2,
-        block_size: 4,
-        target_layer_ids: vec![0, 1],
-        markov_rank: 8,
-        markov_kind: MarkovKind::Gated,
-        confidence_head: true,
-        confidence_with_markov: true,
-    };
+    let spec = two_layer_draft(4, MarkovKind::Gated, true);
     let (_dir, tdir, ddir) = write_bf16_pair(seed, &spec, DType::BF16);
 
     let mut graph = CudaQwen3::load(gpu(), &tdir, 200).unwrap();

@@ -13,15 +13,7 @@ use super::*;
 fn qwen3_8b_attention_shape_matches_the_cpu_and_stays_lossless() {
     // vocab 96, hidden 128, 3 layers, 8 query heads and 2 KV heads of 128.
     let cfg = target_config(96, 128, 3, 8, 2, 128, 160);
-    let spec = DraftSpec {
-        layers: 2,
-        block_size: 8,
-        target_layer_ids: vec![0, 1],
-        markov_rank: 8,
-        markov_kind: MarkovKind::Vanilla,
-        confidence_head: false,
-        confidence_with_markov: false,
-    };
+    let spec = two_layer_draft(8, MarkovKind::Vanilla, false);
     for seed in 0..6u64 {
         let (_dir, tdir, ddir) = write_pair(&cfg, 7000 + seed, &spec, DType::BF16);
         let mut rng = Rng(seed);

@@ -62,15 +62,7 @@ fn draft_proposals_on_bf16_caches_match_the_cpu_draft() {
 
 #[test]
 fn speculative_equals_greedy_on_a_bf16_kv_cache() {
-    let spec = DraftSpec {
-        layers: 2,
-        block_size: 4,
-        target_layer_ids: vec![0, 1],
-        markov_rank: 8,
-        markov_kind: MarkovKind::Vanilla,
-        confidence_head: false,
-        confidence_with_markov: false,
-    };
+    let spec = two_layer_draft(4, MarkovKind::Vanilla, false);
     for seed in 0..12u64 {
         let (_dir, tdir, ddir) = write_bf16_pair(4000 + seed, &spec, DType::BF16);
         let mut rng = Rng(seed);
