@@ -21,6 +21,15 @@ impl KvDtype {
         }
     }
 
+    /// `x` as a cache of this type keeps it, widened back to f32: as it is, or rounded once to
+    /// the nearest bf16 ([`crate::cpu::round_bf16`], the GPU kernels' `store_kv`).
+    pub fn keep(self, x: f32) -> f32 {
+        match self {
+            KvDtype::F32 => x,
+            KvDtype::Bf16 => crate::cpu::round_bf16(x),
+        }
+    }
+
     /// What a kernel's name gains for this cache type (`attention_f32` → `attention_f32_kvbf16`).
     pub fn kernel_suffix(self) -> &'static str {
         match self {
@@ -58,6 +67,10 @@ mod tests {
         assert_eq!(KvDtype::parse("f16"), None);
         assert_eq!(KvDtype::F32.bytes(), 4);
         assert_eq!(KvDtype::Bf16.bytes(), 2);
+        let pi = std::f32::consts::PI;
+        assert_eq!(KvDtype::F32.keep(pi), pi);
+        assert_eq!(KvDtype::Bf16.keep(pi), crate::cpu::round_bf16(pi));
+        assert_ne!(KvDtype::Bf16.keep(pi), pi);
         assert_eq!(format!("attention_f32{}", KvDtype::Bf16.kernel_suffix()), "attention_f32_kvbf16");
         assert_eq!(format!("attention_f32{}", KvDtype::F32.kernel_suffix()), "attention_f32");
     }

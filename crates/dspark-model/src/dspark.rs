@@ -28,7 +28,6 @@ use dspark_kernels::cpu::attention::{attention, AttnShape, Mask};
 use dspark_kernels::cpu::matmul::linear;
 use dspark_kernels::cpu::rmsnorm::{rmsnorm, rmsnorm_inplace};
 use dspark_kernels::cpu::rope::inv_freq;
-use dspark_kernels::cpu::round_bf16;
 use dspark_kernels::KvDtype;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -241,11 +240,9 @@ impl CpuDraft {
     }
 
     /// `x` as the cache keeps it.
-    fn cached(&self, x: Vec<f32>) -> Vec<f32> {
-        match self.kv {
-            KvDtype::F32 => x,
-            KvDtype::Bf16 => x.into_iter().map(round_bf16).collect(),
-        }
+    fn cached(&self, mut x: Vec<f32>) -> Vec<f32> {
+        x.iter_mut().for_each(|v| *v = self.kv.keep(*v));
+        x
     }
 
     pub fn config(&self) -> &DraftConfig {

@@ -6,7 +6,6 @@
 //! With [`KvDtype::Bf16`] every appended value is rounded to the nearest bf16 (kept widened in
 //! f32), as the GPU's bf16 caches store it, so the CPU path is their reference too.
 
-use dspark_kernels::cpu::round_bf16;
 use dspark_kernels::KvDtype;
 
 /// Append-and-truncate KV storage for every layer.
@@ -48,16 +47,9 @@ impl KvCache {
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
         debug_assert_eq!(k.len() % self.row, 0);
         debug_assert_eq!(k.len(), v.len());
-        match self.dtype {
-            KvDtype::F32 => {
-                self.k[layer].extend_from_slice(k);
-                self.v[layer].extend_from_slice(v);
-            }
-            KvDtype::Bf16 => {
-                self.k[layer].extend(k.iter().map(|&x| round_bf16(x)));
-                self.v[layer].extend(v.iter().map(|&x| round_bf16(x)));
-            }
-        }
+        let keep = |x: &f32| self.dtype.keep(*x);
+        self.k[layer].extend(k.iter().map(keep));
+        self.v[layer].extend(v.iter().map(keep));
     }
 
     /// Keys and values of `layer`, including rows appended since the last commit.
