@@ -1,0 +1,326 @@
+// Experiment: what a kernel boundary costs inside the decode step's matvec chain. Four
+// projections per layer (q|k|v → o → gate|up with SwiGLU → down, each reading the previous
+// one's output) over NL layers of their own weights, captured in one CUDA graph as the engine
+// does, with three ways to order the launches:
+//   pdl   — the engine's: every launch may start early, each block waits at griddepcontrol.wait
+//           (the primary grid complete and its memory flushed) after its first weight step;
+//   plain — no early start (stream order);
+//   flag  — early start as pdl, but each block waits on a counter the previous launch's blocks
+//           increment as they finish (fence, then atomic add), instead of griddepcontrol.wait.
+// Every block records %globaltimer (which ticks in 0.256 µs steps on the H200) when its wait
+// returns and at its end; per kernel the table gives, relative to the previous launch's last
+// block end (its "done"), averaged over layers 1..NL−1: the first / median / last wait return,
+// the median and last block end, the tail (last − median end), and the launch's share of the
+// chain (done − previous done) over its floor (bytes / the copy ceiling of the same run).
+// (A block's start time is recorded too but not shown: read as a block's first instruction it
+// came out before the previous launch had ended even in plain stream order, so it is not a
+// block's real start.) The flag and plain runs' outputs are compared bit for bit with pdl's.
+// nvcc -arch=sm_90 -O3 -std=c++17 -I kernels scripts/exp/chain.cu -o /tmp/chain && /tmp/chain
+#include "../../kernels/common.cuh"
+
+__device__ __forceinline__ unsigned long long gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Set by the wrapper below before the matvec body runs; read by the wait that replaces
+// pdl_wait() in that body (matvec.cu is included with pdl_wait() defined to chain_wait()).
+__shared__ int s_mode;
+__shared__ const unsigned* s_cnt;
+__shared__ unsigned s_need;
+__shared__ unsigned long long s_tw;
+
+__device__ __forceinline__ void chain_wait() {
+    if (s_mode != 1) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+    } else {
+        if (threadIdx.x == 0 && s_cnt != nullptr) {
+            unsigned v;
+            do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(s_cnt) : "memory");
+            } while (v < s_need);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) s_tw = gtime();
+}
+#define pdl_wait() chain_wait()
+#include "../../kernels/matvec.cu"
+#undef pdl_wait
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <cuda_runtime.h>
+
+template <int U, bool SW, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+    chain_mv(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int ks, int mode,
+             const unsigned* wait_cnt, unsigned need, unsigned* arrive, unsigned long long* tr) {
+    const unsigned long long t0 = gtime();
+    if (threadIdx.x == 0) {
+        s_mode = mode;
+        s_cnt = wait_cnt;
+        s_need = need;
+    }
+    __syncthreads();
+    matvec_tc<U, SW, false, false>(w, x, y, m, in, out, 0, ks, nullptr, 0, 0.f, nullptr, nullptr, nullptr,
+                                   ArgmaxOut{});
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (mode == 1) atomicAdd(arrive, 1u);
+        unsigned smid;
+        asm("mov.u32 %0, %%smid;" : "=r"(smid));
+        unsigned long long* t = tr + 4 * blockIdx.x;
+        t[0] = t0;
+        t[1] = s_tw;
+        t[2] = gtime();
+        t[3] = smid;
+    }
+}
+
+// A stand-in for the small kernels between q|k|v and o (RoPE/append, attention, combine): 48
+// blocks of 64 threads that wait like the others, read one value of the previous output and
+// write one — a launch boundary with next to no work.
+__global__ void small_k(const float* x, float* y, int mode, const unsigned* wait_cnt, unsigned need, unsigned* arrive,
+                        unsigned long long* tr) {
+    const unsigned long long t0 = gtime();
+    if (threadIdx.x == 0) {
+        s_mode = mode;
+        s_cnt = wait_cnt;
+        s_need = need;
+    }
+    __syncthreads();
+    pdl_trigger();
+    chain_wait();
+    if (threadIdx.x == 0) y[blockIdx.x] = x[blockIdx.x] + 1.f;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (mode == 1) atomicAdd(arrive, 1u);
+        unsigned long long* t = tr + 4 * blockIdx.x;
+        t[0] = t0;
+        t[1] = s_tw;
+        t[2] = gtime();
+        t[3] = 0;
+    }
+}
+
+__global__ void fill(__nv_bfloat16* w, size_t n, unsigned seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned h = (unsigned)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        w[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) / 32.f);
+    }
+}
+
+struct Kind {
+    const char* name;
+    int out, in, ks, blocks;  // blocks = tiles / (8 / ks)
+};
+static const Kind KINDS[5] = {{"q|k|v", 6144, 4096, 8, 384},
+                              {"o", 4096, 4096, 8, 256},
+                              {"gate|up", 24576, 4096, 2, 384},
+                              {"down", 4096, 12288, 8, 256},
+                              {"small", 0, 0, 0, 48}};
+static const int MAXB = 384;
+
+#define CK(e)                                                                          \
+    do {                                                                               \
+        cudaError_t err = (e);                                                         \
+        if (err != cudaSuccess) {                                                      \
+            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #e, cudaGetErrorString(err)); \
+            exit(1);                                                                   \
+        }                                                                              \
+    } while (0)
+
+int main() {
+    const int NL = getenv("NL") ? atoi(getenv("NL")) : 12;
+    // SMALL=n puts n small launches between each layer's q|k|v and o (the engine has three).
+    const int SMALL = getenv("SMALL") ? atoi(getenv("SMALL")) : 0;
+    const int REPS = 20;
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+
+    // The copy ceiling, counted as bytes read + written, best of 5 (as dspark bench does).
+    double ceiling;
+    {
+        size_t n = 2ull << 30;
+        void *a, *b;
+        CK(cudaMalloc(&a, n));
+        CK(cudaMalloc(&b, n));
+        CK(cudaMemset(a, 1, n));
+        float best = 1e30f;
+        for (int i = 0; i < 6; i++) {
+            cudaEventRecord(e0, st);
+            cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st);
+            cudaEventRecord(e1, st);
+            cudaEventSynchronize(e1);
+            float ms;
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (i > 0) best = std::min(best, ms);
+        }
+        ceiling = 2.0 * n / (best * 1e-3);
+        cudaFree(a);
+        cudaFree(b);
+    }
+    printf("copy ceiling %.0f GB/s; %d layers of q|k|v, %d small, o, gate|up, down per graph\n", ceiling / 1e9, NL,
+           SMALL);
+
+    std::vector<__nv_bfloat16*> w(4 * NL);
+    std::vector<int> seq, layer;  // kind and layer of every launch in order
+    for (int l = 0; l < NL; l++) {
+        seq.push_back(0);
+        for (int j = 0; j < SMALL; j++) seq.push_back(4);
+        for (int k = 1; k < 4; k++) seq.push_back(k);
+        while (layer.size() < seq.size()) layer.push_back(l);
+    }
+    for (int l = 0; l < NL; l++)
+        for (int k = 0; k < 4; k++) {
+            size_t n = (size_t)KINDS[k].out * KINDS[k].in;
+            CK(cudaMalloc(&w[4 * l + k], n * 2));
+            fill<<<1024, 256>>>(w[4 * l + k], n, 977u * (4 * l + k) + 1);
+        }
+    float *x0, *yq, *yo, *ya, *yd, *ys;
+    CK(cudaMalloc(&ys, 2 * 64 * 4));
+    CK(cudaMalloc(&x0, 8 * 4096 * 4));
+    CK(cudaMalloc(&yq, 8 * 6144 * 4));
+    CK(cudaMalloc(&yo, 8 * 4096 * 4));
+    CK(cudaMalloc(&ya, 8 * 12288 * 4));
+    CK(cudaMalloc(&yd, 8 * 4096 * 4));
+    {
+        std::vector<float> h(8 * 4096);
+        for (size_t i = 0; i < h.size(); i++) h[i] = ((i * 7919) % 2001) / 1000.f - 1.f;
+        CK(cudaMemcpy(x0, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    }
+    const int NK = (int)seq.size();
+    unsigned* cnt;
+    CK(cudaMalloc(&cnt, NK * 4));
+    unsigned long long* tr;
+    CK(cudaMalloc(&tr, (size_t)NK * MAXB * 4 * 8));
+    CK(cudaDeviceSynchronize());
+
+    const char* MODES[3] = {"pdl", "plain", "flag"};
+    std::vector<float> ref_out;
+    for (int m : {1, 8}) {
+        for (int mode : {0, 2, 1}) {
+            // Capture the chain: a counter reset, then NK launches; layer 0 reads x0, later
+            // layers the previous down's output (so the dependency runs through the whole graph).
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            CK(cudaMemsetAsync(cnt, 0, NK * 4, st));
+            CK(cudaMemsetAsync(yd, 0, 8 * 4096 * 4, st));
+            for (int i = 0; i < NK; i++) {
+                const int l = layer[i], k = seq[i];
+                const Kind& K = KINDS[k];
+                const float* x = k == 0 ? (l == 0 ? x0 : yd) : k == 1 ? yq : k == 2 ? yo : ya;
+                float* y = k == 0 ? yq : k == 1 ? yo : k == 2 ? ya : yd;
+                cudaLaunchConfig_t cfg = {};
+                cfg.gridDim = dim3(K.blocks);
+                cfg.blockDim = dim3(k == 4 ? 64 : 256);
+                cfg.stream = st;
+                cudaLaunchAttribute at[1];
+                at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                at[0].val.programmaticStreamSerializationAllowed = (mode != 2 && i > 0) ? 1 : 0;
+                cfg.attrs = at;
+                cfg.numAttrs = 1;
+                const unsigned* wc = i > 0 ? cnt + i - 1 : nullptr;
+                const unsigned need = i > 0 ? KINDS[seq[i - 1]].blocks : 0;
+                unsigned long long* t = tr + (size_t)i * MAXB * 4;
+                const __nv_bfloat16* wi = k < 4 ? w[4 * l + k] : nullptr;
+                if (k == 4)
+                    CK(cudaLaunchKernelEx(&cfg, small_k, seq[i - 1] == 4 ? ys + 64 * (i % 2) : yq,
+                                          ys + 64 * ((i + 1) % 2), mode, wc, need, cnt + i, t));
+                else if (k == 0)
+                    CK(cudaLaunchKernelEx(&cfg, chain_mv<2, false, 3>, wi, x, y, m, K.in,
+                                          K.out, K.ks, mode, wc, need, cnt + i, t));
+                else if (k == 2)
+                    CK(cudaLaunchKernelEx(&cfg, chain_mv<2, true, 3>, wi, x, y, m, K.in,
+                                          K.out, K.ks, mode, wc, need, cnt + i, t));
+                else
+                    CK(cudaLaunchKernelEx(&cfg, chain_mv<4, false, 2>, wi, x, y, m, K.in,
+                                          K.out, K.ks, mode, wc, need, cnt + i, t));
+            }
+            CK(cudaStreamEndCapture(st, &g));
+            cudaGraphExec_t ge;
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            std::vector<float> times;
+            for (int r = 0; r < REPS; r++) {
+                cudaEventRecord(e0, st);
+                CK(cudaGraphLaunch(ge, st));
+                cudaEventRecord(e1, st);
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                cudaEventElapsedTime(&ms, e0, e1);
+                if (r >= 2) times.push_back(ms);
+            }
+            std::sort(times.begin(), times.end());
+            const double med_us = times[times.size() / 2] * 1e3;
+            double bytes = 0;
+            for (auto& K : KINDS) bytes += 2.0 * K.out * K.in;
+            const double floor_us = NL * bytes / ceiling * 1e6;
+            std::vector<float> out(m * 4096);
+            CK(cudaMemcpy(out.data(), yd, out.size() * 4, cudaMemcpyDeviceToHost));
+            const char* check = "";
+            if (mode == 0) {
+                ref_out = out;
+            } else {
+                check = memcmp(ref_out.data(), out.data(), out.size() * 4) == 0 ? "  output = pdl's bit for bit"
+                                                                                  : "  OUTPUT DIFFERS FROM pdl's";
+            }
+            printf("\nM=%d %-5s graph %.1f us median (%d replays), %.2f us/layer, floor %.2f us/layer, ratio %.3f%s\n", m,
+                   MODES[mode], med_us, (int)times.size(), med_us / NL, floor_us / NL, med_us / floor_us, check);
+
+            // The last replay's trace, layers 1..NL-1, per kernel kind.
+            std::vector<unsigned long long> h((size_t)NK * MAXB * 4);
+            CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
+            auto done = [&](int i) {
+                unsigned long long z = 0;
+                for (int b = 0; b < KINDS[seq[i]].blocks; b++) z = std::max(z, h[((size_t)i * MAXB + b) * 4 + 2]);
+                return z;
+            };
+            printf("  %-8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "kernel", "wait0", "wait50", "waitmax", "end50",
+                   "endmax", "tail", "floor", "share/fl");
+            for (int k = 0; k < (SMALL > 0 ? 5 : 4); k++) {
+                double acc[8] = {0};
+                int n = 0;
+                for (int i = 0; i < NK; i++) {
+                    if (layer[i] < 1 || seq[i] != k) continue;
+                    const double p = (double)done(i - 1);
+                    std::vector<double> wt, e;
+                    for (int b = 0; b < KINDS[k].blocks; b++) {
+                        const unsigned long long* t = &h[((size_t)i * MAXB + b) * 4];
+                        wt.push_back((t[1] - p) / 1e3);
+                        e.push_back((t[2] - p) / 1e3);
+                    }
+                    std::sort(wt.begin(), wt.end());
+                    std::sort(e.begin(), e.end());
+                    acc[1] += wt[0];
+                    acc[2] += wt[wt.size() / 2];
+                    acc[3] += wt.back();
+                    acc[4] += e[e.size() / 2];
+                    acc[5] += e.back();
+                    n++;
+                }
+                const double fl = 2.0 * KINDS[k].out * KINDS[k].in / ceiling * 1e6;
+                printf("  %-8s", KINDS[k].name);
+                for (int j = 1; j < 6; j++) printf(" %8.2f", acc[j] / n);
+                if (k < 4)
+                    printf(" %8.2f %8.2f %8.3f\n", (acc[5] - acc[4]) / n, fl, acc[5] / n / fl);
+                else
+                    printf(" %8.2f %8s %8s\n", (acc[5] - acc[4]) / n, "-", "-");
+            }
+            cudaGraphExecDestroy(ge);
+            cudaGraphDestroy(g);
+        }
+    }
+    printf("\nstatus %s\n", cudaGetErrorString(cudaDeviceSynchronize()));
+}
