@@ -11,7 +11,7 @@
 use crate::backend::{Captured, Deferred, DeviceTokens, Drafter, Proposal};
 use crate::config::Qwen3Config;
 use crate::cuda_graphs::StepGraphs;
-use crate::cuda_layers::{drv, gpu_err, run_layers, GpuLayer, Scratch};
+use crate::cuda_layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
 use crate::cuda_qwen3::{handoff_id, CudaQwen3, SharedCapture, SharedTokens, CHUNK};
 use crate::draft_config::{DraftConfig, MarkovKind};
 use crate::dspark::check_tensors;
@@ -21,11 +21,9 @@ use crate::safetensors::Checkpoint;
 use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
-use dspark_kernels::cuda::kv::KvCaches;
 use dspark_kernels::cuda::kv_layers::LayerCaches;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
-use dspark_kernels::KvDtype;
 use dspark_tensor::arena::Arena;
 use std::path::Path;
 use std::sync::Arc;
@@ -195,16 +193,7 @@ impl CudaDraft {
         }
         // The draft's caches take the target's element type (`--kv-cache`).
         let cache_len = (max_len + b) * kv;
-        let caches = match target.kv_dtype() {
-            KvDtype::F32 => {
-                let make = || (0..n_layers).map(|_| z(cache_len)).collect::<Result<_>>();
-                KvCaches::F32 { k: make()?, v: make()? }
-            }
-            KvDtype::Bf16 => {
-                let make = || (0..n_layers).map(|_| arena.zeros::<u16>(cache_len).map_err(drv)).collect::<Result<_>>();
-                KvCaches::Bf16 { k: make()?, v: make()? }
-            }
-        };
+        let caches = kv_caches(&arena, target.kv_dtype(), n_layers, cache_len)?;
         let ptrs = (arena.zeros::<u64>(n_layers).map_err(drv)?, arena.zeros::<u64>(n_layers).map_err(drv)?);
         let caches = LayerCaches::new(&gpu, caches, ptrs, kv).map_err(gpu_err)?;
         Ok(CudaDraft {

@@ -20,7 +20,7 @@ use crate::config::Qwen3Config;
 use crate::error::{Error, Result};
 use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaViewMut};
-use dspark_kernels::cuda::kv::LayersKv;
+use dspark_kernels::cuda::kv::{KvCaches, KvDtype, LayersKv};
 use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::{OpScratch, StepLens, WeightBuf};
 use dspark_kernels::cuda::{CudaError, Gpu};
@@ -33,6 +33,21 @@ pub(crate) fn gpu_err(e: impl Into<CudaError>) -> Error {
 
 pub(crate) fn drv(e: cudarc::driver::DriverError) -> Error {
     gpu_err(CudaError::Driver(e))
+}
+
+/// Zeroed K and V caches of `dtype` for `layers` layers, `len` values each, from the arena (the
+/// target's at load, and the draft's, which take the target's element type).
+pub(crate) fn kv_caches(arena: &Arena, dtype: KvDtype, layers: usize, len: usize) -> Result<KvCaches> {
+    Ok(match dtype {
+        KvDtype::F32 => {
+            let make = || (0..layers).map(|_| arena.zeros::<f32>(len).map_err(drv)).collect::<Result<_>>();
+            KvCaches::F32 { k: make()?, v: make()? }
+        }
+        KvDtype::Bf16 => {
+            let make = || (0..layers).map(|_| arena.zeros::<u16>(len).map_err(drv)).collect::<Result<_>>();
+            KvCaches::Bf16 { k: make()?, v: make()? }
+        }
+    })
 }
 
 /// One decoder layer on the device.

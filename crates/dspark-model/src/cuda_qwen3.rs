@@ -17,7 +17,7 @@ use crate::backend::{
 };
 use crate::config::Qwen3Config;
 use crate::cuda_graphs::StepGraphs;
-use crate::cuda_layers::{drv, gpu_err, run_layers, GpuLayer, Scratch};
+use crate::cuda_layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
 use crate::error::Result;
 use crate::safetensors::Checkpoint;
 use crate::weights::WeightSource;
@@ -127,16 +127,7 @@ impl CudaQwen3 {
         let norm = ck.vector(&arena, "model.norm.weight", &[h])?;
         let inv = arena.upload(&inv_freq(cfg.rope_theta as f32, cfg.head_dim)).map_err(drv)?;
         let (kv, n) = (cfg.kv_dim(), cfg.num_hidden_layers);
-        let caches = match kv_dtype {
-            KvDtype::F32 => {
-                let make = || (0..n).map(|_| arena.zeros::<f32>(max_len * kv).map_err(drv)).collect::<Result<_>>();
-                KvCaches::F32 { k: make()?, v: make()? }
-            }
-            KvDtype::Bf16 => {
-                let make = || (0..n).map(|_| arena.zeros::<u16>(max_len * kv).map_err(drv)).collect::<Result<_>>();
-                KvCaches::Bf16 { k: make()?, v: make()? }
-            }
-        };
+        let caches = kv_caches(&arena, kv_dtype, n, max_len * kv)?;
         let scratch = Scratch::new(&arena, &cfg, CHUNK)?;
         let step_in = arena.zeros::<u32>(2 + CHUNK).map_err(drv)?;
         let x = arena.zeros::<f32>(CHUNK * h).map_err(drv)?;

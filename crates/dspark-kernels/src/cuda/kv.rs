@@ -117,12 +117,21 @@ impl KvCaches {
         }
     }
 
-    /// Every K cache's then every V cache's (length in values, device address).
-    pub(crate) fn lens_and_addrs(&self, gpu: &Gpu) -> Vec<(usize, u64)> {
+    /// Every K cache's then every V cache's (length in values, device address), to `f` in that
+    /// order: a visit rather than a list, so the check before every draft append allocates
+    /// nothing.
+    pub(crate) fn visit_lens_and_addrs(&self, gpu: &Gpu, mut f: impl FnMut(usize, u64)) {
         match self {
-            KvCaches::F32 { k, v } => k.iter().chain(v).map(|c| (c.len(), device_addr(gpu, c))).collect(),
-            KvCaches::Bf16 { k, v } => k.iter().chain(v).map(|c| (c.len(), device_addr(gpu, c))).collect(),
+            KvCaches::F32 { k, v } => k.iter().chain(v).for_each(|c| f(c.len(), device_addr(gpu, c))),
+            KvCaches::Bf16 { k, v } => k.iter().chain(v).for_each(|c| f(c.len(), device_addr(gpu, c))),
         }
+    }
+
+    /// The same as a list.
+    pub(crate) fn lens_and_addrs(&self, gpu: &Gpu) -> Vec<(usize, u64)> {
+        let mut all = Vec::new();
+        self.visit_lens_and_addrs(gpu, |len, addr| all.push((len, addr)));
+        all
     }
 
     /// Layers of K and of V caches.

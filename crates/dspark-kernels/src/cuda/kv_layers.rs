@@ -78,7 +78,12 @@ impl LayerCaches {
 
     /// Whether every buffer is still the one whose address the kernel will read.
     fn unchanged(&self, gpu: &Gpu) -> bool {
-        self.caches.lens_and_addrs(gpu) == self.recorded
+        let (mut seen, mut same) = (0, true);
+        self.caches.visit_lens_and_addrs(gpu, |len, addr| {
+            same &= self.recorded.get(seen) == Some(&(len, addr));
+            seen += 1;
+        });
+        same && seen == self.recorded.len()
     }
 
     pub fn layers(&self) -> usize {
