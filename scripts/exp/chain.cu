@@ -46,7 +46,11 @@ __device__ __forceinline__ void chain_wait() {
     if (threadIdx.x == 0) s_tw = gtime();
 }
 #define pdl_wait() chain_wait()
+#ifdef MATVEC_FILE  // a modified copy of kernels/matvec.cu (see scripts/exp/chain_pre2.sh)
+#include MATVEC_FILE
+#else
 #include "../../kernels/matvec.cu"
+#endif
 #undef pdl_wait
 
 #include <algorithm>
@@ -270,8 +274,13 @@ int main() {
             std::vector<float> out(m * 4096);
             CK(cudaMemcpy(out.data(), yd, out.size() * 4, cudaMemcpyDeviceToHost));
             const char* check = "";
+            char sum[64] = "";
             if (mode == 0) {
                 ref_out = out;
+                unsigned long long hsh = 1469598103934665603ull;  // FNV-1a of the output bytes
+                for (size_t b = 0; b < out.size() * 4; b++) hsh = (hsh ^ ((unsigned char*)out.data())[b]) * 1099511628211ull;
+                snprintf(sum, sizeof sum, "  output fnv %016llx", hsh);
+                check = sum;
             } else {
                 check = memcmp(ref_out.data(), out.data(), out.size() * 4) == 0 ? "  output = pdl's bit for bit"
                                                                                   : "  OUTPUT DIFFERS FROM pdl's";
