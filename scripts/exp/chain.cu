@@ -1,7 +1,8 @@
 // Experiment: what a kernel boundary costs inside the decode step's matvec chain. Four
 // projections per layer (q|k|v → o → gate|up with SwiGLU → down, each reading the previous
-// one's output) over NL layers of their own weights, captured in one CUDA graph as the engine
-// does, with three ways to order the launches:
+// one's output, with the engine's RMSNorm fold in the epilogues) over NL layers of their own
+// weights, on the engine's grids, captured in one CUDA graph as the engine does, with three ways
+// to order the launches:
 //   pdl   — the engine's: every launch may start early, each block waits at griddepcontrol.wait
 //           (the primary grid complete and its memory flushed) after its first weight step;
 //   plain — no early start (stream order);
@@ -15,6 +16,8 @@
 // (A block's start time is recorded too but not shown: read as a block's first instruction it
 // came out before the previous launch had ended even in plain stream order, so it is not a
 // block's real start.) The flag and plain runs' outputs are compared bit for bit with pdl's.
+// Knobs: NL layers (12), SMALL near-empty launches between q|k|v and o (0), U2=1 (o and down
+// on the 2-chunk kernel), MATVEC_FILE at build time (a variant, scripts/exp/chain_ab.sh).
 // nvcc -arch=sm_90 -O3 -std=c++17 -I kernels scripts/exp/chain.cu -o /tmp/chain && /tmp/chain
 #include "../../kernels/common.cuh"
 
@@ -59,10 +62,23 @@ __device__ __forceinline__ void chain_wait() {
 #include <vector>
 #include <cuda_runtime.h>
 
+// The engine's RMSNorm fold (kernels/matvec.cu header): o and down add into the residual h and
+// also write h·γ and their blocks' partial sums of squares; gate|up and the next q|k|v read h·γ
+// and scale their outputs by 1/rms from those partials. It keeps the values normalised from
+// layer to layer, as in the model, and puts the epilogues' cost in the chain.
+struct Fold {
+    int acc;
+    const float* ss_in;
+    int parts;
+    const float* gamma;
+    float* xg;
+    float* ss_out;
+};
+
 template <int U, bool SW, int MINB>
 __global__ void __launch_bounds__(256, MINB)
     chain_mv(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int ks, int mode,
-             const unsigned* wait_cnt, unsigned need, unsigned* arrive, unsigned long long* tr) {
+             const unsigned* wait_cnt, unsigned need, unsigned* arrive, unsigned long long* tr, Fold f) {
     const unsigned long long t0 = gtime();
     if (threadIdx.x == 0) {
         s_mode = mode;
@@ -70,7 +86,7 @@ __global__ void __launch_bounds__(256, MINB)
         s_need = need;
     }
     __syncthreads();
-    matvec_tc<U, SW, false, false>(w, x, y, m, in, out, 0, ks, nullptr, 0, 0.f, nullptr, nullptr, nullptr,
+    matvec_tc<U, SW, false, false>(w, x, y, m, in, out, f.acc, ks, f.ss_in, f.parts, 1e-6f, f.gamma, f.xg, f.ss_out,
                                    ArgmaxOut{});
     __threadfence();
     __syncthreads();
@@ -113,13 +129,14 @@ __global__ void small_k(const float* x, float* y, int mode, const unsigned* wait
     }
 }
 
-__global__ void fill(__nv_bfloat16* w, size_t n, unsigned seed) {
+// Uniform in ±amp: amp = √(3 / in) gives each output of a projection about its input's variance.
+__global__ void fill(__nv_bfloat16* w, size_t n, unsigned seed, float amp) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         unsigned h = (unsigned)i * 2654435761u ^ seed;
         h ^= h >> 15;
         h *= 2246822519u;
         h ^= h >> 13;
-        w[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) / 32.f);
+        w[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * 2.f * amp);
     }
 }
 
@@ -147,6 +164,9 @@ int main() {
     const int NL = getenv("NL") ? atoi(getenv("NL")) : 12;
     // SMALL=n puts n small launches between each layer's q|k|v and o (the engine has three).
     const int SMALL = getenv("SMALL") ? atoi(getenv("SMALL")) : 0;
+    // U2=1 runs o and down on the 2-chunk, 3-blocks-per-SM kernel (half the weight bytes in
+    // flight per warp) instead of the engine's 4-chunk, 2-blocks-per-SM one.
+    const bool U2 = getenv("U2") && atoi(getenv("U2"));
     const int REPS = 20;
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -176,8 +196,8 @@ int main() {
         cudaFree(a);
         cudaFree(b);
     }
-    printf("copy ceiling %.0f GB/s; %d layers of q|k|v, %d small, o, gate|up, down per graph\n", ceiling / 1e9, NL,
-           SMALL);
+    printf("copy ceiling %.0f GB/s; %d layers of q|k|v, %d small, o, gate|up, down per graph%s\n", ceiling / 1e9, NL,
+           SMALL, U2 ? "; o and down on the 2-chunk kernel" : "");
 
     std::vector<__nv_bfloat16*> w(4 * NL);
     std::vector<int> seq, layer;  // kind and layer of every launch in order
@@ -191,19 +211,24 @@ int main() {
         for (int k = 0; k < 4; k++) {
             size_t n = (size_t)KINDS[k].out * KINDS[k].in;
             CK(cudaMalloc(&w[4 * l + k], n * 2));
-            fill<<<1024, 256>>>(w[4 * l + k], n, 977u * (4 * l + k) + 1);
+            const float amp = sqrtf(3.f / KINDS[k].in);
+            fill<<<1024, 256>>>(w[4 * l + k], n, 977u * (4 * l + k) + 1, amp);
         }
-    float *x0, *yq, *yo, *ya, *yd, *ys;
+    float *x0, *yq, *ya, *h, *xg, *ss, *gamma, *ys;
     CK(cudaMalloc(&ys, 2 * 64 * 4));
+    CK(cudaMalloc(&h, 8 * 4096 * 4));
+    CK(cudaMalloc(&xg, 8 * 4096 * 4));
+    CK(cudaMalloc(&ss, 8 * 256 * 4));
+    CK(cudaMalloc(&gamma, 4096 * 4));
     CK(cudaMalloc(&x0, 8 * 4096 * 4));
     CK(cudaMalloc(&yq, 8 * 6144 * 4));
-    CK(cudaMalloc(&yo, 8 * 4096 * 4));
     CK(cudaMalloc(&ya, 8 * 12288 * 4));
-    CK(cudaMalloc(&yd, 8 * 4096 * 4));
     {
         std::vector<float> h(8 * 4096);
         for (size_t i = 0; i < h.size(); i++) h[i] = ((i * 7919) % 2001) / 1000.f - 1.f;
         CK(cudaMemcpy(x0, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        std::vector<float> g(4096, 1.f);
+        CK(cudaMemcpy(gamma, g.data(), g.size() * 4, cudaMemcpyHostToDevice));
     }
     const int NK = (int)seq.size();
     unsigned* cnt;
@@ -221,12 +246,17 @@ int main() {
             cudaGraph_t g;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
             CK(cudaMemsetAsync(cnt, 0, NK * 4, st));
-            CK(cudaMemsetAsync(yd, 0, 8 * 4096 * 4, st));
+            CK(cudaMemcpyAsync(h, x0, 8 * 4096 * 4, cudaMemcpyDeviceToDevice, st));
             for (int i = 0; i < NK; i++) {
                 const int l = layer[i], k = seq[i];
                 const Kind& K = KINDS[k];
-                const float* x = k == 0 ? (l == 0 ? x0 : yd) : k == 1 ? yq : k == 2 ? yo : ya;
-                float* y = k == 0 ? yq : k == 1 ? yo : k == 2 ? ya : yd;
+                // q|k|v reads h·γ (layer 0: h itself), o its q rows, gate|up h·γ, down the SwiGLU
+                // output; o and down add into h.
+                const float* x = k == 0 ? (l == 0 ? h : xg) : k == 1 ? yq : k == 2 ? xg : ya;
+                float* y = k == 0 ? yq : k == 2 ? ya : h;
+                Fold f = {0, nullptr, 0, nullptr, nullptr, nullptr};
+                if ((k == 0 && l > 0) || k == 2) f = {0, ss, 256, nullptr, nullptr, nullptr};
+                if (k == 1 || k == 3) f = {1, nullptr, 0, gamma, xg, ss};
                 cudaLaunchConfig_t cfg = {};
                 cfg.gridDim = dim3(K.blocks);
                 cfg.blockDim = dim3(k == 4 ? 64 : 256);
@@ -243,15 +273,15 @@ int main() {
                 if (k == 4)
                     CK(cudaLaunchKernelEx(&cfg, small_k, seq[i - 1] == 4 ? ys + 64 * (i % 2) : yq,
                                           ys + 64 * ((i + 1) % 2), mode, wc, need, cnt + i, t));
-                else if (k == 0)
+                else if (k == 0 || U2 && k != 2)
                     CK(cudaLaunchKernelEx(&cfg, chain_mv<2, false, 3>, wi, x, y, m, K.in,
-                                          K.out, K.ks, mode, wc, need, cnt + i, t));
+                                          K.out, K.ks, mode, wc, need, cnt + i, t, f));
                 else if (k == 2)
                     CK(cudaLaunchKernelEx(&cfg, chain_mv<2, true, 3>, wi, x, y, m, K.in,
-                                          K.out, K.ks, mode, wc, need, cnt + i, t));
+                                          K.out, K.ks, mode, wc, need, cnt + i, t, f));
                 else
                     CK(cudaLaunchKernelEx(&cfg, chain_mv<4, false, 2>, wi, x, y, m, K.in,
-                                          K.out, K.ks, mode, wc, need, cnt + i, t));
+                                          K.out, K.ks, mode, wc, need, cnt + i, t, f));
             }
             CK(cudaStreamEndCapture(st, &g));
             cudaGraphExec_t ge;
@@ -272,14 +302,20 @@ int main() {
             for (auto& K : KINDS) bytes += 2.0 * K.out * K.in;
             const double floor_us = NL * bytes / ceiling * 1e6;
             std::vector<float> out(m * 4096);
-            CK(cudaMemcpy(out.data(), yd, out.size() * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(out.data(), h, out.size() * 4, cudaMemcpyDeviceToHost));
             const char* check = "";
-            char sum[64] = "";
+            char sum[96] = "";
             if (mode == 0) {
                 ref_out = out;
                 unsigned long long hsh = 1469598103934665603ull;  // FNV-1a of the output bytes
                 for (size_t b = 0; b < out.size() * 4; b++) hsh = (hsh ^ ((unsigned char*)out.data())[b]) * 1099511628211ull;
-                snprintf(sum, sizeof sum, "  output fnv %016llx", hsh);
+                float mx = 0.f;
+                int nan = 0;
+                for (float v : out) {
+                    nan += v != v;
+                    if (v == v) mx = fmaxf(mx, fabsf(v));
+                }
+                snprintf(sum, sizeof sum, "  output fnv %016llx, max |y| %.3g, %d NaN, y0 %.4g", hsh, mx, nan, out[0]);
                 check = sum;
             } else {
                 check = memcmp(ref_out.data(), out.data(), out.size() * 4) == 0 ? "  output = pdl's bit for bit"
