@@ -5,6 +5,7 @@ Variants (each an exact text substitution, checked to apply):
   pre2 — both register sets of weights (two steps) requested before the PDL wait, the loop's
          first refill skipped;
   xprobe — only x row 0 loaded whatever M is (wrong results; a cost probe);
+  swz  — tile groups handed to blocks in a strided order (97·b mod grid);
   rot  — each tile walks its warps' K steps starting at step (tile mod steps) and wrapping
          around, so the warps of a launch do not all read the same column range of their rows
          at the same time (a DRAM channel-balance probe; it changes the order of the sum).
@@ -33,6 +34,14 @@ VARIANTS = {
     # A probe, wrong results: only activation row 0 is loaded (and split), whatever M is — how much
     # of M = 8's extra time is the other rows' x loads and splits.
     "xprobe": [("    const bool has_x = g < m;\n", "    const bool has_x = g < min(m, 1);\n")],
+    # Block b takes tile group (97·b) mod grid instead of b, so that blocks with neighbouring
+    # indices — which land on the same SM as a launch fills in — do not read neighbouring rows.
+    "swz": [
+        ("    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n    const int g = lane >> 2",
+         "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+         "    const int bsw = (int)((97ull * blockIdx.x) % gridDim.x);\n    const int g = lane >> 2"),
+        ("blockIdx.x * tiles_per_block", "bsw * tiles_per_block"),
+    ],
 }
 
 variant, out = sys.argv[1], sys.argv[2]
