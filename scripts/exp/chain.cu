@@ -62,6 +62,31 @@ __device__ __forceinline__ void chain_wait() {
 #include <vector>
 #include <cuda_runtime.h>
 
+// Every traced kernel starts by telling chain_wait how to wait, and ends by stamping its block
+// (start, wait return, end, SM) and, in flag mode, counting itself done.
+__device__ __forceinline__ void chain_begin(int mode, const unsigned* wait_cnt, unsigned need) {
+    if (threadIdx.x == 0) {
+        s_mode = mode;
+        s_cnt = wait_cnt;
+        s_need = need;
+    }
+    __syncthreads();
+}
+__device__ __forceinline__ void chain_end(int mode, unsigned* arrive, unsigned long long* tr, unsigned long long t0) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (mode == 1) atomicAdd(arrive, 1u);
+        unsigned smid;
+        asm("mov.u32 %0, %%smid;" : "=r"(smid));
+        unsigned long long* t = tr + 4 * blockIdx.x;
+        t[0] = t0;
+        t[1] = s_tw;
+        t[2] = gtime();
+        t[3] = smid;
+    }
+}
+
 // The engine's RMSNorm fold (kernels/matvec.cu header): o and down add into the residual h and
 // also write h·γ and their blocks' partial sums of squares; gate|up and the next q|k|v read h·γ
 // and scale their outputs by 1/rms from those partials. It keeps the values normalised from
@@ -80,26 +105,10 @@ __global__ void __launch_bounds__(256, MINB)
     chain_mv(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int ks, int mode,
              const unsigned* wait_cnt, unsigned need, unsigned* arrive, unsigned long long* tr, Fold f) {
     const unsigned long long t0 = gtime();
-    if (threadIdx.x == 0) {
-        s_mode = mode;
-        s_cnt = wait_cnt;
-        s_need = need;
-    }
-    __syncthreads();
+    chain_begin(mode, wait_cnt, need);
     matvec_tc<U, SW, false, false>(w, x, y, m, in, out, f.acc, ks, f.ss_in, f.parts, 1e-6f, f.gamma, f.xg, f.ss_out,
                                    ArgmaxOut{});
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        if (mode == 1) atomicAdd(arrive, 1u);
-        unsigned smid;
-        asm("mov.u32 %0, %%smid;" : "=r"(smid));
-        unsigned long long* t = tr + 4 * blockIdx.x;
-        t[0] = t0;
-        t[1] = s_tw;
-        t[2] = gtime();
-        t[3] = smid;
-    }
+    chain_end(mode, arrive, tr, t0);
 }
 
 // A stand-in for the small kernels between q|k|v and o (RoPE/append, attention, combine): 48
@@ -108,25 +117,11 @@ __global__ void __launch_bounds__(256, MINB)
 __global__ void small_k(const float* x, float* y, int mode, const unsigned* wait_cnt, unsigned need, unsigned* arrive,
                         unsigned long long* tr) {
     const unsigned long long t0 = gtime();
-    if (threadIdx.x == 0) {
-        s_mode = mode;
-        s_cnt = wait_cnt;
-        s_need = need;
-    }
-    __syncthreads();
+    chain_begin(mode, wait_cnt, need);
     pdl_trigger();
     chain_wait();
     if (threadIdx.x == 0) y[blockIdx.x] = x[blockIdx.x] + 1.f;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        if (mode == 1) atomicAdd(arrive, 1u);
-        unsigned long long* t = tr + 4 * blockIdx.x;
-        t[0] = t0;
-        t[1] = s_tw;
-        t[2] = gtime();
-        t[3] = 0;
-    }
+    chain_end(mode, arrive, tr, t0);
 }
 
 // Uniform in ±amp: amp = √(3 / in) gives each output of a projection about its input's variance.
