@@ -17,7 +17,8 @@
 // came out before the previous launch had ended even in plain stream order, so it is not a
 // block's real start.) The flag and plain runs' outputs are compared bit for bit with pdl's.
 // Knobs: NL layers (12), SMALL near-empty launches between q|k|v and o (0), U2=1 (o and down
-// on the 2-chunk kernel), MATVEC_FILE at build time (a variant, scripts/exp/chain_ab.sh).
+// on the 2-chunk kernel), QKV4=1 (q|k|v on the 4-chunk kernel at K split 4), MATVEC_FILE at
+// build time (a variant, scripts/exp/chain_ab.sh).
 // nvcc -arch=sm_90 -O3 -std=c++17 -I kernels scripts/exp/chain.cu -o /tmp/chain && /tmp/chain
 #include "../../kernels/common.cuh"
 
@@ -162,6 +163,9 @@ int main() {
     // U2=1 runs o and down on the 2-chunk, 3-blocks-per-SM kernel (half the weight bytes in
     // flight per warp) instead of the engine's 4-chunk, 2-blocks-per-SM one.
     const bool U2 = getenv("U2") && atoi(getenv("U2"));
+    // QKV4=1 runs q|k|v on the 4-chunk, 2-blocks-per-SM kernel with K split 4 (192 blocks of two
+    // tiles) instead of the 2-chunk kernel with K split 8 (384 blocks).
+    const bool QKV4 = getenv("QKV4") && atoi(getenv("QKV4"));
     const int REPS = 20;
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -191,8 +195,8 @@ int main() {
         cudaFree(a);
         cudaFree(b);
     }
-    printf("copy ceiling %.0f GB/s; %d layers of q|k|v, %d small, o, gate|up, down per graph%s\n", ceiling / 1e9, NL,
-           SMALL, U2 ? "; o and down on the 2-chunk kernel" : "");
+    printf("copy ceiling %.0f GB/s; %d layers of q|k|v, %d small, o, gate|up, down per graph%s%s\n", ceiling / 1e9,
+           NL, SMALL, U2 ? "; o and down on the 2-chunk kernel" : "", QKV4 ? "; q|k|v on the 4-chunk kernel, K split 4" : "");
 
     std::vector<__nv_bfloat16*> w(4 * NL);
     std::vector<int> seq, layer;  // kind and layer of every launch in order
@@ -253,7 +257,7 @@ int main() {
                 if ((k == 0 && l > 0) || k == 2) f = {0, ss, 256, nullptr, nullptr, nullptr};
                 if (k == 1 || k == 3) f = {1, nullptr, 0, gamma, xg, ss};
                 cudaLaunchConfig_t cfg = {};
-                cfg.gridDim = dim3(K.blocks);
+                cfg.gridDim = dim3(QKV4 && k == 0 ? K.blocks / 2 : K.blocks);
                 cfg.blockDim = dim3(k == 4 ? 64 : 256);
                 cfg.stream = st;
                 cudaLaunchAttribute at[1];
@@ -262,12 +266,15 @@ int main() {
                 cfg.attrs = at;
                 cfg.numAttrs = 1;
                 const unsigned* wc = i > 0 ? cnt + i - 1 : nullptr;
-                const unsigned need = i > 0 ? KINDS[seq[i - 1]].blocks : 0;
+                const unsigned need = i > 0 ? (QKV4 && seq[i - 1] == 0 ? KINDS[0].blocks / 2 : KINDS[seq[i - 1]].blocks) : 0;
                 unsigned long long* t = tr + (size_t)i * MAXB * 4;
                 const __nv_bfloat16* wi = k < 4 ? w[4 * l + k] : nullptr;
                 if (k == 4)
                     CK(cudaLaunchKernelEx(&cfg, small_k, seq[i - 1] == 4 ? ys + 64 * (i % 2) : yq,
                                           ys + 64 * ((i + 1) % 2), mode, wc, need, cnt + i, t));
+                else if (k == 0 && QKV4)
+                    CK(cudaLaunchKernelEx(&cfg, chain_mv<4, false, 2>, wi, x, y, m, K.in, K.out, 4, mode, wc, need, cnt + i,
+                                          t, f));
                 else if (k == 0 || U2 && k != 2)
                     CK(cudaLaunchKernelEx(&cfg, chain_mv<2, false, 3>, wi, x, y, m, K.in,
                                           K.out, K.ks, mode, wc, need, cnt + i, t, f));
@@ -324,7 +331,8 @@ int main() {
             CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
             auto done = [&](int i) {
                 unsigned long long z = 0;
-                for (int b = 0; b < KINDS[seq[i]].blocks; b++) z = std::max(z, h[((size_t)i * MAXB + b) * 4 + 2]);
+                const int nb = QKV4 && seq[i] == 0 ? KINDS[0].blocks / 2 : KINDS[seq[i]].blocks;
+                for (int b = 0; b < nb; b++) z = std::max(z, h[((size_t)i * MAXB + b) * 4 + 2]);
                 return z;
             };
             printf("  %-8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "kernel", "wait0", "wait50", "waitmax", "end50",
@@ -336,7 +344,7 @@ int main() {
                     if (layer[i] < 1 || seq[i] != k) continue;
                     const double p = (double)done(i - 1);
                     std::vector<double> wt, e;
-                    for (int b = 0; b < KINDS[k].blocks; b++) {
+                    for (int b = 0; b < (QKV4 && k == 0 ? KINDS[0].blocks / 2 : KINDS[k].blocks); b++) {
                         const unsigned long long* t = &h[((size_t)i * MAXB + b) * 4];
                         wt.push_back((t[1] - p) / 1e3);
                         e.push_back((t[2] - p) / 1e3);
