@@ -368,8 +368,8 @@ SPLIT_KERNEL_E(4, 1, __nv_bfloat16, attention_split_q1_hd128_f32_kvbf16)
 // dim (independent loads, a quarter of the serial chain) and the four sums are added in a fixed
 // order.
 #define COMBINE_GROUPS 4
-extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml, float* out, int rows,
-                                                 int nh, int hd, const int* lens, int keys, int max_splits) {
+__device__ void attention_combine(const float* part_o, const float* part_ml, float* out, int rows, int nh, int hd,
+                                  const int* lens, int keys, int max_splits) {
     pdl_trigger();
     pdl_wait();
     const int splits = split_count(lens[1], keys, max_splits);
@@ -412,4 +412,8 @@ extern "C" __global__ void attention_combine_f32(const float* part_o, const floa
         float total = ((sacc[0][d] + sacc[1][d]) + sacc[2][d]) + sacc[3][d];
         out[(size_t)rh * hd + d] = total / sL;
     }
+}
+extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml, float* out, int rows,
+                                                 int nh, int hd, const int* lens, int keys, int max_splits) {
+    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits);
 }

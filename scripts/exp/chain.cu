@@ -16,9 +16,11 @@
 // (A block's start time is recorded too but not shown: read as a block's first instruction it
 // came out before the previous launch had ended even in plain stream order, so it is not a
 // block's real start.) The flag and plain runs' outputs are compared bit for bit with pdl's.
-// Knobs: NL layers (12), SMALL near-empty launches between q|k|v and o (0), U2=1 (o and down
-// on the 2-chunk kernel), QKV4=1 (q|k|v on the 4-chunk kernel at K split 4), MATVEC_FILE at
-// build time (a variant, scripts/exp/chain_ab.sh).
+// Knobs: NL layers (12), SMALL near-empty launches between q|k|v and o (0), ATTN=keys (the
+// engine's RoPE/append, split attention and combine between q|k|v and o, at that many cached
+// keys), POLICY=1 (gate|up and the combine without PDL in pdl mode, as the engine launches
+// them), U2=1 (o and down on the 2-chunk kernel), QKV4=1 (q|k|v on the 4-chunk kernel at K
+// split 4), MATVEC_FILE at build time (a variant, scripts/exp/chain_ab.sh).
 // nvcc -arch=sm_90 -O3 -std=c++17 -I kernels scripts/exp/chain.cu -o /tmp/chain && /tmp/chain
 #include "../../kernels/common.cuh"
 
@@ -50,6 +52,9 @@ __device__ __forceinline__ void chain_wait() {
     if (threadIdx.x == 0) s_tw = gtime();
 }
 #define pdl_wait() chain_wait()
+#include "../../kernels/rope.cu"
+#include "../../kernels/attention.cu"
+#include "../../kernels/attention_tc.cu"
 #ifdef MATVEC_FILE  // a modified copy of kernels/matvec.cu (see scripts/exp/chain_pre2.sh)
 #include MATVEC_FILE
 #else
@@ -70,6 +75,7 @@ __device__ __forceinline__ void chain_begin(int mode, const unsigned* wait_cnt, 
         s_mode = mode;
         s_cnt = wait_cnt;
         s_need = need;
+        s_tw = 0;  // stays 0 in a block that leaves before its wait (attention slices past the keys)
     }
     __syncthreads();
 }
@@ -126,6 +132,52 @@ __global__ void small_k(const float* x, float* y, int mode, const unsigned* wait
 }
 
 // Uniform in ±amp: amp = √(3 / in) gives each output of a projection about its input's variance.
+// The engine's small kernels between q|k|v and o (ATTN=keys): RoPE/append, the split attention
+// (one query per warp for one row, tensor cores for several) and the combine, each wrapped like
+// the matvec so that it is traced the same way.
+struct Attn {
+    const float *q_norm, *k_norm, *inv_freq;
+    float *q, *k_cache, *v_cache, *part_o, *part_ml, *out;
+    const int* lens;
+    int splits;
+};
+__global__ void __launch_bounds__(64) rope_k(const float* qkv, Attn a, int mode, const unsigned* wc, unsigned need,
+                                             unsigned* arrive, unsigned long long* tr) {
+    const unsigned long long t0 = gtime();
+    chain_begin(mode, wc, need);
+    qkv_rope_append<float>(qkv, a.q_norm, a.k_norm, a.inv_freq, a.q, a.k_cache, a.v_cache, 32, 8, 128, a.lens, 1e-6f);
+    chain_end(mode, arrive, tr, t0);
+}
+__global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)
+    attn1_k(int rows, Attn a, int mode, const unsigned* wc, unsigned need, unsigned* arrive, unsigned long long* tr) {
+    const unsigned long long t0 = gtime();
+    chain_begin(mode, wc, need);
+    attention_split<4, 1, float>(a.q, a.k_cache, a.v_cache, a.part_o, a.part_ml, rows, 32, 8, a.lens, 1, 32);
+    chain_end(mode, arrive, tr, t0);
+}
+__global__ void __launch_bounds__(TC_WARPS * 32, 2)
+    attntc_k(int rows, Attn a, int mode, const unsigned* wc, unsigned need, unsigned* arrive, unsigned long long* tr) {
+    const unsigned long long t0 = gtime();
+    chain_begin(mode, wc, need);
+    attention_tc<4, float>(a.q, a.k_cache, a.v_cache, a.part_o, a.part_ml, rows, 32, 8, a.lens, 1, 32);
+    chain_end(mode, arrive, tr, t0);
+}
+__global__ void __launch_bounds__(512)
+    combine_k(int rows, Attn a, int mode, const unsigned* wc, unsigned need, unsigned* arrive, unsigned long long* tr) {
+    const unsigned long long t0 = gtime();
+    chain_begin(mode, wc, need);
+    attention_combine(a.part_o, a.part_ml, a.out, rows, 32, 128, a.lens, 32, a.splits);
+    chain_end(mode, arrive, tr, t0);
+}
+
+__global__ void fill_f32(float* p, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned h = (unsigned)i * 2654435761u;
+        h ^= h >> 15;
+        p[i] = ((h & 0xffff) / 65536.f - 0.5f);
+    }
+}
+
 __global__ void fill(__nv_bfloat16* w, size_t n, unsigned seed, float amp) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         unsigned h = (unsigned)i * 2654435761u ^ seed;
@@ -140,12 +192,19 @@ struct Kind {
     const char* name;
     int out, in, ks, blocks;  // blocks = tiles / (8 / ks)
 };
-static const Kind KINDS[5] = {{"q|k|v", 6144, 4096, 8, 384},
+static const Kind KINDS[8] = {{"q|k|v", 6144, 4096, 8, 384},
                               {"o", 4096, 4096, 8, 256},
                               {"gate|up", 24576, 4096, 2, 384},
                               {"down", 4096, 12288, 8, 256},
-                              {"small", 0, 0, 0, 48}};
-static const int MAXB = 384;
+                              {"small", 0, 0, 0, 48},
+                              {"rope", 0, 0, 0, 0},
+                              {"attn", 0, 0, 0, 0},
+                              {"combine", 0, 0, 0, 0}};
+static const int MAXB = 1024;
+// The engine's key-slice plan (ops.rs split_plan) for a cache of `cap` rows: one wave of blocks.
+static int splits_for(int cap, int blocks, int slots) {
+    return std::max(1, std::min(std::min((cap + 31) / 32, std::max(slots / blocks, 1)), 128));
+}
 
 #define CK(e)                                                                          \
     do {                                                                               \
@@ -166,6 +225,22 @@ int main() {
     // QKV4=1 runs q|k|v on the 4-chunk, 2-blocks-per-SM kernel with K split 4 (192 blocks of two
     // tiles) instead of the 2-chunk kernel with K split 8 (384 blocks).
     const bool QKV4 = getenv("QKV4") && atoi(getenv("QKV4"));
+    // ATTN=keys puts the engine's RoPE/append, split attention and combine between q|k|v and o,
+    // at that many cached keys (a cache sized for 4096 + 64, as the bench's, so that most key
+    // slices exit at short contexts); o then reads the attention's output.
+    const int ATTN = getenv("ATTN") ? atoi(getenv("ATTN")) : 0;
+    const int CAP = 4096 + 64;
+    // POLICY=1: in pdl mode, gate|up and the combine start in stream order, as the engine
+    // launches them (NO_PDL in crates/dspark-kernels/src/cuda/mod.rs); NOPDL=kinds (a list of
+    // kind numbers: 0 q|k|v, 1 o, 2 gate|up, 3 down, 5 rope, 6 attention, 7 combine) instead.
+    bool no_pdl[8] = {false, false, false, false, false, false, false, false};
+    if (getenv("POLICY") && atoi(getenv("POLICY"))) no_pdl[2] = no_pdl[7] = true;
+    if (getenv("NOPDL"))
+        for (const char* c = getenv("NOPDL"); *c; c++)
+            if (*c >= '0' && *c <= '7') no_pdl[*c - '0'] = true;
+    int sms;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    const int splits1 = splits_for(CAP, 8, 4 * sms), splits_tc = splits_for(CAP, 8, 2 * sms);
     const int REPS = 20;
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -195,14 +270,21 @@ int main() {
         cudaFree(a);
         cudaFree(b);
     }
-    printf("copy ceiling %.0f GB/s; %d layers of q|k|v, %d small, o, gate|up, down per graph%s%s\n", ceiling / 1e9,
-           NL, SMALL, U2 ? "; o and down on the 2-chunk kernel" : "", QKV4 ? "; q|k|v on the 4-chunk kernel, K split 4" : "");
+    printf("copy ceiling %.0f GB/s; %d layers of q|k|v, %d small, o, gate|up, down per graph%s%s", ceiling / 1e9, NL,
+           SMALL, U2 ? "; o and down on the 2-chunk kernel" : "", QKV4 ? "; q|k|v on the 4-chunk kernel, K split 4" : "");
+    if (ATTN) printf("; RoPE/append, attention and combine at %d keys", ATTN);
+    printf("; pdl mode without PDL for kinds");
+    for (int k = 0; k < 8; k++)
+        if (no_pdl[k]) printf(" %d", k);
+    printf("\n");
 
     std::vector<__nv_bfloat16*> w(4 * NL);
     std::vector<int> seq, layer;  // kind and layer of every launch in order
     for (int l = 0; l < NL; l++) {
         seq.push_back(0);
         for (int j = 0; j < SMALL; j++) seq.push_back(4);
+        if (ATTN)
+            for (int k = 5; k < 8; k++) seq.push_back(k);
         for (int k = 1; k < 4; k++) seq.push_back(k);
         while (layer.size() < seq.size()) layer.push_back(l);
     }
@@ -230,6 +312,37 @@ int main() {
         CK(cudaMemcpy(gamma, g.data(), g.size() * 4, cudaMemcpyHostToDevice));
     }
     const int NK = (int)seq.size();
+    auto blocks_of = [&](int k, int m) {
+        if (k == 0 && QKV4) return KINDS[0].blocks / 2;
+        if (k == 5) return m * 48;
+        if (k == 6) return 8 * (m == 1 ? splits1 : splits_tc);
+        if (k == 7) return m * 32;
+        return KINDS[k].blocks;
+    };
+    Attn at_ = {};
+    {
+        float *qn, *kn, *inv, *q, *kc, *vc, *po, *pml, *out;
+        int* lens;
+        CK(cudaMalloc(&qn, 128 * 4));
+        CK(cudaMalloc(&kn, 128 * 4));
+        CK(cudaMalloc(&inv, 64 * 4));
+        CK(cudaMalloc(&q, 8 * 32 * 128 * 4));
+        CK(cudaMalloc(&kc, (size_t)CAP * 8 * 128 * 4));
+        CK(cudaMalloc(&vc, (size_t)CAP * 8 * 128 * 4));
+        CK(cudaMalloc(&po, (size_t)128 * 16 * 32 * 128 * 4));
+        CK(cudaMalloc(&pml, (size_t)128 * 16 * 32 * 2 * 4));
+        CK(cudaMalloc(&out, 8 * 4096 * 4));
+        CK(cudaMalloc(&lens, 2 * 4));
+        fill_f32<<<1024, 256>>>(kc, (size_t)CAP * 8 * 128);
+        fill_f32<<<1024, 256>>>(vc, (size_t)CAP * 8 * 128);
+        std::vector<float> ones(128, 1.f), fr(64);
+        for (int i = 0; i < 64; i++) fr[i] = powf(1e6f, -2.f * i / 128.f);
+        CK(cudaMemcpy(qn, ones.data(), 128 * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(kn, ones.data(), 128 * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(inv, fr.data(), 64 * 4, cudaMemcpyHostToDevice));
+        at_ = {qn, kn, inv, q, kc, vc, po, pml, out, lens, 0};
+    }
+    CK(cudaFuncSetAttribute(attntc_k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM(128)));
     unsigned* cnt;
     CK(cudaMalloc(&cnt, NK * 4));
     unsigned long long* tr;
@@ -240,6 +353,11 @@ int main() {
     std::vector<float> ref_out;
     for (int m : {1, 8}) {
         for (int mode : {0, 2, 1}) {
+            {
+                const int lens_h[2] = {ATTN, ATTN + m};  // first position, keys after the append
+                CK(cudaMemcpy((void*)at_.lens, lens_h, 8, cudaMemcpyHostToDevice));
+                at_.splits = m == 1 ? splits1 : splits_tc;
+            }
             // Capture the chain: a counter reset, then NK launches; layer 0 reads x0, later
             // layers the previous down's output (so the dependency runs through the whole graph).
             cudaGraph_t g;
@@ -251,25 +369,35 @@ int main() {
                 const Kind& K = KINDS[k];
                 // q|k|v reads h·γ (layer 0: h itself), o its q rows, gate|up h·γ, down the SwiGLU
                 // output; o and down add into h.
-                const float* x = k == 0 ? (l == 0 ? h : xg) : k == 1 ? yq : k == 2 ? xg : ya;
+                const float* x = k == 0 ? (l == 0 ? h : xg) : k == 1 ? (ATTN ? at_.out : yq) : k == 2 ? xg : ya;
                 float* y = k == 0 ? yq : k == 2 ? ya : h;
                 Fold f = {0, nullptr, 0, nullptr, nullptr, nullptr};
                 if ((k == 0 && l > 0) || k == 2) f = {0, ss, 256, nullptr, nullptr, nullptr};
                 if (k == 1 || k == 3) f = {1, nullptr, 0, gamma, xg, ss};
                 cudaLaunchConfig_t cfg = {};
-                cfg.gridDim = dim3(QKV4 && k == 0 ? K.blocks / 2 : K.blocks);
-                cfg.blockDim = dim3(k == 4 ? 64 : 256);
+                cfg.gridDim = k == 6 ? dim3(8, m == 1 ? splits1 : splits_tc) : dim3(blocks_of(k, m));
+                cfg.blockDim = dim3(k == 4 || k == 5 ? 64 : k == 6 ? (m == 1 ? 128 : 256) : k == 7 ? 512 : 256);
+                cfg.dynamicSmemBytes = k == 6 && m > 1 ? TC_SMEM(128) : 0;
                 cfg.stream = st;
                 cudaLaunchAttribute at[1];
                 at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                at[0].val.programmaticStreamSerializationAllowed = (mode != 2 && i > 0) ? 1 : 0;
+                at[0].val.programmaticStreamSerializationAllowed =
+                    (mode != 2 && i > 0 && !(mode == 0 && no_pdl[k])) ? 1 : 0;
                 cfg.attrs = at;
                 cfg.numAttrs = 1;
                 const unsigned* wc = i > 0 ? cnt + i - 1 : nullptr;
-                const unsigned need = i > 0 ? (QKV4 && seq[i - 1] == 0 ? KINDS[0].blocks / 2 : KINDS[seq[i - 1]].blocks) : 0;
+                const unsigned need = i > 0 ? blocks_of(seq[i - 1], m) : 0;
                 unsigned long long* t = tr + (size_t)i * MAXB * 4;
                 const __nv_bfloat16* wi = k < 4 ? w[4 * l + k] : nullptr;
-                if (k == 4)
+                if (k == 5)
+                    CK(cudaLaunchKernelEx(&cfg, rope_k, (const float*)yq, at_, mode, wc, need, cnt + i, t));
+                else if (k == 6 && m == 1)
+                    CK(cudaLaunchKernelEx(&cfg, attn1_k, m, at_, mode, wc, need, cnt + i, t));
+                else if (k == 6)
+                    CK(cudaLaunchKernelEx(&cfg, attntc_k, m, at_, mode, wc, need, cnt + i, t));
+                else if (k == 7)
+                    CK(cudaLaunchKernelEx(&cfg, combine_k, m, at_, mode, wc, need, cnt + i, t));
+                else if (k == 4)
                     CK(cudaLaunchKernelEx(&cfg, small_k, seq[i - 1] == 4 ? ys + 64 * (i % 2) : yq,
                                           ys + 64 * ((i + 1) % 2), mode, wc, need, cnt + i, t));
                 else if (k == 0 && QKV4)
@@ -302,6 +430,7 @@ int main() {
             const double med_us = times[times.size() / 2] * 1e3;
             double bytes = 0;
             for (auto& K : KINDS) bytes += 2.0 * K.out * K.in;
+            if (ATTN) bytes += 2.0 * (ATTN + m) * 8 * 128 * 4;
             const double floor_us = NL * bytes / ceiling * 1e6;
             std::vector<float> out(m * 4096);
             CK(cudaMemcpy(out.data(), h, out.size() * 4, cudaMemcpyDeviceToHost));
@@ -331,21 +460,22 @@ int main() {
             CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
             auto done = [&](int i) {
                 unsigned long long z = 0;
-                const int nb = QKV4 && seq[i] == 0 ? KINDS[0].blocks / 2 : KINDS[seq[i]].blocks;
-                for (int b = 0; b < nb; b++) z = std::max(z, h[((size_t)i * MAXB + b) * 4 + 2]);
+                for (int b = 0; b < blocks_of(seq[i], m); b++) z = std::max(z, h[((size_t)i * MAXB + b) * 4 + 2]);
                 return z;
             };
             printf("  %-8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "kernel", "wait0", "wait50", "waitmax", "end50",
                    "endmax", "tail", "floor", "share/fl");
-            for (int k = 0; k < (SMALL > 0 ? 5 : 4); k++) {
+            for (int k = 0; k < 8; k++) {
+                if (std::find(seq.begin(), seq.end(), k) == seq.end()) continue;
                 double acc[8] = {0};
                 int n = 0;
                 for (int i = 0; i < NK; i++) {
                     if (layer[i] < 1 || seq[i] != k) continue;
                     const double p = (double)done(i - 1);
                     std::vector<double> wt, e;
-                    for (int b = 0; b < (QKV4 && k == 0 ? KINDS[0].blocks / 2 : KINDS[k].blocks); b++) {
+                    for (int b = 0; b < blocks_of(k, m); b++) {
                         const unsigned long long* t = &h[((size_t)i * MAXB + b) * 4];
+                        if (t[1] == 0) continue;  // left before its wait (an attention slice past the keys)
                         wt.push_back((t[1] - p) / 1e3);
                         e.push_back((t[2] - p) / 1e3);
                     }
@@ -358,10 +488,12 @@ int main() {
                     acc[5] += e.back();
                     n++;
                 }
-                const double fl = 2.0 * KINDS[k].out * KINDS[k].in / ceiling * 1e6;
+                // The attention's floor: the K and V rows it reads (f32).
+                const double fl = k == 6 ? 2.0 * (ATTN + m) * 8 * 128 * 4 / ceiling * 1e6
+                                         : 2.0 * KINDS[k].out * KINDS[k].in / ceiling * 1e6;
                 printf("  %-8s", KINDS[k].name);
                 for (int j = 1; j < 6; j++) printf(" %8.2f", acc[j] / n);
-                if (k < 4)
+                if (k < 4 || k == 6)
                     printf(" %8.2f %8.2f %8.3f\n", (acc[5] - acc[4]) / n, fl, acc[5] / n / fl);
                 else
                     printf(" %8.2f %8s %8s\n", (acc[5] - acc[4]) / n, "-", "-");
