@@ -367,6 +367,7 @@ SPLIT_KERNEL_E(4, 1, __nv_bfloat16, attention_split_q1_hd128_f32_kvbf16)
 // computed once into shared memory; then four thread groups each sum every 4th slice for their
 // dim (independent loads, a quarter of the serial chain) and the four sums are added in a fixed
 // order.
+// The body is a device function so that scripts/exp/chain.cu can wrap and trace it.
 #define COMBINE_GROUPS 4
 __device__ void attention_combine(const float* part_o, const float* part_ml, float* out, int rows, int nh, int hd,
                                   const int* lens, int keys, int max_splits) {
