@@ -382,6 +382,120 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     }
 }
 
+// The tile-looping twin, for many short tiles: Markov W2 (151936 × 256) is 9496 tiles of 16
+// rows whose K is 8 chunks, 4 steps of a warp. matvec_tc runs them as 1187 blocks in three
+// rounds of resident blocks, each block paying its first load's round trip and its epilogue's
+// barriers for 4 steps of loads (71% of the ceiling, where lm_head's 4096-long tiles on the same
+// grid reach 98%). Here one wave of blocks (3 per SM, the host's grid) walks the tiles: warp w of
+// W takes tiles w, w + W, …, and its register double buffer runs on from one tile's last step
+// into the next tile's first, so a warp's loads stay in flight from its first step to its last.
+// K is not split, so a warp's accumulators hold its tile's whole sums and it writes the outputs
+// from its MMA fragments itself (no shared memory, no barrier), the same values as matvec_tc at
+// ksplit 1 bit for bit. The argmax variant keeps each thread's best output over all its tiles and
+// reduces once at the end (argmax_tail). No RMSNorm fold (the host passes none).
+template <bool ARGMAX>
+__device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m,
+                               int in, int out, int accumulate, const ArgmaxOut& am) {
+    constexpr int UNROLL = 2, STEP = 32 * UNROLL;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int tiles = (out + 15) / 16, nw = gridDim.x * TC_WARPS;
+    const bool has_x = g < m;
+    pdl_trigger();
+    // Cursors: the tile and first k of the next step to load (lt, lk) and to compute (ct, ck).
+    int lt = blockIdx.x * TC_WARPS + warp, lk = 0;
+    int ct = lt, ck = 0;
+    auto load = [&](uint4* va, uint4* vb) {
+        const int row0 = lt * 16;
+        const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);  // clamped: in bounds
+        const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
+        const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int k = lk + u * 32 + 8 * t;
+            if (lt < tiles && k < in) {
+                va[u] = ldg_stream(wa + k / 8);
+                vb[u] = ldg_stream(wb + k / 8);
+            } else {
+                va[u] = make_uint4(0, 0, 0, 0);
+                vb[u] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        lk += STEP;
+        if (lk >= in) {
+            lk = 0;
+            lt += nw;
+        }
+    };
+    float acc[3][4];
+#pragma unroll
+    for (int p = 0; p < 3; p++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[p][i] = 0.f;
+    float best = -INFINITY;  // ARGMAX: this thread's best output of row 0 and its index
+    uint32_t bi = 0xffffffffu;
+    // One step's multiply (x loaded for it first), then, after a tile's last step, its outputs.
+    auto step = [&](const uint4* va, const uint4* vb) {
+        float xv[UNROLL][8];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int k = ck + u * 32 + 8 * t;
+            if (has_x && k < in) {
+                load_x8(x, g, k, in, xv[u]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) xv[u][i] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            uint32_t h[4], md[4], lo[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) split3(xv[u][2 * j], xv[u][2 * j + 1], h[j], md[j], lo[j]);
+            mma_bf16(acc[0], va[u].x, vb[u].x, va[u].y, vb[u].y, h[0], h[1]);
+            mma_bf16(acc[1], va[u].x, vb[u].x, va[u].y, vb[u].y, md[0], md[1]);
+            mma_bf16(acc[2], va[u].x, vb[u].x, va[u].y, vb[u].y, lo[0], lo[1]);
+            mma_bf16(acc[0], va[u].z, vb[u].z, va[u].w, vb[u].w, h[2], h[3]);
+            mma_bf16(acc[1], va[u].z, vb[u].z, va[u].w, vb[u].w, md[2], md[3]);
+            mma_bf16(acc[2], va[u].z, vb[u].z, va[u].w, vb[u].w, lo[2], lo[3]);
+        }
+        ck += STEP;
+        if (ck < in) return;
+        // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, …); col = m. The sum is
+        // matvec_tc's at ksplit 1 (there: 0 + the one warp's part), rounding for rounding.
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int col = 2 * t + (i & 1), o = ct * 16 + g + (i >= 2 ? 8 : 0);
+            float s = 0.f;
+            s += (acc[2][i] + acc[1][i]) + acc[0][i];
+            if (col < m && o < out) {
+                const size_t idx = (size_t)col * out + o;
+                s = accumulate ? y[idx] + s : s;
+                y[idx] = s;
+                if (ARGMAX && col == 0 && better(s, (uint32_t)o, best, bi)) {
+                    best = s;
+                    bi = (uint32_t)o;
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < 3; p++) acc[p][i] = 0.f;
+        }
+        ck = 0;
+        ct += nw;
+    };
+    uint4 a0[UNROLL], b0[UNROLL], a1[UNROLL], b1[UNROLL];
+    load(a0, b0);  // weights only: in flight while the previous kernel finishes (PDL)
+    pdl_wait();
+    while (ct < tiles) {
+        load(a1, b1);
+        step(a0, b0);
+        if (ct >= tiles) break;
+        load(a0, b0);
+        step(a1, b1);
+    }
+    if constexpr (ARGMAX) argmax_tail(best, bi, am);
+}
+
 // Three shapes of the same kernel, chosen on the host so the grid fits one wave (cuda/matvec.rs
 // `tc_kernel`), all measured with `dspark bench --matvec-variants` (docs/perf.md):
 // * many tiles, or more blocks than 2 per SM (gate|up, lm_head, Markov W2, q|k|v's 384 tiles):
@@ -407,6 +521,20 @@ MATVEC_TC(matvec_tc_u4b1_bf16, 4, false, true, false, 1)
 MATVEC_TC(matvec_tc_swiglu_bf16, 2, true, false, false, 3)
 // One row; its outputs also reduced to the greedy token, whose row of a table is gathered.
 MATVEC_TC(matvec_tc_argmax_bf16, 2, false, false, true, 3)
+
+// The tile-looping twins (matvec_tc_loop): same arguments, K never split (ksplit, the norm
+// fold's and, without ARGMAX, the argmax epilogue's arguments unused).
+#define MATVEC_TC_LOOP(NAME, AM)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)                                                \
+        NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
+             const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
+             uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
+             float* am_gathered, int am_dim) {                                                                    \
+        const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
+        matvec_tc_loop<AM>(w, x, y, m, in, out, acc, am);                                                         \
+    }
+MATVEC_TC_LOOP(matvec_tc_loop_bf16, false)
+MATVEC_TC_LOOP(matvec_tc_loop_argmax_bf16, true)
 
 // Interleaved gate|up rows → act = silu(gate) ⊙ up for the general path: gu [rows, 2·inter]
 // with column 2i = gate_i, 2i+1 = up_i; act [rows, inter].

@@ -120,6 +120,54 @@ fn matvec_all_dtypes_and_qwen3_8b_shapes() {
     }
 }
 
+/// The tile-looping tensor-core kernel (`matvec_tc_loop_bf16`, taken by shapes of many short
+/// tiles such as Markov W2) against the CPU reference at 1e-5 and against the one-tile kernel at
+/// K split 1, whose sums it must reproduce bit for bit; a profile shows which kernel ran. The
+/// first shape (more tiles than one wave's warps, not a multiple of 16 rows) also runs under the
+/// sanitizers.
+#[test]
+fn tile_looping_matvec_matches_the_one_tile_kernel() {
+    let g = gpu();
+    let mut rng = Rng(41);
+    let shapes = [(3, 64, 50_993), (1, 256, 151_936), (7, 256, 151_936), (8, 1024, 60_000)];
+    for &(m, d_in, d_out) in shapes.iter().filter(|s| full_size() || s.1 <= 64) {
+        let x = rng.vec(m * d_in);
+        let (w, wf) = weight(&g, &rng.vec(d_out * d_in), "bf16");
+        let want = cpu::matmul::linear(&x, &wf, m, d_in, d_out);
+        let xd = up(&g, &x);
+        for accumulate in [false, true] {
+            let base = rng.vec(m * d_out);
+            let start = |g: &Gpu| if accumulate { up(g, &base) } else { poisoned(g, m * d_out) };
+            let (mut y, mut y1) = (start(&g), start(&g));
+            g.set_profiling(true).unwrap();
+            g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), accumulate).unwrap();
+            let ran: Vec<String> = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
+            g.set_profiling(false).unwrap();
+            assert_eq!(ran, ["matvec_tc_loop_bf16"], "{m}x{d_in}->{d_out}: kernels");
+            let shape = (m, d_in, d_out);
+            if accumulate {
+                // The variant entry writes y (no accumulate): add the base on the host, as the
+                // kernel adds its sum to y, one rounding.
+                let mut t = poisoned(&g, m * d_out);
+                g.matvec_tc_variant("matvec_tc_bf16@1", &w, &xd.as_view(), &mut t.as_view_mut(), shape).unwrap();
+                let sum: Vec<f32> = down(&g, &t).iter().zip(&base).map(|(a, b)| b + a).collect();
+                y1 = up(&g, &sum);
+            } else {
+                g.matvec_tc_variant("matvec_tc_bf16@1", &w, &xd.as_view(), &mut y1.as_view_mut(), shape).unwrap();
+            }
+            let (got, one) = (down(&g, &y), down(&g, &y1));
+            let want_y: Vec<f32> =
+                if accumulate { want.iter().zip(&base).map(|(a, b)| b + a).collect() } else { want.clone() };
+            let e = rel_err(&got, &want_y);
+            assert!(e <= 1e-5, "tile-looping matvec {m}x{d_in}->{d_out} (accumulate {accumulate}): rel err {e}");
+            assert!(
+                got == one,
+                "tile-looping matvec {m}x{d_in}->{d_out} (accumulate {accumulate}): not the one-tile kernel's bits"
+            );
+        }
+    }
+}
+
 #[test]
 fn lm_head_shape_matvec_and_argmax() {
     if !full_size() {

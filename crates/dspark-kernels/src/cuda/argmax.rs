@@ -1,8 +1,9 @@
 //! Launch wrappers of the argmax family (kernels/argmax.cu): the greedy token of logits rows
 //! on the device, the Markov chain's step that also gathers the winner's W1 row, and that step
-//! fused with the W2 product before it (`matvec_tc_argmax_bf16`, kernels/matvec.cu).
+//! fused with the W2 product before it (`matvec_tc_argmax_bf16`, or its tile-looping twin
+//! `matvec_tc_loop_argmax_bf16` for Markov W2's many short tiles; kernels/matvec.cu).
 
-use super::matvec::{addr, tc_grid, ArgmaxEpi, Epilogue};
+use super::matvec::{addr, tc_argmax_kernel, tc_launch_grid, ArgmaxEpi, Epilogue};
 use super::ops::{cfg, check, launch, wptr, OpScratch, WeightBuf, ARGMAX_ROWS, ARGMAX_SEGMENTS};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
@@ -111,7 +112,8 @@ impl Gpu {
         check("matvec_argmax x", x.len(), d_in)?;
         check("matvec_argmax logits", logits.len(), vocab)?;
         check("matvec_argmax out", out.len(), 1)?;
-        let (_, grid) = tc_grid(vocab.div_ceil(16), d_in);
+        let name = tc_argmax_kernel(vocab.div_ceil(16), d_in, self.sms);
+        let (_, grid) = tc_launch_grid(name, vocab.div_ceil(16), d_in, self.sms);
         let table_ok = gather.as_ref().is_none_or(|((t, _), _)| matches!(t, WeightBuf::Bf16(_)));
         let room = scratch.argmax_v.len().min(scratch.argmax_i.len()) >= grid && !scratch.argmax_tickets.is_empty();
         if !(self.tc_path(w, x, d_in) && table_ok && room) {
@@ -142,7 +144,7 @@ impl Gpu {
             dim,
         };
         let epi = Epilogue { argmax: Some(argmax), ..Epilogue::default() };
-        self.matvec_tc_epi("matvec_tc_argmax_bf16", w, x, logits, (1, d_in, vocab), vocab, accumulate, epi)?;
+        self.matvec_tc_epi(name, w, x, logits, (1, d_in, vocab), vocab, accumulate, epi)?;
         Ok(())
     }
 

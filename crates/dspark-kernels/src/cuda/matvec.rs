@@ -48,6 +48,45 @@ fn tc_kernel(tiles: usize, d_in: usize, sms: usize) -> &'static str {
     }
 }
 
+/// Whether a shape takes the tile-looping kernels (`matvec_tc_loop*`, kernels/matvec.cu): short
+/// tiles (K at most 1024: 16 steps of a warp) and more of them than one wave of the one-tile
+/// kernel's warps (3 blocks of 8 per SM), so that kernel would run them in several rounds of
+/// blocks, each paying a first round trip and an epilogue for a few steps of loads. Markov W2
+/// (9496 tiles of K 256) is the one such shape of Qwen3 + DSpark; lm_head's tiles are long enough
+/// (K 4096) to reach the ceiling without it.
+fn loop_fits(tiles: usize, d_in: usize, sms: usize) -> bool {
+    d_in <= 1024 && tiles > 3 * TC_WARPS * sms
+}
+
+/// The tensor-core kernel of a product with no RMSNorm fold in its epilogue: the tile-looping
+/// one where it fits, else [`tc_kernel`]'s.
+fn tc_kernel_plain(tiles: usize, d_in: usize, sms: usize) -> &'static str {
+    if loop_fits(tiles, d_in, sms) {
+        "matvec_tc_loop_bf16"
+    } else {
+        tc_kernel(tiles, d_in, sms)
+    }
+}
+
+/// The K split and grid kernel `name` launches with: one wave of 3 blocks per SM for the
+/// tile-looping kernels (no split), else [`tc_grid`].
+pub(crate) fn tc_launch_grid(name: &str, tiles: usize, d_in: usize, sms: usize) -> (usize, usize) {
+    if name.starts_with("matvec_tc_loop") {
+        (1, tiles.div_ceil(TC_WARPS).min(3 * sms))
+    } else {
+        tc_grid(tiles, d_in)
+    }
+}
+
+/// The one-row argmax twin for a shape (`matvec_tc_argmax_bf16` or its tile-looping twin).
+pub(crate) fn tc_argmax_kernel(tiles: usize, d_in: usize, sms: usize) -> &'static str {
+    if loop_fits(tiles, d_in, sms) {
+        "matvec_tc_loop_argmax_bf16"
+    } else {
+        "matvec_tc_argmax_bf16"
+    }
+}
+
 /// Extra epilogue work of one tensor-core matvec (the RMSNorm fold, see `norm_fold.rs`), as
 /// device addresses with their lengths in f32 values (checked at launch).
 #[derive(Clone, Copy, Default)]
@@ -153,7 +192,7 @@ impl Gpu {
         check("matvec y", y.len(), m * d_out)?;
         let wv = w.view(row0 * d_in..(row0 + d_out) * d_in);
         if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
-            let name = tc_kernel(d_out.div_ceil(16), d_in, self.sms);
+            let name = tc_kernel_plain(d_out.div_ceil(16), d_in, self.sms);
             self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate, None, Epilogue::default())?;
             return Ok(());
         }
@@ -190,10 +229,14 @@ impl Gpu {
         epi: Epilogue,
     ) -> CudaResult<usize> {
         let tiles = d_out.div_ceil(16);
+        let looping = name.starts_with("matvec_tc_loop");
         let (ks, grid) = match ks_override {
-            Some(ks) => (ks, tiles.div_ceil(TC_WARPS / ks)),
-            None => tc_grid(tiles, d_in),
+            Some(ks) if !looping => (ks, tiles.div_ceil(TC_WARPS / ks)),
+            _ => tc_launch_grid(name, tiles, d_in, self.sms),
         };
+        if looping && (epi.norm_in.is_some() || epi.norm_out.is_some()) {
+            return Err(CudaError::Shape(format!("{name}: the tile-looping kernel has no RMSNorm fold")));
+        }
         let WeightView::U16(wv) = wv else {
             return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
         };
@@ -354,7 +397,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{ksplit, tc_grid, tc_kernel};
+    use super::{ksplit, tc_argmax_kernel, tc_grid, tc_kernel, tc_kernel_plain, tc_launch_grid};
 
     #[test]
     fn tc_kernel_follows_the_tile_count() {
@@ -369,6 +412,23 @@ mod tests {
 
         // A smaller GPU moves o to the 3-blocks-per-SM kernel.
         assert_eq!(tc_kernel(256, 4096, 100), "matvec_tc_bf16");
+    }
+
+    #[test]
+    fn many_short_tiles_take_the_looping_kernel() {
+        // Markov W2 (9496 tiles of K 256) on 132 SMs: more tiles than 3 · 8 · 132 warps.
+        assert_eq!(tc_kernel_plain(9496, 256, 132), "matvec_tc_loop_bf16");
+        assert_eq!(tc_argmax_kernel(9496, 256, 132), "matvec_tc_loop_argmax_bf16");
+        assert_eq!(tc_launch_grid("matvec_tc_loop_bf16", 9496, 256, 132), (1, 396));
+        assert_eq!(tc_launch_grid("matvec_tc_loop_argmax_bf16", 9496, 256, 132), (1, 396));
+        // lm_head's long tiles, a product of few tiles, and one short of a wave keep their kernels.
+        assert_eq!(tc_kernel_plain(9496, 4096, 132), "matvec_tc_bf16");
+        assert_eq!(tc_argmax_kernel(9496, 4096, 132), "matvec_tc_argmax_bf16");
+        assert_eq!(tc_kernel_plain(256, 256, 132), tc_kernel(256, 256, 132));
+        assert_eq!(tc_kernel_plain(3168, 256, 132), "matvec_tc_bf16");
+        assert_eq!(tc_launch_grid("matvec_tc_bf16", 9496, 256, 132), tc_grid(9496, 256));
+        // Fewer tiles than blocks of a wave: one block per 8 tiles.
+        assert_eq!(tc_launch_grid("matvec_tc_loop_bf16", 100, 256, 132), (1, 13));
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub const MODULES: &[PtxModule] = &[
             "matvec_tc_u4b1_bf16",
             "matvec_tc_swiglu_bf16",
             "matvec_tc_argmax_bf16",
+            "matvec_tc_loop_bf16",
+            "matvec_tc_loop_argmax_bf16",
             "swiglu_pairs_f32",
         ],
     },
