@@ -1,5 +1,6 @@
 //! One step of the draft's Markov chain fused into the W2 product (`Gpu::matvec_argmax`,
-//! `matvec_tc_argmax_bf16`) against the CPU reference and against the unfused launches
+//! `matvec_tc_argmax_bf16`, or `matvec_tc_loop_argmax_bf16` for many short tiles) against the CPU
+//! reference and against the unfused launches
 //! (matvec, then argmax_gather / argmax_split). The logits must match the reference at 1e-5 and
 //! the unfused product bit for bit (the same main loop); the token must be the argmax of the
 //! logits the device wrote (highest value, lowest index on ties); the gathered row must be the
@@ -13,10 +14,11 @@ fn fused_markov_step_matches_the_unfused_launches() {
     let g = gpu();
     let mut rng = Rng(31);
     let mut sc = scratch(&g, 4, 32);
-    // (vocab, rank): a small vocabulary, one not a multiple of 16, and DSpark-8B's W2.
-    for (vocab, r) in
-        [(1000usize, 64usize), (5003, 256), (151936, 256)].into_iter().filter(|s| full_size() || s.0 < 10000)
-    {
+    // (vocab, rank): a small vocabulary, one not a multiple of 16, and two that take the
+    // tile-looping kernel (more tiles than one wave's warps): one small enough for the
+    // sanitizers, and DSpark-8B's W2.
+    let shapes = [(1000usize, 64usize), (5003, 256), (51_000, 64), (151_936, 256)];
+    for (vocab, r) in shapes.into_iter().filter(|s| full_size() || s.0 * s.1 < 4_000_000) {
         // Rows a < b of W2 equal and their base logits far above the rest: an exact tie at the
         // top, which the lower index must win.
         let (a, b) = (vocab / 3, vocab / 2);
