@@ -339,7 +339,8 @@ fn tensor_core_matvec_rows_and_swiglu_epilogue() {
 }
 
 /// The launch policy: on sm_90+ every PDL-capable kernel launches with PDL except the no-PDL
-/// list (unless the environment overrides it for an A/B run).
+/// list (unless the environment overrides it for an A/B run): the combine after the tensor-core
+/// attention and the SwiGLU matvec; the decode's combine twin is not on it.
 #[test]
 fn pdl_policy_leaves_out_the_combine_and_swiglu() {
     let g = gpu();
@@ -350,7 +351,13 @@ fn pdl_policy_leaves_out_the_combine_and_swiglu() {
     if std::env::var_os("DSPARK_NO_PDL_FOR").is_some() {
         return; // an A/B run's own list
     }
-    for name in ["matvec_tc_bf16", "matvec_tc_u4_bf16", "attention_tc_hd128_f32", "qkv_rope_append_f32"] {
+    for name in [
+        "matvec_tc_bf16",
+        "matvec_tc_u4_bf16",
+        "attention_tc_hd128_f32",
+        "qkv_rope_append_f32",
+        "attention_combine_q1_f32",
+    ] {
         assert!(g.pdl_for(name), "{name} should launch with PDL");
     }
     for name in ["attention_combine_f32", "matvec_tc_swiglu_bf16"] {

@@ -64,12 +64,13 @@ pub fn available() -> bool {
     matches!(CudaContext::device_count(), Ok(n) if n > 0)
 }
 
-/// Kernels launched without PDL (`DSPARK_NO_PDL_FOR` replaces the list; empty: none). Measured
-/// by turning PDL off for one kernel at a time (docs/perf.md): it helps every other launch, but
-/// letting the split-attention combine or the SwiGLU matvec start early cost the 8-row verify
-/// 2–5% (either alone, not additive) while decode gained nothing from it. Measured again since
-/// (docs/perf.md, 23:0x UTC): the combine on PDL now gains decode 0.7% at 512 keys and leaves
-/// the verify and the whole round within ±0.4%, so the list was kept as it is.
+/// Kernels launched without PDL (`DSPARK_NO_PDL_FOR` replaces the list; empty: none; names are
+/// matched by containment). Measured by turning PDL off for one kernel at a time (docs/perf.md):
+/// it helps every other launch, but letting the split-attention combine or the SwiGLU matvec
+/// start early cost the 8-row verify 2–5% (either alone, not additive) while decode gained
+/// nothing from it. Measured again since (docs/perf.md, 23:0x and 00:0x UTC): the combine on PDL
+/// gains decode 0.7% at 512 keys (±0 at 4096) and moves the verify by −0.3% to +0.8%, so only
+/// the decode's combine, `attention_combine_q1_f32` (not on the list), launches with PDL.
 const NO_PDL: [&str; 2] = ["attention_combine_f32", "matvec_tc_swiglu_bf16"];
 
 /// One GPU: its context, the stream every op runs on, and the loaded kernels.

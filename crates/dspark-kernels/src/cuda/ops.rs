@@ -382,7 +382,7 @@ impl Gpu {
             Some(smem) => self.launch_pdl_smem(&name, grid, 256, smem as u32, &args)?,
             None => self.launch_pdl(&name, grid, 128, &args)?,
         }
-        // attention_combine_f32(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits)
+        // attention_combine[_q1]_f32(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits)
         let args = [
             dptr(self, &scratch.attn_o),
             dptr(self, &scratch.attn_ml),
@@ -394,7 +394,9 @@ impl Gpu {
             Arg::I32(keys as i32),
             Arg::I32(splits as i32),
         ];
-        self.launch_pdl("attention_combine_f32", ((rows * n_heads) as u32, 1, 1), 4 * head_dim as u32, &args)?;
+        // After the decode kernel the combine has a twin launched with PDL (kernels/attention.cu).
+        let combine = if group_queries <= 4 { "attention_combine_q1_f32" } else { "attention_combine_f32" };
+        self.launch_pdl(combine, ((rows * n_heads) as u32, 1, 1), 4 * head_dim as u32, &args)?;
         Ok(())
     }
 

@@ -27,6 +27,7 @@ pub const MODULES: &[PtxModule] = &[
             "attention_split_q1_hd64_f32_kvbf16",
             "attention_split_q1_hd128_f32_kvbf16",
             "attention_combine_f32",
+            "attention_combine_q1_f32",
         ],
     },
     PtxModule {
