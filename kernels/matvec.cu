@@ -165,6 +165,21 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// One 32-wide k chunk of a tile: the lane's 8 consecutive k of rows g (va) and g + 8 (vb) times
+// its 8 x values, split into three bf16 parts, as six MMAs into the three part accumulators.
+// MMA 0 takes real k +0..+3, MMA 1 real k +4..+7 (see the header for the mapping).
+__device__ __forceinline__ void mma_chunk3(float (*acc)[4], const uint4& va, const uint4& vb, const float* xv) {
+    uint32_t h[4], md[4], lo[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) split3(xv[2 * j], xv[2 * j + 1], h[j], md[j], lo[j]);
+    mma_bf16(acc[0], va.x, vb.x, va.y, vb.y, h[0], h[1]);
+    mma_bf16(acc[1], va.x, vb.x, va.y, vb.y, md[0], md[1]);
+    mma_bf16(acc[2], va.x, vb.x, va.y, vb.y, lo[0], lo[1]);
+    mma_bf16(acc[0], va.z, vb.z, va.w, vb.w, h[2], h[3]);
+    mma_bf16(acc[1], va.z, vb.z, va.w, vb.w, md[2], md[3]);
+    mma_bf16(acc[2], va.z, vb.z, va.w, vb.w, lo[2], lo[3]);
+}
+
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
 __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, float* v) {
@@ -245,18 +260,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     };
     auto compute = [&](const uint4* va, const uint4* vb, float (*xv)[8]) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            uint32_t h[4], md[4], lo[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) split3(xv[u][2 * j], xv[u][2 * j + 1], h[j], md[j], lo[j]);
-            // MMA 0: real k +0..+3; MMA 1: real k +4..+7 (see the header for the mapping).
-            mma_bf16(acc[0], va[u].x, vb[u].x, va[u].y, vb[u].y, h[0], h[1]);
-            mma_bf16(acc[1], va[u].x, vb[u].x, va[u].y, vb[u].y, md[0], md[1]);
-            mma_bf16(acc[2], va[u].x, vb[u].x, va[u].y, vb[u].y, lo[0], lo[1]);
-            mma_bf16(acc[0], va[u].z, vb[u].z, va[u].w, vb[u].w, h[2], h[3]);
-            mma_bf16(acc[1], va[u].z, vb[u].z, va[u].w, vb[u].w, md[2], md[3]);
-            mma_bf16(acc[2], va[u].z, vb[u].z, va[u].w, vb[u].w, lo[2], lo[3]);
-        }
+        for (int u = 0; u < UNROLL; u++) mma_chunk3(acc, va[u], vb[u], xv[u]);
     };
     // The first step's weights are in flight while the previous kernel finishes (PDL). With XP
     // (x prefetch) each step's x is loaded with the step's weights — after the wait — so its
@@ -448,17 +452,7 @@ __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float*
             }
         }
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            uint32_t h[4], md[4], lo[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) split3(xv[u][2 * j], xv[u][2 * j + 1], h[j], md[j], lo[j]);
-            mma_bf16(acc[0], va[u].x, vb[u].x, va[u].y, vb[u].y, h[0], h[1]);
-            mma_bf16(acc[1], va[u].x, vb[u].x, va[u].y, vb[u].y, md[0], md[1]);
-            mma_bf16(acc[2], va[u].x, vb[u].x, va[u].y, vb[u].y, lo[0], lo[1]);
-            mma_bf16(acc[0], va[u].z, vb[u].z, va[u].w, vb[u].w, h[2], h[3]);
-            mma_bf16(acc[1], va[u].z, vb[u].z, va[u].w, vb[u].w, md[2], md[3]);
-            mma_bf16(acc[2], va[u].z, vb[u].z, va[u].w, vb[u].w, lo[2], lo[3]);
-        }
+        for (int u = 0; u < UNROLL; u++) mma_chunk3(acc, va[u], vb[u], xv[u]);
         ck += STEP;
         if (ck < in) return;
         // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, …); col = m. The sum is
