@@ -188,6 +188,15 @@ __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, 
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
+// Keeps the weight loads issued above it above the PDL wait that follows. ptxas (13.0, sm_90)
+// sank non-coherent loads whose results are not needed yet below `griddepcontrol.wait` in some
+// kernels though the PTX has them above: the SwiGLU and tile-looping kernels requested no weights
+// before their wait, the x-prefetch one 3 of its 8 (nvdisasm), which throws away what PDL is
+// for. A prefetch is a memory instruction ptxas does not move across the wait, and the loads
+// stay above it; its address is one the block reads anyway. The kernels whose loads stayed above
+// without it do not take it, so their machine code is unchanged.
+__device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // Streams a weight chunk past L1 (it is read once; x stays cached there) and asks L2 to fetch
 // the row's whole 256-byte block: the neighbouring 64-byte chunks belong to the same warp's
 // next chunk or to its sibling warps, so one DRAM burst serves four requests.
@@ -275,6 +284,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
         const int o = min(blockIdx.x * tiles_per_block * 16 + 32 * (int)threadIdx.x, out - 1);
         asm volatile("prefetch.global.L2 [%0];" ::"l"(gamma + o));
     }
+    if (SWIGLU || XP) anchor_loads(wa);  // the others' loads stay above the wait without it (SASS)
     pdl_wait();
     if (XP) load_x(x0, kbeg);
     for (int chunk = kbeg; chunk < kend;) {
@@ -479,6 +489,7 @@ __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float*
     };
     uint4 a0[UNROLL], b0[UNROLL], a1[UNROLL], b1[UNROLL];
     load(a0, b0);  // weights only: in flight while the previous kernel finishes (PDL)
+    anchor_loads(w + (size_t)min(blockIdx.x * TC_WARPS * 16, out - 1) * in);
     pdl_wait();
     while (ct < tiles) {
         load(a1, b1);
