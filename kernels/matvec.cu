@@ -208,6 +208,42 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
     return v;
 }
 
+// One step's weights for a lane: UNROLL 16-byte chunks of rows wa and wb (its rows g and g + 8 of
+// the tile) at k = chunk + u·stride + 8t. Lanes past kend load zeros instead of leaving: mma.sync
+// needs all 32 lanes.
+template <int UNROLL>
+__device__ __forceinline__ void load_w_step(const uint4* wa, const uint4* wb, int chunk, int stride, int kend, int t,
+                                            uint4* va, uint4* vb) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+        const int k = chunk + u * stride + 8 * t;
+        if (k < kend) {
+            va[u] = ldg_stream(wa + k / 8);
+            vb[u] = ldg_stream(wb + k / 8);
+        } else {
+            va[u] = make_uint4(0, 0, 0, 0);
+            vb[u] = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+// The same step's x: 8 consecutive k of activation row g per chunk (zeros past kend, and for the
+// lanes whose row g is past the launch's m).
+template <int UNROLL>
+__device__ __forceinline__ void load_x_step(const float* x, int g, int chunk, int stride, int kend, int in, bool has_x,
+                                            int t, float (*xv)[8]) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+        const int k = chunk + u * stride + 8 * t;
+        if (has_x && k < kend) {
+            load_x8(x, g, k, in, xv[u]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) xv[u][i] = 0.f;
+        }
+    }
+}
+
 // One block = 8 warps = 8/ksplit tiles of 16 output rows, each tile's K split over ksplit warps
 // (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many tiles need no split, few tiles need it to keep
 // enough loads in flight). A warp walks its K range in steps of UNROLL chunks, double-buffered in
@@ -242,31 +278,8 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     const int kbeg = kpart * 32, kend = in;
     const int stride = ksplit * 32;  // k between a warp's consecutive chunks
     const int step = stride * UNROLL;
-    auto load = [&](uint4* va, uint4* vb, int chunk) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            int k = chunk + u * stride + 8 * t;
-            if (k < kend) {
-                va[u] = ldg_stream(wa + k / 8);
-                vb[u] = ldg_stream(wb + k / 8);
-            } else {
-                va[u] = make_uint4(0, 0, 0, 0);
-                vb[u] = make_uint4(0, 0, 0, 0);
-            }
-        }
-    };
-    auto load_x = [&](float (*xv)[8], int chunk) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            int k = chunk + u * stride + 8 * t;
-            if (has_x && k < kend) {
-                load_x8(x, g, k, in, xv[u]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++) xv[u][i] = 0.f;
-            }
-        }
-    };
+    auto load = [&](uint4* va, uint4* vb, int chunk) { load_w_step<UNROLL>(wa, wb, chunk, stride, kend, t, va, vb); };
+    auto load_x = [&](float (*xv)[8], int chunk) { load_x_step<UNROLL>(x, g, chunk, stride, kend, in, has_x, t, xv); };
     auto compute = [&](const uint4* va, const uint4* vb, float (*xv)[8]) {
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) mma_chunk3(acc, va[u], vb[u], xv[u]);
@@ -424,17 +437,7 @@ __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float*
         const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);  // clamped: in bounds
         const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
         const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const int k = lk + u * 32 + 8 * t;
-            if (lt < tiles && k < in) {
-                va[u] = ldg_stream(wa + k / 8);
-                vb[u] = ldg_stream(wb + k / 8);
-            } else {
-                va[u] = make_uint4(0, 0, 0, 0);
-                vb[u] = make_uint4(0, 0, 0, 0);
-            }
-        }
+        load_w_step<UNROLL>(wa, wb, lk, 32, lt < tiles ? in : 0, t, va, vb);  // past the last tile: zeros
         lk += STEP;
         if (lk >= in) {
             lk = 0;
@@ -451,16 +454,7 @@ __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float*
     // One step's multiply (x loaded for it first), then, after a tile's last step, its outputs.
     auto step = [&](const uint4* va, const uint4* vb) {
         float xv[UNROLL][8];
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const int k = ck + u * 32 + 8 * t;
-            if (has_x && k < in) {
-                load_x8(x, g, k, in, xv[u]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++) xv[u][i] = 0.f;
-            }
-        }
+        load_x_step<UNROLL>(x, g, ck, 32, in, in, has_x, t, xv);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) mma_chunk3(acc, va[u], vb[u], xv[u]);
         ck += STEP;

@@ -68,10 +68,15 @@ fn tc_kernel_plain(tiles: usize, d_in: usize, sms: usize) -> &'static str {
     }
 }
 
+/// Whether `name` is one of the tile-looping kernels (grid of one wave, no K split, no norm fold).
+fn looping(name: &str) -> bool {
+    name.starts_with("matvec_tc_loop")
+}
+
 /// The K split and grid kernel `name` launches with: one wave of 3 blocks per SM for the
 /// tile-looping kernels (no split), else [`tc_grid`].
 pub(crate) fn tc_launch_grid(name: &str, tiles: usize, d_in: usize, sms: usize) -> (usize, usize) {
-    if name.starts_with("matvec_tc_loop") {
+    if looping(name) {
         (1, tiles.div_ceil(TC_WARPS).min(3 * sms))
     } else {
         tc_grid(tiles, d_in)
@@ -229,14 +234,13 @@ impl Gpu {
         epi: Epilogue,
     ) -> CudaResult<usize> {
         let tiles = d_out.div_ceil(16);
-        let looping = name.starts_with("matvec_tc_loop");
-        let (ks, grid) = match ks_override {
-            Some(ks) if !looping => (ks, tiles.div_ceil(TC_WARPS / ks)),
-            _ => tc_launch_grid(name, tiles, d_in, self.sms),
-        };
-        if looping && (epi.norm_in.is_some() || epi.norm_out.is_some()) {
-            return Err(CudaError::Shape(format!("{name}: the tile-looping kernel has no RMSNorm fold")));
+        if looping(name) && (ks_override.is_some() || epi.norm_in.is_some() || epi.norm_out.is_some()) {
+            return Err(CudaError::Shape(format!("{name}: the tile-looping kernel has no K split or RMSNorm fold")));
         }
+        let (ks, grid) = match ks_override {
+            Some(ks) => (ks, tiles.div_ceil(TC_WARPS / ks)),
+            None => tc_launch_grid(name, tiles, d_in, self.sms),
+        };
         let WeightView::U16(wv) = wv else {
             return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
         };

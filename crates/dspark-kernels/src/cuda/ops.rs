@@ -354,10 +354,11 @@ impl Gpu {
         // A block takes 4 queries (one per warp) when that is the whole group (decode); more
         // queries (verify, the draft block) go to the tensor-core kernel, 32 per block.
         let group_queries = rows * (n_heads / n_kv_heads);
-        let (name, per_block, per_sm) = if group_queries <= 4 {
-            (format!("attention_split_q1_hd{head_dim}_f32{}", kv.kernel_suffix()), 4, 4)
+        // The decode kernel's combine is a twin launched with PDL (kernels/attention.cu).
+        let (name, per_block, per_sm, combine) = if group_queries <= 4 {
+            (format!("attention_split_q1_hd{head_dim}_f32{}", kv.kernel_suffix()), 4, 4, "attention_combine_q1_f32")
         } else {
-            (format!("attention_tc_hd{head_dim}_f32{}", kv.kernel_suffix()), 32, 2)
+            (format!("attention_tc_hd{head_dim}_f32{}", kv.kernel_suffix()), 32, 2, "attention_combine_f32")
         };
         let groups = group_queries.div_ceil(per_block);
         let (splits, keys) = split_plan(kv_cap, n_kv_heads * groups, per_sm * self.sms);
@@ -394,8 +395,6 @@ impl Gpu {
             Arg::I32(keys as i32),
             Arg::I32(splits as i32),
         ];
-        // After the decode kernel the combine has a twin launched with PDL (kernels/attention.cu).
-        let combine = if group_queries <= 4 { "attention_combine_q1_f32" } else { "attention_combine_f32" };
         self.launch_pdl(combine, ((rows * n_heads) as u32, 1, 1), 4 * head_dim as u32, &args)?;
         Ok(())
     }
