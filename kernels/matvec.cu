@@ -197,6 +197,11 @@ __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, 
 // without it do not take it, so their machine code is unchanged.
 __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// A time stamp hook for scripts/exp/chain.cu (each warp's main loop done); empty in the engine.
+#ifndef MV_LOOP_MARK
+#define MV_LOOP_MARK()
+#endif
+
 // Streams a weight chunk past L1 (it is read once; x stays cached there) and asks L2 to fetch
 // the row's whole 256-byte block: the neighbouring 64-byte chunks belong to the same warp's
 // next chunk or to its sibling warps, so one DRAM burst serves four requests.
@@ -321,6 +326,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
         chunk += step;
     }
 
+    MV_LOOP_MARK();
     // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, cols 2t, 2t+1); col = m.
     __shared__ float part[TC_WARPS][16][8];
     __shared__ float inv_rms[8];

@@ -20,7 +20,10 @@
 // engine's RoPE/append, split attention and combine between q|k|v and o, at that many cached
 // keys), POLICY=1 (gate|up and the combine without PDL in pdl mode, as the engine launches
 // them), U2=1 (o and down on the 2-chunk kernel), QKV4=1 (q|k|v on the 4-chunk kernel at K
-// split 4), MATVEC_FILE at build time (a variant, scripts/exp/chain_ab.sh).
+// split 4), MATVEC_FILE at build time (a variant, scripts/exp/chain_ab.sh); with CHAIN_STAGE and a
+// MATVEC_FILE patched by matvec_stage.patch also OSM, CARVE, ACARVE, XS and XR (osm.sh, xs.sh); GPF
+// (gpf.sh); with CHAIN_ONE and matvec_one.patch, ONE=1 runs M = 1 on the one-row twins
+// (one_x0.sh). Each matvec row also gives loop50: the median block's warp 0 leaving its main loop.
 // nvcc -arch=sm_90 -O3 -std=c++17 -I kernels scripts/exp/chain.cu -o /tmp/chain && /tmp/chain
 #include "../../kernels/common.cuh"
 
@@ -52,6 +55,16 @@ __device__ __forceinline__ void chain_wait() {
     if (threadIdx.x == 0) s_tw = gtime();
 }
 #define pdl_wait() chain_wait()
+// matvec_tc's PRE stage complete (cp.async.wait_all returned) in a block's thread 0.
+__shared__ unsigned long long s_ts, s_tl;
+#define MV_LOOP_MARK()                    \
+    do {                                  \
+        if (threadIdx.x == 0) s_tl = gtime(); \
+    } while (0)
+#define MV_MARK()                         \
+    do {                                  \
+        if (threadIdx.x == 0) s_ts = gtime(); \
+    } while (0)
 #include "../../kernels/rope.cu"
 #include "../../kernels/attention.cu"
 #include "../../kernels/attention_tc.cu"
@@ -75,6 +88,8 @@ __device__ __forceinline__ void chain_begin(int mode, const unsigned* wait_cnt, 
         s_mode = mode;
         s_cnt = wait_cnt;
         s_need = need;
+        s_ts = 0;
+        s_tl = 0;
         s_tw = 0;  // stays 0 in a block that leaves before its wait (attention slices past the keys)
     }
     __syncthreads();
@@ -86,11 +101,12 @@ __device__ __forceinline__ void chain_end(int mode, unsigned* arrive, unsigned l
         if (mode == 1) atomicAdd(arrive, 1u);
         unsigned smid;
         asm("mov.u32 %0, %%smid;" : "=r"(smid));
-        unsigned long long* t = tr + 4 * blockIdx.x;
+        unsigned long long* t = tr + 5 * blockIdx.x;
         t[0] = t0;
         t[1] = s_tw;
         t[2] = gtime();
-        t[3] = smid;
+        t[3] = s_ts ? s_ts : smid;  // the stage's completion where matvec_tc staged weights (OSM)
+        t[4] = s_tl;                 // warp 0's main loop done (matvec_tc), or 0
     }
 }
 
@@ -105,16 +121,38 @@ struct Fold {
     const float* gamma;
     float* xg;
     float* ss_out;
+    // GPF: before its own work, the launch asks L2 for the first pf_segs 256-byte pieces of each
+    // of pf_rows rows (pf_in bf16 long) of another matrix (o: the same layer's gate|up).
+    const __nv_bfloat16* pf = nullptr;
+    int pf_rows = 0, pf_in = 0, pf_segs = 0, pf_el = 0;
 };
 
-template <int U, bool SW, int MINB>
+template <int U, bool SW, int MINB, int PRE = 0, bool XS = false, bool XR = false, bool ONE = false>
 __global__ void __launch_bounds__(256, MINB)
     chain_mv(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int ks, int mode,
              const unsigned* wait_cnt, unsigned need, unsigned* arrive, unsigned long long* tr, Fold f) {
     const unsigned long long t0 = gtime();
     chain_begin(mode, wait_cnt, need);
+    if (f.pf != nullptr) {
+        const int lines = f.pf_rows * f.pf_segs;
+        for (int L = blockIdx.x * blockDim.x + threadIdx.x; L < lines; L += gridDim.x * blockDim.x) {
+            const __nv_bfloat16* a = f.pf + (size_t)(L / f.pf_segs) * f.pf_in + (L % f.pf_segs) * 128;
+            if (f.pf_el)
+                asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(a));
+            else
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        }
+    }
+#if defined(CHAIN_STAGE)  // built on matvec_stage.patch (osm.sh, xs.sh): the PRE, XS and XR variants
+    matvec_tc<U, SW, false, false, PRE, XS, XR>(w, x, y, m, in, out, f.acc, ks, f.ss_in, f.parts, 1e-6f, f.gamma, f.xg,
+                                                f.ss_out, ArgmaxOut{});
+#elif defined(CHAIN_ONE)  // built on matvec_one.patch (one_x0.sh): the one-row twins
+    matvec_tc<U, SW, false, false, ONE>(w, x, y, m, in, out, f.acc, ks, f.ss_in, f.parts, 1e-6f, f.gamma, f.xg,
+                                        f.ss_out, ArgmaxOut{});
+#else
     matvec_tc<U, SW, false, false>(w, x, y, m, in, out, f.acc, ks, f.ss_in, f.parts, 1e-6f, f.gamma, f.xg, f.ss_out,
                                    ArgmaxOut{});
+#endif
     chain_end(mode, arrive, tr, t0);
 }
 
@@ -238,6 +276,40 @@ int main() {
     if (getenv("NOPDL"))
         for (const char* c = getenv("NOPDL"); *c; c++)
             if (*c >= '0' && *c <= '7') no_pdl[*c - '0'] = true;
+    // OSM=p: o stages its next p weight steps (32 KB a block each) in shared memory before its
+    // wait (matvec_tc's PRE); CARVE=percent sets that kernel's shared-memory carveout and
+    // ACARVE=percent the attention and combine kernels'.
+    const int OSM = getenv("OSM") ? atoi(getenv("OSM")) : 0;
+    const int CARVE = getenv("CARVE") ? atoi(getenv("CARVE")) : -1;
+    const int ACARVE = getenv("ACARVE") ? atoi(getenv("ACARVE")) : -1;
+    // XS=1: at M = 1 every matvec copies its x row to shared memory first (matvec_tc's XS).
+    const bool XS = getenv("XS") && atoi(getenv("XS"));
+    // XR=1: at M = 1 every matvec keeps later steps' x in the idle lanes (matvec_tc's XR).
+    const bool XR = getenv("XR") && atoi(getenv("XR"));
+    // SMEMPAD=1: at M = 1 every matvec asks for XS's shared memory without using it (what the
+    // smaller L1 and the occupancy alone cost).
+    const bool SMEMPAD = getenv("SMEMPAD") && atoi(getenv("SMEMPAD"));
+#ifndef CHAIN_STAGE
+    if (OSM || XS || XR) {
+        printf("OSM, XS and XR need the build on scripts/exp/matvec_stage.patch (-DCHAIN_STAGE; osm.sh, xs.sh)\n");
+        return 1;
+    }
+#endif
+    // GPF=s: o asks L2 for the first s 256-byte pieces of every row of the layer's gate|up before
+    // its wait (the attention window's idle HBM); GPF_EL=1 with evict_last priority.
+    const int GPF = getenv("GPF") ? atoi(getenv("GPF")) : 0;
+    // ONE=1 (a build on matvec_one.patch, -DCHAIN_ONE): M = 1 on the one-row twins (the three
+    // parts of x in three columns of one MMA) instead of the several-row kernels.
+#ifdef CHAIN_ONE
+    const bool ONE1 = getenv("ONE") && atoi(getenv("ONE"));
+#else
+    const bool ONE1 = false;
+    if (getenv("ONE") && atoi(getenv("ONE"))) {
+        printf("ONE=1 needs the build on scripts/exp/matvec_one.patch (-DCHAIN_ONE; one_x0.sh)\n");
+        return 1;
+    }
+#endif
+    const int GPF_EL = getenv("GPF_EL") ? atoi(getenv("GPF_EL")) : 0;
     int sms;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     const int splits1 = splits_for(CAP, 8, 4 * sms), splits_tc = splits_for(CAP, 8, 2 * sms);
@@ -343,10 +415,24 @@ int main() {
         at_ = {qn, kn, inv, q, kc, vc, po, pml, out, lens, 0};
     }
     CK(cudaFuncSetAttribute(attntc_k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM(128)));
+    auto osm_kernel = OSM == 1 ? chain_mv<4, false, 2, 1> : OSM == 2 ? chain_mv<4, false, 2, 2> : chain_mv<4, false, 2, 3>;
+    if (OSM) {
+        CK(cudaFuncSetAttribute(osm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, OSM * 32768));
+        if (CARVE >= 0) CK(cudaFuncSetAttribute(osm_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, CARVE));
+        printf("o stages %d steps (%d KB a block) in shared memory, carveout %d\n", OSM, OSM * 32, CARVE);
+    }
+    CK(cudaFuncSetAttribute(chain_mv<4, false, 2, 0, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 12288 * 4));
+    CK(cudaFuncSetAttribute(chain_mv<4, false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 12288 * 4));
+    if (ACARVE >= 0) {
+        CK(cudaFuncSetAttribute(attn1_k, cudaFuncAttributePreferredSharedMemoryCarveout, ACARVE));
+        CK(cudaFuncSetAttribute(attntc_k, cudaFuncAttributePreferredSharedMemoryCarveout, ACARVE));
+        CK(cudaFuncSetAttribute(combine_k, cudaFuncAttributePreferredSharedMemoryCarveout, ACARVE));
+        CK(cudaFuncSetAttribute(rope_k, cudaFuncAttributePreferredSharedMemoryCarveout, ACARVE));
+    }
     unsigned* cnt;
     CK(cudaMalloc(&cnt, NK * 4));
     unsigned long long* tr;
-    CK(cudaMalloc(&tr, (size_t)NK * MAXB * 4 * 8));
+    CK(cudaMalloc(&tr, (size_t)NK * MAXB * 5 * 8));
     CK(cudaDeviceSynchronize());
 
     const char* MODES[3] = {"pdl", "plain", "flag"};
@@ -374,10 +460,20 @@ int main() {
                 Fold f = {0, nullptr, 0, nullptr, nullptr, nullptr};
                 if ((k == 0 && l > 0) || k == 2) f = {0, ss, 256, nullptr, nullptr, nullptr};
                 if (k == 1 || k == 3) f = {1, nullptr, 0, gamma, xg, ss};
+                if (k == 1 && GPF) {
+                    f.pf = w[4 * l + 2];
+                    f.pf_rows = KINDS[2].out;
+                    f.pf_in = KINDS[2].in;
+                    f.pf_segs = GPF;
+                    f.pf_el = GPF_EL;
+                }
                 cudaLaunchConfig_t cfg = {};
                 cfg.gridDim = k == 6 ? dim3(8, m == 1 ? splits1 : splits_tc) : dim3(blocks_of(k, m));
                 cfg.blockDim = dim3(k == 4 || k == 5 ? 64 : k == 6 ? (m == 1 ? 128 : 256) : k == 7 ? 512 : 256);
-                cfg.dynamicSmemBytes = k == 6 && m > 1 ? TC_SMEM(128) : 0;
+                cfg.dynamicSmemBytes = k == 6 && m > 1 ? TC_SMEM(128) : k == 1 && OSM ? OSM * 32768 : 0;
+                const bool xs = XS && m == 1 && k < 4;
+                const bool one = ONE1 && m == 1;  // the one-row twins (CHAIN_ONE, ONE=1)
+                if (xs || (SMEMPAD && m == 1 && k < 4)) cfg.dynamicSmemBytes = K.in * 4;
                 cfg.stream = st;
                 cudaLaunchAttribute at[1];
                 at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -387,7 +483,7 @@ int main() {
                 cfg.numAttrs = 1;
                 const unsigned* wc = i > 0 ? cnt + i - 1 : nullptr;
                 const unsigned need = i > 0 ? blocks_of(seq[i - 1], m) : 0;
-                unsigned long long* t = tr + (size_t)i * MAXB * 4;
+                unsigned long long* t = tr + (size_t)i * MAXB * 5;
                 const __nv_bfloat16* wi = k < 4 ? w[4 * l + k] : nullptr;
                 if (k == 5)
                     CK(cudaLaunchKernelEx(&cfg, rope_k, (const float*)yq, at_, mode, wc, need, cnt + i, t));
@@ -403,15 +499,35 @@ int main() {
                 else if (k == 0 && QKV4)
                     CK(cudaLaunchKernelEx(&cfg, chain_mv<4, false, 2>, wi, x, y, m, K.in, K.out, 4, mode, wc, need, cnt + i,
                                           t, f));
+                else if (XR && m == 1 && (k == 0 || U2 && k != 2))
+                    CK(cudaLaunchKernelEx(&cfg, chain_mv<2, false, 3, 0, false, true>, wi, x, y, m, K.in, K.out, K.ks, mode,
+                                          wc, need, cnt + i, t, f));
+                else if (XR && m == 1 && k == 2)
+                    CK(cudaLaunchKernelEx(&cfg, chain_mv<2, true, 3, 0, false, true>, wi, x, y, m, K.in, K.out, K.ks, mode,
+                                          wc, need, cnt + i, t, f));
+                else if (XR && m == 1 && k < 4 && !(k == 1 && OSM))
+                    CK(cudaLaunchKernelEx(&cfg, chain_mv<4, false, 2, 0, false, true>, wi, x, y, m, K.in, K.out, K.ks, mode,
+                                          wc, need, cnt + i, t, f));
+                else if (xs && (k == 0 || U2 && k != 2))
+                    CK(cudaLaunchKernelEx(&cfg, chain_mv<2, false, 3, 0, true>, wi, x, y, m, K.in, K.out, K.ks, mode, wc,
+                                          need, cnt + i, t, f));
+                else if (xs && k == 2)
+                    CK(cudaLaunchKernelEx(&cfg, chain_mv<2, true, 3, 0, true>, wi, x, y, m, K.in, K.out, K.ks, mode, wc,
+                                          need, cnt + i, t, f));
+                else if (xs)
+                    CK(cudaLaunchKernelEx(&cfg, chain_mv<4, false, 2, 0, true>, wi, x, y, m, K.in, K.out, K.ks, mode, wc,
+                                          need, cnt + i, t, f));
+                else if (k == 1 && OSM)
+                    CK(cudaLaunchKernelEx(&cfg, osm_kernel, wi, x, y, m, K.in, K.out, K.ks, mode, wc, need, cnt + i, t, f));
                 else if (k == 0 || U2 && k != 2)
-                    CK(cudaLaunchKernelEx(&cfg, chain_mv<2, false, 3>, wi, x, y, m, K.in,
-                                          K.out, K.ks, mode, wc, need, cnt + i, t, f));
+                    CK(cudaLaunchKernelEx(&cfg, one ? chain_mv<2, false, 3, 0, false, false, true> : chain_mv<2, false, 3>,
+                                          wi, x, y, m, K.in, K.out, K.ks, mode, wc, need, cnt + i, t, f));
                 else if (k == 2)
-                    CK(cudaLaunchKernelEx(&cfg, chain_mv<2, true, 3>, wi, x, y, m, K.in,
-                                          K.out, K.ks, mode, wc, need, cnt + i, t, f));
+                    CK(cudaLaunchKernelEx(&cfg, one ? chain_mv<2, true, 3, 0, false, false, true> : chain_mv<2, true, 3>,
+                                          wi, x, y, m, K.in, K.out, K.ks, mode, wc, need, cnt + i, t, f));
                 else
-                    CK(cudaLaunchKernelEx(&cfg, chain_mv<4, false, 2>, wi, x, y, m, K.in,
-                                          K.out, K.ks, mode, wc, need, cnt + i, t, f));
+                    CK(cudaLaunchKernelEx(&cfg, one ? chain_mv<4, false, 2, 0, false, false, true> : chain_mv<4, false, 2>,
+                                          wi, x, y, m, K.in, K.out, K.ks, mode, wc, need, cnt + i, t, f));
             }
             CK(cudaStreamEndCapture(st, &g));
             cudaGraphExec_t ge;
@@ -456,31 +572,45 @@ int main() {
                    MODES[mode], med_us, (int)times.size(), med_us / NL, floor_us / NL, med_us / floor_us, check);
 
             // The last replay's trace, layers 1..NL-1, per kernel kind.
-            std::vector<unsigned long long> h((size_t)NK * MAXB * 4);
+            std::vector<unsigned long long> h((size_t)NK * MAXB * 5);
             CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
             auto done = [&](int i) {
                 unsigned long long z = 0;
-                for (int b = 0; b < blocks_of(seq[i], m); b++) z = std::max(z, h[((size_t)i * MAXB + b) * 4 + 2]);
+                for (int b = 0; b < blocks_of(seq[i], m); b++) z = std::max(z, h[((size_t)i * MAXB + b) * 5 + 2]);
                 return z;
             };
-            printf("  %-8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "kernel", "wait0", "wait50", "waitmax", "end50",
+            printf("  %-8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "kernel", "start50", "wait0", "wait50", "waitmax", "end50",
                    "endmax", "tail", "floor", "share/fl");
             for (int k = 0; k < 8; k++) {
                 if (std::find(seq.begin(), seq.end(), k) == seq.end()) continue;
-                double acc[8] = {0};
+                double acc[8] = {0}, lpm = 0;
                 int n = 0;
                 for (int i = 0; i < NK; i++) {
                     if (layer[i] < 1 || seq[i] != k) continue;
                     const double p = (double)done(i - 1);
-                    std::vector<double> wt, e;
+                    std::vector<double> wt, e, st0, sg, lp;
                     for (int b = 0; b < blocks_of(k, m); b++) {
-                        const unsigned long long* t = &h[((size_t)i * MAXB + b) * 4];
+                        const unsigned long long* t = &h[((size_t)i * MAXB + b) * 5];
                         if (t[1] == 0) continue;  // left before its wait (an attention slice past the keys)
+                        st0.push_back(((double)t[0] - p) / 1e3);
+                        if (t[3] > (1ull << 32)) sg.push_back(((double)t[3] - p) / 1e3);
+                        if (t[4] != 0) lp.push_back(((double)t[4] - p) / 1e3);
                         wt.push_back((t[1] - p) / 1e3);
                         e.push_back((t[2] - p) / 1e3);
                     }
                     std::sort(wt.begin(), wt.end());
                     std::sort(e.begin(), e.end());
+                    std::sort(st0.begin(), st0.end());
+                    acc[0] += st0[st0.size() / 2];
+                    if (!lp.empty()) {
+                        std::sort(lp.begin(), lp.end());
+                        lpm += lp[lp.size() / 2];
+                    }
+                    if (!sg.empty()) {
+                        std::sort(sg.begin(), sg.end());
+                        acc[6] += sg[sg.size() / 2];
+                        acc[7] += sg.back();
+                    }
                     acc[1] += wt[0];
                     acc[2] += wt[wt.size() / 2];
                     acc[3] += wt.back();
@@ -492,8 +622,12 @@ int main() {
                 const double fl = k == 6 ? 2.0 * (ATTN + m) * 8 * 128 * 4 / ceiling * 1e6
                                          : 2.0 * KINDS[k].out * KINDS[k].in / ceiling * 1e6;
                 printf("  %-8s", KINDS[k].name);
-                for (int j = 1; j < 6; j++) printf(" %8.2f", acc[j] / n);
-                if (k < 4 || k == 6)
+                for (int j = 0; j < 6; j++) printf(" %8.2f", acc[j] / n);
+                if (k < 4) printf("  loop50 %.2f", lpm / n);
+                if (k == 1 && OSM)
+                    printf(" %8.2f %8.2f %8.3f  staged median %.2f last %.2f\n", (acc[5] - acc[4]) / n, fl,
+                           acc[5] / n / fl, acc[6] / n, acc[7] / n);
+                else if (k < 4 || k == 6)
                     printf(" %8.2f %8.2f %8.3f\n", (acc[5] - acc[4]) / n, fl, acc[5] / n / fl);
                 else
                     printf(" %8.2f %8s %8s\n", (acc[5] - acc[4]) / n, "-", "-");

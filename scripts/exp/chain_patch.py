@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
-"""Writes a variant of kernels/matvec.cu for scripts/exp/chain_ab.sh: chain_patch.py VARIANT OUT.
+"""Writes a variant of kernels/matvec.cu for scripts/exp/chain_ab.sh: chain_patch.py VARIANT OUT [SRC]
+(SRC: another matvec.cu to patch, e.g. one built from matvec_stage.patch).
 
 Variants (each an exact text substitution, checked to apply):
   pre2 — both register sets of weights (two steps) requested before the PDL wait, the loop's
          first refill skipped;
   xprobe — only x row 0 loaded whatever M is (wrong results; a cost probe);
+  xfirst — each step's x requested before the next step's weights;
+  wsync — a __syncwarp after each step's weight requests (keeps them above the step's MMAs);
+  wsync2 — the same barrier after each step's weight and x requests, before its MMAs;
+  nosplit — x not split into bf16 parts (a cost probe, wrong results);
+  mma1 — one MMA per 16 k instead of three (a cost probe, wrong results);
+  one_x0 — one-row kernels with x in lane group 0 only (a cost probe, wrong results);
+  nox  — no x loaded at all (zeros; wrong results; a cost probe);
   swz  — tile groups handed to blocks in a strided order (97·b mod grid);
   rot  — each tile walks its warps' K steps starting at step (tile mod steps) and wrapping
          around, so the warps of a launch do not all read the same column range of their rows
@@ -21,19 +29,66 @@ VARIANTS = {
          "        if (chunk != kbeg) load(a1, b1, chunk + step);\n"),
     ],
     "rot": [
-        ("    auto load = [&](uint4* va, uint4* vb, int chunk) {\n",
+        ("    auto load = [&](uint4* va, uint4* vb, int chunk) { load_w_step<UNROLL>(wa, wb, chunk, stride, kend, t, va, vb); };\n",
          "    const int nst = (kend - kbeg + step - 1) / step, rot = tile % max(nst, 1);\n"
          "    const int kwrap = kbeg + nst * step, kshift = rot * step;\n"
          "    auto rotc = [&](int chunk) {  // no division per load: one compare and subtract\n"
          "        const int c = chunk + kshift;\n"
          "        return chunk >= kwrap ? chunk : c >= kwrap ? c - nst * step : c;\n"
          "    };\n"
-         "    auto load = [&](uint4* va, uint4* vb, int chunk) {\n"),
-        ("            int k = chunk + u * stride + 8 * t;\n", "            int k = rotc(chunk) + u * stride + 8 * t;\n"),
+         "    auto load = [&](uint4* va, uint4* vb, int chunk) {\n"
+         "        load_w_step<UNROLL>(wa, wb, rotc(chunk), stride, kend, t, va, vb);\n    };\n"),
     ],
     # A probe, wrong results: only activation row 0 is loaded (and split), whatever M is — how much
     # of M = 8's extra time is the other rows' x loads and splits.
     "xprobe": [("    const bool has_x = g < m;\n", "    const bool has_x = g < min(m, 1);\n")],
+    # A probe, wrong results: no activation row is loaded (x taken as zeros) — how much of a
+    # launch's time after its wait is its x loads.
+    "nox": [("    const bool has_x = g < m;\n", "    const bool has_x = false;\n")],
+    # Each step's x requested before the next step's weights, so that the x loads (L2 hits the
+    # step waits for) are not queued behind that step's weight requests (HBM misses).
+    "xfirst": [
+        ("        load(a1, b1, chunk + step);\n        if (XP) {\n            load_x(x1, chunk + step);\n"
+         "        } else {\n            load_x(x0, chunk);\n        }\n",
+         "        if (!XP) load_x(x0, chunk);\n        load(a1, b1, chunk + step);\n"
+         "        if (XP) load_x(x1, chunk + step);\n"),
+        ("        load(a0, b0, chunk + step);\n        if (XP) {\n            load_x(x0, chunk + step);\n"
+         "            compute(a1, b1, x1);\n        } else {\n            load_x(x0, chunk);\n",
+         "        if (!XP) load_x(x0, chunk);\n        load(a0, b0, chunk + step);\n        if (XP) {\n"
+         "            load_x(x0, chunk + step);\n            compute(a1, b1, x1);\n        } else {\n"),
+    ],
+    # A warp barrier after each step's weight requests, so that ptxas cannot sink them below
+    # the step's first MMA, which waits for the step's x (an L2 round trip).
+    "wsync": [
+        ("        load(a1, b1, chunk + step);\n", "        load(a1, b1, chunk + step);\n        __syncwarp();\n"),
+        ("        load(a0, b0, chunk + step);\n", "        load(a0, b0, chunk + step);\n        __syncwarp();\n"),
+    ],
+    # The same barrier after each step's weight and x requests, before its MMAs.
+    "wsync2": [
+        ("            load_x(x0, chunk);\n        }\n        compute(a0, b0, x0);\n",
+         "            load_x(x0, chunk);\n        }\n        __syncwarp();\n        compute(a0, b0, x0);\n"),
+        ("            load_x(x0, chunk);\n            compute(a1, b1, x0);\n",
+         "            load_x(x0, chunk);\n            __syncwarp();\n            compute(a1, b1, x0);\n"),
+    ],
+    # A probe, wrong results: x not split into three bf16 parts (each part the upper half of x,
+    # one byte permute a pair) — what the split's arithmetic costs the loop.
+    "nosplit": [
+        ("    float ah = __bfloat162float(__float2bfloat16_rn(a)), bh = __bfloat162float(__float2bfloat16_rn(b));\n",
+         "    hi = mid = lo = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632);\n    return;\n"
+         "    float ah = __bfloat162float(__float2bfloat16_rn(a)), bh = __bfloat162float(__float2bfloat16_rn(b));\n"),
+    ],
+    # A probe, wrong results: one MMA per 16 k (the hi part's) instead of three — what the other
+    # two parts' MMAs cost the loop.
+    "mma1": [
+        ("    mma_bf16(acc[1], va.x, vb.x, va.y, vb.y, md[0], md[1]);\n"
+         "    mma_bf16(acc[2], va.x, vb.x, va.y, vb.y, lo[0], lo[1]);\n", ""),
+        ("    mma_bf16(acc[1], va.z, vb.z, va.w, vb.w, md[2], md[3]);\n"
+         "    mma_bf16(acc[2], va.z, vb.z, va.w, vb.w, lo[2], lo[3]);\n",
+         "#pragma unroll\n    for (int j = 0; j < 4; j++) asm volatile(\"\" ::\"r\"(md[j]), \"r\"(lo[j]));  // split kept\n"),
+    ],
+    # A probe, wrong results, on matvec_one.patch's kernels (SRC): the one-row kernels with x
+    # loaded by lane group 0 only (groups 1 and 2, which pass mid and lo, get zeros).
+    "one_x0": [("    const bool has_x = ONE ? g < 3 : g < m;", "    const bool has_x = ONE ? g < 1 : g < m;")],
     # Block b takes tile group (97·b) mod grid instead of b, so that blocks with neighbouring
     # indices — which land on the same SM as a launch fills in — do not read neighbouring rows.
     "swz": [
@@ -45,6 +100,8 @@ VARIANTS = {
 }
 
 variant, out = sys.argv[1], sys.argv[2]
+if len(sys.argv) > 3:
+    SRC = sys.argv[3]
 text = open(SRC).read()
 for old, new in VARIANTS[variant]:
     n = text.count(old)
