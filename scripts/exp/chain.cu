@@ -369,13 +369,13 @@ int main() {
         }
     float *x0, *yq, *ya, *h, *xg, *ss, *gamma, *ys;
     CK(cudaMalloc(&ys, 2 * 64 * 4));
-    CK(cudaMalloc(&h, 8 * 4096 * 4));
-    CK(cudaMalloc(&xg, 8 * 4096 * 4));
+    CK(cudaMalloc(&h, 2 * 8 * 4096 * 4));  // twice: chain_patch.py presplit reads 1.5×
+    CK(cudaMalloc(&xg, 2 * 8 * 4096 * 4));
     CK(cudaMalloc(&ss, 8 * 256 * 4));
     CK(cudaMalloc(&gamma, 4096 * 4));
     CK(cudaMalloc(&x0, 8 * 4096 * 4));
-    CK(cudaMalloc(&yq, 8 * 6144 * 4));
-    CK(cudaMalloc(&ya, 8 * 12288 * 4));
+    CK(cudaMalloc(&yq, 2 * 8 * 6144 * 4));
+    CK(cudaMalloc(&ya, 2 * 8 * 12288 * 4));
     {
         std::vector<float> h(8 * 4096);
         for (size_t i = 0; i < h.size(); i++) h[i] = ((i * 7919) % 2001) / 1000.f - 1.f;
@@ -403,7 +403,7 @@ int main() {
         CK(cudaMalloc(&vc, (size_t)CAP * 8 * 128 * 4));
         CK(cudaMalloc(&po, (size_t)128 * 16 * 32 * 128 * 4));
         CK(cudaMalloc(&pml, (size_t)128 * 16 * 32 * 2 * 4));
-        CK(cudaMalloc(&out, 8 * 4096 * 4));
+        CK(cudaMalloc(&out, 2 * 8 * 4096 * 4));
         CK(cudaMalloc(&lens, 2 * 4));
         fill_f32<<<1024, 256>>>(kc, (size_t)CAP * 8 * 128);
         fill_f32<<<1024, 256>>>(vc, (size_t)CAP * 8 * 128);

@@ -12,6 +12,7 @@ Variants (each an exact text substitution, checked to apply):
   nosplit — x not split into bf16 parts (a cost probe, wrong results);
   mma1 — one MMA per 16 k instead of three (a cost probe, wrong results);
   one_x0 — one-row kernels with x in lane group 0 only (a cost probe, wrong results);
+  presplit — x read as if written pre-split by its producer (a cost probe, wrong results);
   nox  — no x loaded at all (zeros; wrong results; a cost probe);
   swz  — tile groups handed to blocks in a strided order (97·b mod grid);
   rot  — each tile walks its warps' K steps starting at step (tile mod steps) and wrapping
@@ -89,6 +90,26 @@ VARIANTS = {
     # A probe, wrong results, on matvec_one.patch's kernels (SRC): the one-row kernels with x
     # loaded by lane group 0 only (groups 1 and 2, which pass mid and lo, get zeros).
     "one_x0": [("    const bool has_x = ONE ? g < 3 : g < m;", "    const bool has_x = ONE ? g < 1 : g < m;")],
+    # A probe, wrong results: x as if its producer had written it already split (three bf16
+    # parts of every 8 values, 48 bytes, at 1.5 × the f32 offset; chain.cu's activation buffers
+    # are twice their size for it): three 16-byte loads per chunk and no split.
+    "presplit": [
+        ("float (*xv)[8]", "float (*xv)[12]"),
+        ("    float x0[UNROLL][8], x1[UNROLL][8];\n", "    float x0[UNROLL][12], x1[UNROLL][12];\n"),
+        ("        float xv[UNROLL][8];\n", "        float xv[UNROLL][12];\n"),
+        ("            for (int i = 0; i < 8; i++) xv[u][i] = 0.f;\n", "            for (int i = 0; i < 12; i++) xv[u][i] = 0.f;\n"),
+        ("    const float* p = x + (size_t)row * in + k;\n"
+         "    float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);\n"
+         "    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;\n",
+         "    const float* p = x + ((size_t)row * in + k) * 3 / 2;\n"
+         "    float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4),\n"
+         "           c = *reinterpret_cast<const float4*>(p + 8);\n"
+         "    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;\n"
+         "    v[8] = c.x; v[9] = c.y; v[10] = c.z; v[11] = c.w;\n"),
+        ("    for (int j = 0; j < 4; j++) split3(xv[2 * j], xv[2 * j + 1], h[j], md[j], lo[j]);\n",
+         "    for (int j = 0; j < 4; j++) {\n        h[j] = __float_as_uint(xv[j]);\n"
+         "        md[j] = __float_as_uint(xv[4 + j]);\n        lo[j] = __float_as_uint(xv[8 + j]);\n    }\n"),
+    ],
     # Block b takes tile group (97·b) mod grid instead of b, so that blocks with neighbouring
     # indices — which land on the same SM as a launch fills in — do not read neighbouring rows.
     "swz": [
