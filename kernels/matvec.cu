@@ -146,14 +146,20 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Splits two f32 values into hi/mid/lo bf16 pairs (x = hi + mid + lo exactly for normal x).
+// Splits two f32 values into hi/mid/lo bf16 pairs (x = hi + mid + lo exactly for normal x):
+// hi = bf16_rn(x), mid = bf16_rn(x − hi), lo = x − hi − mid. The split runs for every value of x
+// in every step of every tile, about half of a matvec loop's instructions, so it is written for
+// few conversions (slower than integer and FADD instructions): one packing conversion rounds
+// both values of a pair, and each half of the pair reads back as f32 by a shift or a mask.
+// lo needs no rounding: x has 24 significant bits, hi takes 8 and mid the next 8 (RN leaves
+// |x − hi| ≤ half an ulp of hi), so lo has at most 8 and is a bf16 value already; its upper 16
+// bits, taken by a byte permute, are it.
 __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
-    float ah = __bfloat162float(__float2bfloat16_rn(a)), bh = __bfloat162float(__float2bfloat16_rn(b));
-    float ar = a - ah, br = b - bh;
-    float am = __bfloat162float(__float2bfloat16_rn(ar)), bm = __bfloat162float(__float2bfloat16_rn(br));
-    hi = pack_bf16(ah, bh);
-    mid = pack_bf16(am, bm);
-    lo = pack_bf16(ar - am, br - bm);
+    hi = pack_bf16(a, b);  // low half bf16_rn(a), high half bf16_rn(b)
+    const float ar = a - __uint_as_float(hi << 16), br = b - __uint_as_float(hi & 0xffff0000u);
+    mid = pack_bf16(ar, br);
+    const float al = ar - __uint_as_float(mid << 16), bl = br - __uint_as_float(mid & 0xffff0000u);
+    lo = __byte_perm(__float_as_uint(al), __float_as_uint(bl), 0x7632);
 }
 
 __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
