@@ -402,6 +402,37 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::{ksplit, tc_argmax_kernel, tc_grid, tc_kernel, tc_kernel_plain, tc_launch_grid};
+    use half::bf16;
+
+    /// kernels/matvec.cu `split3`, as it was (seven conversions: every part rounded) and as it is
+    /// (two: lo taken as the upper half of its f32 bits), on the host: the parts must be the same
+    /// bits, and hi + mid + lo must be x exactly, for normal x of every exponent.
+    fn split_rounded(x: f32) -> [u16; 3] {
+        let hi = bf16::from_f32(x);
+        let r = x - hi.to_f32();
+        let mid = bf16::from_f32(r);
+        [hi.to_bits(), mid.to_bits(), bf16::from_f32(r - mid.to_f32()).to_bits()]
+    }
+    fn split_kernel(x: f32) -> [u16; 3] {
+        let hi = bf16::from_f32(x).to_bits();
+        let r = x - f32::from_bits((hi as u32) << 16);
+        let mid = bf16::from_f32(r).to_bits();
+        let l = r - f32::from_bits((mid as u32) << 16);
+        [hi, mid, (l.to_bits() >> 16) as u16]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn split3_lo_needs_no_rounding(bits in 0u32..=u32::MAX) {
+            let x = f32::from_bits(bits);
+            // Normal values whose parts stay normal (the kernel header's condition).
+            proptest::prop_assume!(x.is_normal() && x.abs() > f32::MIN_POSITIVE * 2f32.powi(20));
+            let (k, r) = (split_kernel(x), split_rounded(x));
+            proptest::prop_assert_eq!(k, r, "x = {:e}", x);
+            let sum: f64 = k.iter().map(|&p| bf16::from_bits(p).to_f32() as f64).sum();
+            proptest::prop_assert_eq!(sum, x as f64, "x = {:e}", x);
+        }
+    }
 
     #[test]
     fn tc_kernel_follows_the_tile_count() {
