@@ -72,11 +72,11 @@ VARIANTS = {
          "            load_x(x0, chunk);\n            __syncwarp();\n            compute(a1, b1, x0);\n"),
     ],
     # A probe, wrong results: x not split into three bf16 parts (each part the upper half of x,
-    # one byte permute a pair) — what the split's arithmetic costs the loop.
+    # one byte permute a pair) — what the split's arithmetic costs the loop. (Stop 18 measured it
+    # against the seven-conversion split3 that b5b9d36 replaced.)
     "nosplit": [
-        ("    float ah = __bfloat162float(__float2bfloat16_rn(a)), bh = __bfloat162float(__float2bfloat16_rn(b));\n",
-         "    hi = mid = lo = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632);\n    return;\n"
-         "    float ah = __bfloat162float(__float2bfloat16_rn(a)), bh = __bfloat162float(__float2bfloat16_rn(b));\n"),
+        ("    hi = pack_bf16(a, b);  // low half bf16_rn(a), high half bf16_rn(b)\n",
+         "    hi = mid = lo = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632);\n    return;\n"),
     ],
     # A probe, wrong results: one MMA per 16 k (the hi part's) instead of three — what the other
     # two parts' MMAs cost the loop.
