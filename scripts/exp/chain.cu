@@ -21,8 +21,8 @@
 // keys), POLICY=1 (gate|up and the combine without PDL in pdl mode, as the engine launches
 // them), U2=1 (o and down on the 2-chunk kernel), QKV4=1 (q|k|v on the 4-chunk kernel at K
 // split 4), MATVEC_FILE at build time (a variant, scripts/exp/chain_ab.sh); with CHAIN_STAGE and a
-// MATVEC_FILE patched by matvec_stage.patch also OSM, CARVE, ACARVE, XS and XR (osm.sh, xs.sh); GPF
-// (gpf.sh); with CHAIN_ONE and matvec_one.patch, ONE=1 runs M = 1 on the one-row twins
+// MATVEC_FILE patched by matvec_stage.patch also OSM, CARVE, ACARVE, XS, SMEMPAD and XR; GPF
+// (all through chain_env.sh); with CHAIN_ONE and matvec_one.patch, ONE=1 runs M = 1 on the one-row twins
 // (one_x0.sh). Each matvec row also gives loop50: the median block's warp 0 leaving its main loop.
 // nvcc -arch=sm_90 -O3 -std=c++17 -I kernels scripts/exp/chain.cu -o /tmp/chain && /tmp/chain
 #include "../../kernels/common.cuh"
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(256, MINB)
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
         }
     }
-#if defined(CHAIN_STAGE)  // built on matvec_stage.patch (osm.sh, xs.sh): the PRE, XS and XR variants
+#if defined(CHAIN_STAGE)  // built on matvec_stage.patch (chain_env.sh STAGE=1): the PRE, XS and XR variants
     matvec_tc<U, SW, false, false, PRE, XS, XR>(w, x, y, m, in, out, f.acc, ks, f.ss_in, f.parts, 1e-6f, f.gamma, f.xg,
                                                 f.ss_out, ArgmaxOut{});
 #elif defined(CHAIN_ONE)  // built on matvec_one.patch (one_x0.sh): the one-row twins
@@ -291,7 +291,7 @@ int main() {
     const bool SMEMPAD = getenv("SMEMPAD") && atoi(getenv("SMEMPAD"));
 #ifndef CHAIN_STAGE
     if (OSM || XS || XR) {
-        printf("OSM, XS and XR need the build on scripts/exp/matvec_stage.patch (-DCHAIN_STAGE; osm.sh, xs.sh)\n");
+        printf("OSM, XS and XR need the build on scripts/exp/matvec_stage.patch (-DCHAIN_STAGE; chain_env.sh STAGE=1)\n");
         return 1;
     }
 #endif
