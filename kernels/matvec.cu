@@ -40,6 +40,7 @@
 //   warp, lanes strided over k, up to 16 rows of x per launch. Prefill chunks, f16/f32
 //   checkpoints and odd shapes use it.
 #include "common.cuh"
+#include "mma_bf16.cuh"
 
 #define MAXM 16
 
@@ -141,58 +142,7 @@ __device__ void argmax_tail(float best, uint32_t bi, const ArgmaxOut& a) {
         a.gathered[i] = __bfloat162float(a.table[(size_t)token * a.dim + i]);
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// Splits two f32 values into hi/mid/lo bf16 pairs (x = hi + mid + lo exactly for normal x):
-// hi = bf16_rn(x), mid = bf16_rn(x − hi), lo = x − hi − mid. The split runs for every value of x
-// in every step of every tile, about half of a matvec loop's instructions, so it is written for
-// few conversions (slower than integer and FADD instructions): one packing conversion rounds
-// both values of a pair, and each half of the pair reads back as f32 by a shift or a mask.
-// lo needs no rounding: x has 24 significant bits, hi takes 8 and mid the next 8 (RN leaves
-// |x − hi| ≤ half an ulp of hi), so lo has at most 8 and is a bf16 value already; its upper 16
-// bits, taken by a byte permute, are it.
-__device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
-    hi = pack_bf16(a, b);  // low half bf16_rn(a), high half bf16_rn(b)
-    const float ar = a - __uint_as_float(hi << 16), br = b - __uint_as_float(hi & 0xffff0000u);
-    mid = pack_bf16(ar, br);
-    const float al = ar - __uint_as_float(mid << 16), bl = br - __uint_as_float(mid & 0xffff0000u);
-    lo = __byte_perm(__float_as_uint(al), __float_as_uint(bl), 0x7632);
-}
-
-__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// One 32-wide k chunk of a tile: the lane's 8 consecutive k of rows g (va) and g + 8 (vb) times
-// its 8 x values, split into three bf16 parts, as six MMAs into the three part accumulators.
-// MMA 0 takes real k +0..+3, MMA 1 real k +4..+7 (see the header for the mapping).
-__device__ __forceinline__ void mma_chunk3(float (*acc)[4], const uint4& va, const uint4& vb, const float* xv) {
-    uint32_t h[4], md[4], lo[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) split3(xv[2 * j], xv[2 * j + 1], h[j], md[j], lo[j]);
-    mma_bf16(acc[0], va.x, vb.x, va.y, vb.y, h[0], h[1]);
-    mma_bf16(acc[1], va.x, vb.x, va.y, vb.y, md[0], md[1]);
-    mma_bf16(acc[2], va.x, vb.x, va.y, vb.y, lo[0], lo[1]);
-    mma_bf16(acc[0], va.z, vb.z, va.w, vb.w, h[2], h[3]);
-    mma_bf16(acc[1], va.z, vb.z, va.w, vb.w, md[2], md[3]);
-    mma_bf16(acc[2], va.z, vb.z, va.w, vb.w, lo[2], lo[3]);
-}
-
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
-
-__device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, float* v) {
-    const float* p = x + (size_t)row * in + k;
-    float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
 
 // Keeps the weight loads issued above it above the PDL wait that follows. ptxas (13.0, sm_90)
 // sank non-coherent loads whose results are not needed yet below `griddepcontrol.wait` in some
@@ -207,53 +157,6 @@ __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("pref
 #ifndef MV_LOOP_MARK
 #define MV_LOOP_MARK()
 #endif
-
-// Streams a weight chunk past L1 (it is read once; x stays cached there) and asks L2 to fetch
-// the row's whole 256-byte block: the neighbouring 64-byte chunks belong to the same warp's
-// next chunk or to its sibling warps, so one DRAM burst serves four requests.
-__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
-
-// One step's weights for a lane: UNROLL 16-byte chunks of rows wa and wb (its rows g and g + 8 of
-// the tile) at k = chunk + u·stride + 8t. Lanes past kend load zeros instead of leaving: mma.sync
-// needs all 32 lanes.
-template <int UNROLL>
-__device__ __forceinline__ void load_w_step(const uint4* wa, const uint4* wb, int chunk, int stride, int kend, int t,
-                                            uint4* va, uint4* vb) {
-#pragma unroll
-    for (int u = 0; u < UNROLL; u++) {
-        const int k = chunk + u * stride + 8 * t;
-        if (k < kend) {
-            va[u] = ldg_stream(wa + k / 8);
-            vb[u] = ldg_stream(wb + k / 8);
-        } else {
-            va[u] = make_uint4(0, 0, 0, 0);
-            vb[u] = make_uint4(0, 0, 0, 0);
-        }
-    }
-}
-
-// The same step's x: 8 consecutive k of activation row g per chunk (zeros past kend, and for the
-// lanes whose row g is past the launch's m).
-template <int UNROLL>
-__device__ __forceinline__ void load_x_step(const float* x, int g, int chunk, int stride, int kend, int in, bool has_x,
-                                            int t, float (*xv)[8]) {
-#pragma unroll
-    for (int u = 0; u < UNROLL; u++) {
-        const int k = chunk + u * stride + 8 * t;
-        if (has_x && k < kend) {
-            load_x8(x, g, k, in, xv[u]);
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; i++) xv[u][i] = 0.f;
-        }
-    }
-}
 
 // One block = 8 warps = 8/ksplit tiles of 16 output rows, each tile's K split over ksplit warps
 // (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many tiles need no split, few tiles need it to keep

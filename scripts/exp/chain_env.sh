@@ -10,7 +10,8 @@
 set -euo pipefail
 d=$(mktemp -d)
 if [ "${STAGE:-0}" = 1 ]; then
-    patch -s -p1 -o "$d/matvec_stage.cu" kernels/matvec.cu <scripts/exp/matvec_stage.patch
+    python3 scripts/exp/flat_matvec.py "$d/flat.cu"
+    patch -s -p1 -o "$d/matvec_stage.cu" "$d/flat.cu" <scripts/exp/matvec_stage.patch
     nvcc -arch=sm_90 -O3 -std=c++17 -I kernels -DCHAIN_STAGE -DMATVEC_FILE="\"$d/matvec_stage.cu\"" \
         scripts/exp/chain.cu -o "$d/chain"
 else

@@ -21,7 +21,7 @@ Variants (each an exact text substitution, checked to apply):
 """
 import sys
 
-SRC = "kernels/matvec.cu"
+SRC = None  # default: kernels/matvec.cu with mma_bf16.cuh inlined (flat_matvec.py)
 VARIANTS = {
     "pre2": [
         ("    load(a0, b0, kbeg);\n",
@@ -123,6 +123,10 @@ VARIANTS = {
 variant, out = sys.argv[1], sys.argv[2]
 if len(sys.argv) > 3:
     SRC = sys.argv[3]
+if SRC is None:
+    import subprocess, tempfile
+    SRC = tempfile.mktemp(suffix=".cu")
+    subprocess.run([sys.executable, "scripts/exp/flat_matvec.py", SRC], check=True)
 text = open(SRC).read()
 for old, new in VARIANTS[variant]:
     n = text.count(old)

@@ -5,7 +5,8 @@
 # Run from the repository root on the GPU: bash scripts/exp/nox_probe.sh
 set -euo pipefail
 d=$(mktemp -d)
-patch -s -p1 -o "$d/mv.cu" kernels/matvec.cu <scripts/exp/matvec_stage.patch
+python3 scripts/exp/flat_matvec.py "$d/flat.cu"
+patch -s -p1 -o "$d/mv.cu" "$d/flat.cu" <scripts/exp/matvec_stage.patch
 python3 scripts/exp/chain_patch.py nox "$d/mv_nox.cu" "$d/mv.cu"
 nvcc -arch=sm_90 -O3 -std=c++17 -I kernels -DCHAIN_STAGE -DMATVEC_FILE="\"$d/mv.cu\"" scripts/exp/chain.cu -o "$d/chain" &
 nvcc -arch=sm_90 -O3 -std=c++17 -I kernels -DCHAIN_STAGE -DMATVEC_FILE="\"$d/mv_nox.cu\"" scripts/exp/chain.cu -o "$d/chain_nox"

@@ -5,7 +5,8 @@
 # Run from the repository root on the GPU: bash scripts/exp/one_x0.sh
 set -euo pipefail
 d=$(mktemp -d)
-patch -s -p1 -o "$d/one.cu" kernels/matvec.cu <scripts/exp/matvec_one.patch
+python3 scripts/exp/flat_matvec.py "$d/flat.cu"
+patch -s -p1 -o "$d/one.cu" "$d/flat.cu" <scripts/exp/matvec_one.patch
 python3 scripts/exp/chain_patch.py one_x0 "$d/ox.cu" "$d/one.cu"
 nvcc -arch=sm_90 -O3 -std=c++17 -I kernels -DCHAIN_ONE -DMATVEC_FILE="\"$d/one.cu\"" scripts/exp/chain.cu -o $d/chain &
 nvcc -arch=sm_90 -O3 -std=c++17 -I kernels -DCHAIN_ONE -DMATVEC_FILE="\"$d/ox.cu\"" scripts/exp/chain.cu -o $d/chain_ox

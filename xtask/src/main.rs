@@ -295,7 +295,16 @@ fn ptx() -> Result<()> {
     }
     let out_dir = root.join("crates/dspark-kernels/ptx");
     std::fs::create_dir_all(&out_dir)?;
-    let common = std::fs::read(root.join("kernels/common.cuh"))?;
+    // Every header, in name order, goes into each module's source hash (ptx_fresh.rs does the same).
+    let mut headers: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
+        .collect();
+    headers.sort();
+    let mut common = Vec::new();
+    for h in &headers {
+        common.extend_from_slice(&std::fs::read(h)?);
+    }
     let mut sources: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "cu"))

@@ -1,6 +1,7 @@
 //! The committed PTX is generated code: it must come from the current `kernels/*.cu`.
-//! Each PTX file's first line records the SHA-256 of `kernels/common.cuh` followed by its
-//! source; this plain test recomputes it, so editing a kernel without `cargo xtask ptx` fails.
+//! Each PTX file's first line records the SHA-256 of every `kernels/*.cuh` (in name order)
+//! followed by its source; this plain test recomputes it, so editing a kernel or a header
+//! without `cargo xtask ptx` fails.
 
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
@@ -8,7 +9,13 @@ use std::path::PathBuf;
 #[test]
 fn committed_ptx_matches_kernel_sources() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let common = std::fs::read(root.join("kernels/common.cuh")).unwrap();
+    let mut headers: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
+        .collect();
+    headers.sort();
+    let common: Vec<u8> = headers.iter().flat_map(|h| std::fs::read(h).unwrap()).collect();
     let mut sources: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))
         .unwrap()
         .map(|e| e.unwrap().path())
