@@ -4,24 +4,25 @@
 //! without `cargo xtask ptx` fails.
 
 use sha2::{Digest, Sha256};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The files of `dir` with extension `ext`, in name order.
+fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    v.sort();
+    v
+}
 
 #[test]
 fn committed_ptx_matches_kernel_sources() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut headers: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
-        .collect();
-    headers.sort();
-    let common: Vec<u8> = headers.iter().flat_map(|h| std::fs::read(h).unwrap()).collect();
-    let mut sources: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .collect();
-    sources.sort();
+    let kernels = root.join("kernels");
+    let common: Vec<u8> = files(&kernels, "cuh").iter().flat_map(|h| std::fs::read(h).unwrap()).collect();
+    let sources = files(&kernels, "cu");
     assert!(!sources.is_empty());
     let mut stale = Vec::new();
     for src in &sources {
