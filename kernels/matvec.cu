@@ -165,7 +165,7 @@ __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("pref
 // in flight instead of idling through each round trip. SWIGLU: W's rows interleave gate and up
 // (row 2i = gate_i, 2i+1 = up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to
 // y [m, out/2] instead.
-template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX>
+template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0>
 __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
                           int out, int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
                           const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am) {
@@ -203,14 +203,41 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     // latency hides behind the step before; that needs a second set of x registers and only
     // pays where the register file is not shared (measured: k/v_proj 6.97 → 6.27 µs on the
     // 1-block-per-SM kernel; decode +3% when the 2- and 3-blocks-per-SM kernels did it too).
+    // A norm producer's epilogue reads γ of its rows: ask L2 for them (no register held).
+    auto prefetch_gamma = [&]() {
+        if (!SWIGLU && gamma != nullptr && threadIdx.x < tiles_per_block * 16 / 32 + 1) {
+            const int o = min(blockIdx.x * tiles_per_block * 16 + 32 * (int)threadIdx.x, out - 1);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(gamma + o));
+        }
+    };
+    if constexpr (HOLD > 0) {
+        // HOLD: the warp's whole K range (at most HOLD steps; the host checks) is requested
+        // before the PDL wait and held in registers, so after the wait only x's round trip is
+        // left: a few-tile launch (one layer's k or v, 16 KB a warp) is a chain of round trips
+        // in the double-buffered loop. x goes a step ahead, as with XP. Same chunks, same MMAs in
+        // the same order as the loop: the same sums bit for bit.
+        uint4 ha[HOLD][UNROLL], hb[HOLD][UNROLL];
+#pragma unroll
+        for (int s = 0; s < HOLD; s++) load(ha[s], hb[s], kbeg + s * step);
+        prefetch_gamma();
+        anchor_loads(wa);
+        pdl_wait();
+        float x0[UNROLL][8], x1[UNROLL][8];
+        load_x(x0, kbeg);
+#pragma unroll
+        for (int s = 0; s < HOLD; s += 2) {
+            if (kbeg + s * step >= kend) break;
+            if (s + 1 < HOLD) load_x(x1, kbeg + (s + 1) * step);
+            compute(ha[s], hb[s], x0);
+            if (s + 1 >= HOLD || kbeg + (s + 1) * step >= kend) break;
+            if (s + 2 < HOLD) load_x(x0, kbeg + (s + 2) * step);
+            compute(ha[s + 1], hb[s + 1], x1);
+        }
+    } else {
     uint4 a0[UNROLL], b0[UNROLL], a1[UNROLL], b1[UNROLL];
     float x0[UNROLL][8], x1[UNROLL][8];
     load(a0, b0, kbeg);
-    // A norm producer's epilogue reads γ of its rows: ask L2 for them now (no register held).
-    if (!SWIGLU && gamma != nullptr && threadIdx.x < tiles_per_block * 16 / 32 + 1) {
-        const int o = min(blockIdx.x * tiles_per_block * 16 + 32 * (int)threadIdx.x, out - 1);
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(gamma + o));
-    }
+    prefetch_gamma();
     if (SWIGLU || XP) anchor_loads(wa);  // the others' loads stay above the wait without it (SASS)
     pdl_wait();
     if (XP) load_x(x0, kbeg);
@@ -233,6 +260,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
             compute(a1, b1, x0);
         }
         chunk += step;
+    }
     }
 
     MV_LOOP_MARK();
@@ -416,21 +444,26 @@ __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float*
 //   2 chunks per step at 3 blocks per SM;
 // * K split over all 8 warps in at most 2 blocks per SM (o, down, fc): 4 chunks per step;
 // * no more blocks than SMs (one layer's k|v alone): 4 chunks per step with the register file to
-//   itself, x prefetched a step ahead.
+//   itself, x prefetched a step ahead; where a warp's K range is at most 4 steps (K ≤ 4096 at
+//   split 8) all of it is requested before the PDL wait and held (`_u4b1h`, 240 registers):
+//   1024 × 4096 at M = 7 took 5.0–5.1 µs a call against 5.4 replayed from a graph.
 // The argmax variant (one row, the draft's Markov step) is the first shape with the argmax
 // epilogue. Every variant takes the argmax epilogue's arguments (null and unused in the others).
-#define MATVEC_TC(NAME, U, SW, XP, AM, MINB)                                                                    \
+#define MATVEC_TC_H(NAME, U, SW, XP, AM, MINB, HOLD)                                                            \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
              uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
              float* am_gathered, int am_dim) {                                                                    \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, XP, AM>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, am);     \
+        matvec_tc<U, SW, XP, AM, HOLD>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, am); \
     }
+#define MATVEC_TC(NAME, U, SW, XP, AM, MINB) MATVEC_TC_H(NAME, U, SW, XP, AM, MINB, 0)
 MATVEC_TC(matvec_tc_bf16, 2, false, false, false, 3)
 MATVEC_TC(matvec_tc_u4_bf16, 4, false, false, false, 2)
 MATVEC_TC(matvec_tc_u4b1_bf16, 4, false, true, false, 1)
+// The same with the warp's whole K range held in registers (at most 4 steps of 4 chunks).
+MATVEC_TC_H(matvec_tc_u4b1h_bf16, 4, false, true, false, 1, 4)
 // W rows interleave gate and up; y is act [m, out/2] = silu(gate) ⊙ up.
 MATVEC_TC(matvec_tc_swiglu_bf16, 2, true, false, false, 3)
 // One row; its outputs also reduced to the greedy token, whose row of a table is gathered.

@@ -168,6 +168,43 @@ fn tile_looping_matvec_matches_the_one_tile_kernel() {
     }
 }
 
+/// The few-tile kernel that holds a warp's whole K range in registers (`matvec_tc_u4b1h_bf16`,
+/// taken by one layer's k or v: 64 tiles of K 4096) against the CPU reference at 1e-5 and against
+/// the double-buffered one-block kernel at the same K split, whose sums it must reproduce bit for
+/// bit; a profile shows which kernel ran. K 2056 ends in a part chunk and a part step; the small
+/// shapes also run under the sanitizers.
+#[test]
+fn held_k_matvec_matches_the_double_buffered_kernel() {
+    let g = gpu();
+    let mut rng = Rng(43);
+    let shapes = [(3, 1024, 40), (8, 2056, 24), (7, 4096, 1024), (1, 4096, 1024)];
+    for &(m, d_in, d_out) in shapes.iter().filter(|s| full_size() || s.1 * s.2 <= 1 << 16) {
+        let x = rng.vec(m * d_in);
+        let (w, wf) = weight(&g, &rng.vec(d_out * d_in), "bf16");
+        let want = cpu::matmul::linear(&x, &wf, m, d_in, d_out);
+        let xd = up(&g, &x);
+        let mut y = poisoned(&g, m * d_out);
+        g.set_profiling(true).unwrap();
+        g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap();
+        let ran: Vec<String> = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
+        g.set_profiling(false).unwrap();
+        assert_eq!(ran, ["matvec_tc_u4b1h_bf16"], "{m}x{d_in}->{d_out}: kernels");
+        let mut y1 = poisoned(&g, m * d_out);
+        g.matvec_tc_variant("matvec_tc_u4b1_bf16@8", &w, &xd.as_view(), &mut y1.as_view_mut(), (m, d_in, d_out))
+            .unwrap();
+        let (got, db) = (down(&g, &y), down(&g, &y1));
+        let e = rel_err(&got, &want);
+        assert!(e <= 1e-5, "held-K matvec {m}x{d_in}->{d_out}: rel err {e}");
+        assert!(got == db, "held-K matvec {m}x{d_in}->{d_out}: not the double-buffered kernel's bits");
+    }
+    // A K range longer than the registers hold is refused, not truncated.
+    let (w, _) = weight(&g, &rng.vec(16 * 8192), "bf16");
+    let xd = up(&g, &rng.vec(8192));
+    let mut y = poisoned(&g, 16);
+    let err = g.matvec_tc_variant("matvec_tc_u4b1h_bf16@8", &w, &xd.as_view(), &mut y.as_view_mut(), (1, 8192, 16));
+    assert!(err.is_err(), "K 8192 at split 8 must not run on the held-K kernel");
+}
+
 #[test]
 fn lm_head_shape_matvec_and_argmax() {
     if !full_size() {

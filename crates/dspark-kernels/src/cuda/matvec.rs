@@ -32,14 +32,26 @@ pub(crate) fn tc_grid(tiles: usize, d_in: usize) -> (usize, usize) {
     (ks, tiles.div_ceil(TC_WARPS / ks))
 }
 
+/// Steps of 4 chunks of 32 k a warp of `matvec_tc_u4b1h_bf16` holds (HOLD in kernels/matvec.cu).
+const HOLD_STEPS: usize = 4;
+
+/// Whether a warp's whole K range at K split `ks` fits in `matvec_tc_u4b1h_bf16`'s registers.
+fn holds(d_in: usize, ks: usize) -> bool {
+    d_in <= HOLD_STEPS * 4 * 32 * ks
+}
+
 /// The tensor-core matvec kernel for a shape on a GPU of `sms` SMs (kernels/matvec.cu). What
 /// matters most is that the grid fits in one wave: K split over all 8 warps (few, long tiles)
 /// takes 4 chunks per step at 2 blocks per SM, or alone on its SM when there are no more blocks
-/// than SMs; everything else, and any grid above 2 blocks per SM (q|k|v's 384 tiles), takes 2
-/// chunks per step at 3 blocks per SM. Measured with `dspark bench --matvec-variants`.
+/// than SMs — there with the warp's whole K range requested before the PDL wait where it fits
+/// in registers (one layer's k or v: 1024 × 4096); everything else, and any grid above 2 blocks
+/// per SM (q|k|v's 384 tiles), takes 2 chunks per step at 3 blocks per SM. Measured with
+/// `dspark bench --matvec-variants`.
 fn tc_kernel(tiles: usize, d_in: usize, sms: usize) -> &'static str {
     let (ks, blocks) = tc_grid(tiles, d_in);
-    if ks == 8 && blocks <= sms {
+    if ks == 8 && blocks <= sms && holds(d_in, ks) {
+        "matvec_tc_u4b1h_bf16"
+    } else if ks == 8 && blocks <= sms {
         "matvec_tc_u4b1_bf16"
     } else if ks == 8 && blocks <= 2 * sms {
         "matvec_tc_u4_bf16"
@@ -244,6 +256,9 @@ impl Gpu {
         let WeightView::U16(wv) = wv else {
             return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
         };
+        if name == "matvec_tc_u4b1h_bf16" && !holds(d_in, ks) {
+            return Err(CudaError::Shape(format!("{name}: K {d_in} at K split {ks} does not fit a warp's registers")));
+        }
         if let Some(n) = &epi.norm_in {
             check("matvec norm partials", n.ss.1, m * n.parts)?;
         }
@@ -442,7 +457,9 @@ mod tests {
         assert_eq!(tc_kernel(384, 4096, 132), "matvec_tc_bf16"); // q|k|v: 384 blocks
         assert_eq!(tc_kernel(256, 4096, 132), "matvec_tc_u4_bf16"); // o
         assert_eq!(tc_kernel(256, 12288, 132), "matvec_tc_u4_bf16"); // down
-        assert_eq!(tc_kernel(128, 4096, 132), "matvec_tc_u4b1_bf16"); // one layer's k|v (2048 rows)
+        assert_eq!(tc_kernel(128, 4096, 132), "matvec_tc_u4b1h_bf16"); // one layer's k|v (2048 rows)
+        assert_eq!(tc_kernel(64, 4096, 132), "matvec_tc_u4b1h_bf16"); // k or v alone
+        assert_eq!(tc_kernel(64, 8192, 132), "matvec_tc_u4b1_bf16"); // K too long to hold
         assert_eq!(tc_kernel(640, 4096, 132), "matvec_tc_bf16"); // the draft's five layers' k|v
 
         // A smaller GPU moves o to the 3-blocks-per-SM kernel.

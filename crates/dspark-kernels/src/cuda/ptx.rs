@@ -71,6 +71,7 @@ pub const MODULES: &[PtxModule] = &[
             "matvec_tc_bf16",
             "matvec_tc_u4_bf16",
             "matvec_tc_u4b1_bf16",
+            "matvec_tc_u4b1h_bf16",
             "matvec_tc_swiglu_bf16",
             "matvec_tc_argmax_bf16",
             "matvec_tc_loop_bf16",
