@@ -219,17 +219,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ];
         for (i, (name, out, inp)) in shapes.into_iter().enumerate() {
             let variants: Vec<&str> = args.matvec_variants.iter().map(String::as_str).collect();
-            let (ours, cublas, vt) = projections::time_projection(
+            let t = projections::time_projection(
                 &gpu,
                 &blas,
                 (out, inp, args.projection_rows),
                 args.seed + i as u64,
                 &variants,
             )?;
-            let mut p = Projection::new(name, out, inp, args.projection_rows, ours, cublas, ceiling);
+            let mut p = Projection::new(name, out, inp, args.projection_rows, t.ours.graph, t.cublas.graph, ceiling);
+            p.set_eager(t.ours.eager, t.cublas.eager);
             let w = p.weight_bytes;
-            p.variants =
-                variants.iter().zip(vt).map(|(n, us)| (n.to_string(), us, 100.0 * w / (us * 1e3) / ceiling)).collect();
+            p.variants = variants
+                .iter()
+                .zip(t.variants)
+                .map(|(n, us)| (n.to_string(), us, 100.0 * w / (us * 1e3) / ceiling))
+                .collect();
             projs.push(p);
         }
     }
@@ -250,7 +254,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 t_kv
             ),
             format!("draft_round appends {COMMITTED} committed rows; its floor counts fc, the 5 layers and lm_head once and Markov W2 once per each of the {block} sequential steps."),
-            "Phase times are host wall-clock medians around the same calls the decoding loop makes, synchronisation included; projections are CUDA-event means over rotated weight copies.".into(),
+            "Phase times are host wall-clock medians around the same calls the decoding loop makes, synchronisation included; projections are CUDA-event means over rotated weight copies, replayed from a CUDA graph of the calls (as generate runs its steps; the goals use these), with the same calls launched one by one from the host beside them (eager: host launch work included wherever the GPU is faster than the host).".into(),
             "Modelled rows assume τ tokens per round; they are not measured acceptance.".into(),
         ],
     };
