@@ -356,9 +356,12 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 // rows whose K is 8 chunks, 4 steps of a warp. matvec_tc runs them as 1187 blocks in three
 // rounds of resident blocks, each block paying its first load's round trip and its epilogue's
 // barriers for 4 steps of loads (71% of the ceiling, where lm_head's 4096-long tiles on the same
-// grid reach 98%). Here one wave of blocks (3 per SM, the host's grid) walks the tiles: warp w of
+// grid reach 98%). Here one wave of blocks (2 per SM, the host's grid) walks the tiles: warp w of
 // W takes tiles w, w + W, …, and its register double buffer runs on from one tile's last step
 // into the next tile's first, so a warp's loads stay in flight from its first step to its last.
+// Steps of 4 chunks (a W2 tile in two) at 2 blocks per SM keep 128 KB of weights in flight per
+// SM, against 96 KB for steps of 2 at 3 blocks (80 registers): W2 21.66–21.74 → 21.36–21.47 µs
+// a call replayed from a graph (docs/perf.md, stop 20).
 // K is not split, so a warp's accumulators hold its tile's whole sums and it writes the outputs
 // from its MMA fragments itself (no shared memory, no barrier), the same values as matvec_tc at
 // ksplit 1 bit for bit. The argmax variant keeps each thread's best output over all its tiles and
@@ -366,7 +369,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 template <bool ARGMAX>
 __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m,
                                int in, int out, int accumulate, const ArgmaxOut& am) {
-    constexpr int UNROLL = 2, STEP = 32 * UNROLL;
+    constexpr int UNROLL = 4, STEP = 32 * UNROLL;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int tiles = (out + 15) / 16, nw = gridDim.x * TC_WARPS;
@@ -472,7 +475,7 @@ MATVEC_TC(matvec_tc_argmax_bf16, 2, false, false, true, 3)
 // The tile-looping twins (matvec_tc_loop): same arguments, K never split (ksplit, the norm
 // fold's and, without ARGMAX, the argmax epilogue's arguments unused).
 #define MATVEC_TC_LOOP(NAME, AM)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 3)                                                \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                \
         NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
              uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \

@@ -85,11 +85,14 @@ fn looping(name: &str) -> bool {
     name.starts_with("matvec_tc_loop")
 }
 
-/// The K split and grid kernel `name` launches with: one wave of 3 blocks per SM for the
-/// tile-looping kernels (no split), else [`tc_grid`].
+/// Blocks per SM of the tile-looping kernels (their `__launch_bounds__` in kernels/matvec.cu).
+const LOOP_BLOCKS_PER_SM: usize = 2;
+
+/// The K split and grid kernel `name` launches with: one wave of the tile-looping kernels (no
+/// split), else [`tc_grid`].
 pub(crate) fn tc_launch_grid(name: &str, tiles: usize, d_in: usize, sms: usize) -> (usize, usize) {
     if looping(name) {
-        (1, tiles.div_ceil(TC_WARPS).min(3 * sms))
+        (1, tiles.div_ceil(TC_WARPS).min(LOOP_BLOCKS_PER_SM * sms))
     } else {
         tc_grid(tiles, d_in)
     }
@@ -471,8 +474,8 @@ mod tests {
         // Markov W2 (9496 tiles of K 256) on 132 SMs: more tiles than 3 · 8 · 132 warps.
         assert_eq!(tc_kernel_plain(9496, 256, 132), "matvec_tc_loop_bf16");
         assert_eq!(tc_argmax_kernel(9496, 256, 132), "matvec_tc_loop_argmax_bf16");
-        assert_eq!(tc_launch_grid("matvec_tc_loop_bf16", 9496, 256, 132), (1, 396));
-        assert_eq!(tc_launch_grid("matvec_tc_loop_argmax_bf16", 9496, 256, 132), (1, 396));
+        assert_eq!(tc_launch_grid("matvec_tc_loop_bf16", 9496, 256, 132), (1, 264));
+        assert_eq!(tc_launch_grid("matvec_tc_loop_argmax_bf16", 9496, 256, 132), (1, 264));
         // lm_head's long tiles, a product of few tiles, and one short of a wave keep their kernels.
         assert_eq!(tc_kernel_plain(9496, 4096, 132), "matvec_tc_bf16");
         assert_eq!(tc_argmax_kernel(9496, 4096, 132), "matvec_tc_argmax_bf16");
