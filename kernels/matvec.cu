@@ -234,33 +234,33 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
             compute(ha[s + 1], hb[s + 1], x1);
         }
     } else {
-    uint4 a0[UNROLL], b0[UNROLL], a1[UNROLL], b1[UNROLL];
-    float x0[UNROLL][8], x1[UNROLL][8];
-    load(a0, b0, kbeg);
-    prefetch_gamma();
-    if (SWIGLU || XP) anchor_loads(wa);  // the others' loads stay above the wait without it (SASS)
-    pdl_wait();
-    if (XP) load_x(x0, kbeg);
-    for (int chunk = kbeg; chunk < kend;) {
-        load(a1, b1, chunk + step);
-        if (XP) {
-            load_x(x1, chunk + step);
-        } else {
-            load_x(x0, chunk);
+        uint4 a0[UNROLL], b0[UNROLL], a1[UNROLL], b1[UNROLL];
+        float x0[UNROLL][8], x1[UNROLL][8];
+        load(a0, b0, kbeg);
+        prefetch_gamma();
+        if (SWIGLU || XP) anchor_loads(wa);  // the others' loads stay above the wait without it (SASS)
+        pdl_wait();
+        if (XP) load_x(x0, kbeg);
+        for (int chunk = kbeg; chunk < kend;) {
+            load(a1, b1, chunk + step);
+            if (XP) {
+                load_x(x1, chunk + step);
+            } else {
+                load_x(x0, chunk);
+            }
+            compute(a0, b0, x0);
+            chunk += step;
+            if (chunk >= kend) break;
+            load(a0, b0, chunk + step);
+            if (XP) {
+                load_x(x0, chunk + step);
+                compute(a1, b1, x1);
+            } else {
+                load_x(x0, chunk);
+                compute(a1, b1, x0);
+            }
+            chunk += step;
         }
-        compute(a0, b0, x0);
-        chunk += step;
-        if (chunk >= kend) break;
-        load(a0, b0, chunk + step);
-        if (XP) {
-            load_x(x0, chunk + step);
-            compute(a1, b1, x1);
-        } else {
-            load_x(x0, chunk);
-            compute(a1, b1, x0);
-        }
-        chunk += step;
-    }
     }
 
     MV_LOOP_MARK();
