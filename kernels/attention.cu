@@ -8,7 +8,7 @@
 // Launch: one block of 4 warps per (row, head). Each warp takes every 4th key and keeps an
 // online softmax (running max m, sum l, and hd/32 output values per lane); the four warps'
 // states are merged through shared memory at the end. hd must be a multiple of 32, ≤ 256.
-#include "common.cuh"
+#include "norm_rope.cuh"
 
 #define WARPS 4
 #define MAXD 8  // hd / 32 values per lane, hd ≤ 256
@@ -113,10 +113,18 @@ extern "C" __global__ void attention_f32_kvbf16(const float* q, const __nv_bfloa
 // at a time (one broadcast read) instead of one shuffle per key: about 21 instructions per four
 // keys instead of 36 at hd 128. Measured on the H200 it was 3–6% faster alone at 512 keys but
 // made decode 0.6% slower in the model (docs/perf.md), so the engine keeps PV4 = false.
-template <int PER, int QW, typename E = float, bool PV4 = false>
+//
+// ROPE (the `attention_split_rope_*` kernels): qkv_rope_append folded in (norm_rope.cuh). q is
+// then the raw q|k|v output; warp w normalises and rotates its own query as it stages it, and
+// in the block whose slice holds the step's new row w (rows ≤ 4) it also appends that row's key
+// and value to the caches and writes them into the tile after the tile has landed (the tile's
+// own loads of the row read the cache before it was written; those values are overwritten).
+// The caches are then written through rp while k and v read them: only rows whose loaded
+// values are discarded are both written and read.
+template <int PER, int QW, typename E = float, bool PV4 = false, bool ROPE = false>
 __device__ void attention_split(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                                 float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens,
-                                int causal, int keys) {
+                                int causal, int keys, RopeIn<E> rp = {}) {
     using KE = KvElem<E>;
     using Chunk = typename KE::Chunk;
     constexpr bool F32 = KE::PER_CHUNK == 4;
@@ -175,6 +183,21 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     const bool early = j0 + TK <= first_pos;
     if (early) first_tile();
 
+    // ROPE: the warp's query's norm weights and rotation, and the new row the warp appends (its
+    // slice holds the row, or the row lies past the last slice's keys), worked out before the wait.
+    static_assert(!ROPE || QW == 1, "the fold stages one query per warp");
+    const int new_pos = first_pos + warp;
+    const bool appends = ROPE && warp < rows && new_pos >= j0 && (new_pos < j1 || j1 == kv_len);
+    __shared__ float2 srot[ROPE ? SPLIT_Q * HD / 2 : 1];  // the rows' rotations (rows ≤ SPLIT_Q)
+    float qw[PER];
+    FoldRow<PER, E> nr;
+    if constexpr (ROPE) {
+        block_rotations(srot, rp.inv_freq, first_pos, min(rows, SPLIT_Q), HD / 2);
+        if (q0 + warp < Q) warp_norm_weights<PER>(rp.q_norm, qw);
+        if (appends) nr.setup(rp);
+        __syncthreads();
+    }
+
     float o[QW][PER], m[QW], l[QW];
     int vis[QW];
 #pragma unroll
@@ -226,6 +249,17 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     if (j0 + TK < j1) fetch(j0 + TK);
 
     // q is the previous kernel's output: staged after the wait, through L2 (__ldcg, common.cuh).
+    if constexpr (ROPE) {
+        const int qi = q0 + warp;
+        float x[PER];
+        if (qi < Q) warp_load_head<PER>(q, sb.row(qi), sb.head(qi), nh + 2 * nkv, x);
+        if (appends) nr.load(rp, warp, nh, nkv, kvh);
+        float* sqw = reinterpret_cast<float*>(&sq[warp][0]);
+        if (qi < Q) warp_norm_rope<PER>(x, qw, srot + sb.row(qi) * (HD / 2), rp.eps);
+#pragma unroll
+        for (int e = 0; e < PER; e++) sqw[lane + 32 * e] = qi < Q ? x[e] * scale : 0.f;
+        if (appends) nr.append(rp, new_pos, nkv, kvh, srot + warp * (HD / 2));
+    } else
     for (int i = threadIdx.x; i < SPLIT_Q * D4; i += blockDim.x) {
         int qi = q0 + i / D4, c = i % D4;
         float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -254,6 +288,21 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
             store_tile(pk, pv);
         }
         __syncthreads();  // the tile (and, the first time, sq) is in place for every warp
+        if constexpr (ROPE) {
+            // The step's new rows in this tile replace what the tile's loads found in the cache
+            // (a condition uniform over the block, so the barrier is too).
+            if (max(t0, first_pos) < min(min(t0 + TK, j1), first_pos + rows)) {
+                if (appends && new_pos >= t0 && new_pos < min(t0 + TK, j1)) {
+                    float* kr = reinterpret_cast<float*>(&sk[new_pos - t0][0]);
+#pragma unroll
+                    for (int e = 0; e < PER; e++) {
+                        kr[lane + 32 * e] = nr.k[e];
+                        sv[new_pos - t0][lane + 32 * e] = nr.v[e];
+                    }
+                }
+                __syncthreads();
+            }
+        }
         if (t0 == j0) Q1_MARK(3, 0.f);
         if (t0 != j0 && t0 + TK < j1) fetch(t0 + TK);  // in flight while this tile is computed
         const int j = t0 + lane;
@@ -361,6 +410,21 @@ SPLIT_KERNEL(2, 1, attention_split_q1_hd64_f32)
 SPLIT_KERNEL(4, 1, attention_split_q1_hd128_f32)
 SPLIT_KERNEL_E(2, 1, __nv_bfloat16, attention_split_q1_hd64_f32_kvbf16)
 SPLIT_KERNEL_E(4, 1, __nv_bfloat16, attention_split_q1_hd128_f32_kvbf16)
+
+// The same with qkv_rope_append folded in (ROPE above): qkv is the raw q|k|v output, k and v the
+// whole caches, read and appended to.
+#define SPLIT_ROPE_KERNEL(PER, E, NAME)                                                                            \
+    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)                                               \
+        NAME(const float* qkv, const float* q_norm, const float* k_norm, const float* inv_freq, E* k, E* v,         \
+             float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens, int causal, int keys,       \
+             float eps) {                                                                                          \
+        attention_split<PER, 1, E, false, true>(qkv, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys,     \
+                                                RopeIn<E>{qkv, q_norm, k_norm, inv_freq, k, v, eps});              \
+    }
+SPLIT_ROPE_KERNEL(2, float, attention_split_rope_q1_hd64_f32)
+SPLIT_ROPE_KERNEL(4, float, attention_split_rope_q1_hd128_f32)
+SPLIT_ROPE_KERNEL(2, __nv_bfloat16, attention_split_rope_q1_hd64_f32_kvbf16)
+SPLIT_ROPE_KERNEL(4, __nv_bfloat16, attention_split_rope_q1_hd128_f32_kvbf16)
 
 // One block of 4·hd threads per (row, head); splits ≤ 128, counted as the attention kernel counts
 // them (split_count over lens[1] keys). The slice weights e^(m_s−M) are

@@ -3,8 +3,9 @@
 // Row r sits at absolute position first_pos + r. For each head vector:
 // v = v / sqrt(mean(v²) + eps) · w, then for i < hd/2 with angle = pos · inv_freq[i]:
 //   v[i] ← v[i]·cos − v[i+hd/2]·sin,  v[i+hd/2] ← v[i+hd/2]·cos + v[i]·sin.
-// inv_freq is precomputed on the host exactly as the CPU reference does; hd ≤ 512.
-#include "common.cuh"
+// inv_freq is precomputed on the host exactly as the CPU reference does; hd ≤ 512. The
+// arithmetic is norm_rope.cuh's, shared with the attention kernels that fold this step in.
+#include "norm_rope.cuh"
 
 // Thread i < hd/2 holds (a, b) = (v[i], v[i + hd/2]) of one head vector, its norm weights
 // (wa, wb) and its rotation (c, s); the block normalises the vector and writes it rotated to dst.
@@ -13,12 +14,11 @@
 template <typename D>
 __device__ __forceinline__ void norm_rope_store(float a, float b, float wa, float wb, float c, float s, D* dst, int i,
                                                 int half, int hd, float eps) {
-    const float inv = rsqrtf(block_sum(a * a + b * b) / hd + eps);
+    const float inv = norm_inv(block_sum(norm_sq_pair(a, b)), hd, eps);
     if (i < half) {
-        a = a * inv * wa;
-        b = b * inv * wb;
-        store_kv(dst + i, a * c - b * s);
-        store_kv(dst + i + half, b * c + a * s);
+        norm_rope_pair(a, b, inv, wa, wb, c, s);
+        store_kv(dst + i, a);
+        store_kv(dst + i + half, b);
     }
 }
 
@@ -52,9 +52,9 @@ __device__ void qkv_rope_append(const float* qkv, const float* q_norm, const flo
     if (!is_v && i < half) {
         wa = w[i];
         wb = w[i + half];
-        const float angle = (float)(first_pos + row) * inv_freq[i];
-        c = cosf(angle);
-        s = sinf(angle);
+        const float2 cs = rope_cos_sin((float)(first_pos + row) * inv_freq[i]);
+        c = cs.x;
+        s = cs.y;
     }
     pdl_wait();
     float a = 0.f, b = 0.f;
@@ -112,9 +112,9 @@ __device__ void kv_rope_append_layers(const float* kv, const float* k_norm, cons
     if (!is_v && i < half) {
         wa = k_norm[(size_t)layer * hd + i];
         wb = k_norm[(size_t)layer * hd + i + half];
-        const float angle = (float)(first_pos + row) * inv_freq[i];
-        c = cosf(angle);
-        s = sinf(angle);
+        const float2 cs = rope_cos_sin((float)(first_pos + row) * inv_freq[i]);
+        c = cs.x;
+        s = cs.y;
     }
     const size_t at = ((size_t)(first_pos + row) * nkv + (is_v ? head - nkv : head)) * hd;
     E* dst = (is_v ? v_caches[layer] : k_caches[layer]) + at;

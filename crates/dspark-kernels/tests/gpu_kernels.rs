@@ -489,3 +489,6 @@ mod kv_layers;
 
 #[path = "gpu_kernels/markov_step.rs"]
 mod markov_step;
+
+#[path = "gpu_kernels/rope_fold.rs"]
+mod rope_fold;

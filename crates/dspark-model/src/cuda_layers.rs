@@ -23,6 +23,7 @@ use cudarc::driver::{CudaSlice, CudaViewMut};
 use dspark_kernels::cuda::kv::{KvCaches, KvDtype, LayersKv};
 use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::{OpScratch, StepLens, WeightBuf};
+use dspark_kernels::cuda::rope_fold::RopeWeights;
 use dspark_kernels::cuda::{CudaError, Gpu};
 use dspark_tensor::arena::Arena;
 
@@ -218,24 +219,13 @@ fn layer_step(
     )
     .map_err(e)?;
     let (mut k_app, mut v_app) = cache.append_views(l);
-    gpu.qkv_rope_append(
+    let rope =
+        RopeWeights { q_norm: &lw.q_norm.as_view(), k_norm: &lw.k_norm.as_view(), inv_freq: &inv_freq.as_view(), eps };
+    gpu.rope_attention(
         &s.qkv.slice(..n * qkv_dim),
-        &lw.q_norm.as_view(),
-        &lw.k_norm.as_view(),
-        &inv_freq.as_view(),
+        &rope,
         &mut s.q.slice_mut(..n * q),
-        &mut k_app,
-        &mut v_app,
-        (n, heads.0, heads.1),
-        lens,
-        eps,
-    )
-    .map_err(e)?;
-    let (k_read, v_read) = cache.read_views(l, lens.kv_cap * kv);
-    gpu.attention_split(
-        &s.q.slice(..n * q),
-        &k_read,
-        &v_read,
+        (&mut k_app, &mut v_app),
         &mut s.o.slice_mut(..n * q),
         n,
         lens,

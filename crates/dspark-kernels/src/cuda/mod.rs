@@ -18,6 +18,7 @@ pub mod norm_fold;
 pub mod ops;
 mod pdl;
 pub mod ptx;
+pub mod rope_fold;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError};
 use std::collections::HashMap;
@@ -87,6 +88,9 @@ pub struct Gpu {
     /// Whether kernels that support it launch with programmatic dependent launch (sm_90+;
     /// `DSPARK_NO_PDL=1` turns it off for A/B runs).
     pub pdl: bool,
+    /// Whether a step's norm + RoPE + append runs inside its attention launch where the split
+    /// kernels can take it (`rope_fold.rs`; `DSPARK_NO_ROPE_FOLD=1` turns it off for A/B runs).
+    pub rope_fold: bool,
     profiling: AtomicBool,
     /// (kernel name, start, end) of every launch while profiling is on.
     profile: Mutex<Vec<(String, CudaEvent, CudaEvent)>>,
@@ -156,6 +160,7 @@ impl Gpu {
             compute_capability: (major, minor),
             sms: sms.max(1) as usize,
             pdl,
+            rope_fold: std::env::var_os("DSPARK_NO_ROPE_FOLD").is_none(),
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),

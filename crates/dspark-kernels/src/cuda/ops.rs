@@ -383,20 +383,36 @@ impl Gpu {
             Some(smem) => self.launch_pdl_smem(&name, grid, 256, smem as u32, &args)?,
             None => self.launch_pdl(&name, grid, 128, &args)?,
         }
+        self.attention_combine(combine, scratch, out, rows, n_heads, head_dim, lens, (keys, splits))
+    }
+
+    /// The merge of a split attention's partials (`scratch`) into `out [rows, nh·hd]`: kernel
+    /// `name` (`attention_combine_f32`, or its PDL twin after the decode kernel).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_combine(
+        &self,
+        name: &str,
+        scratch: &OpScratch,
+        out: &mut CudaViewMut<f32>,
+        rows: usize,
+        nh: usize,
+        hd: usize,
+        lens: &StepLens<'_>,
+        (keys, splits): (usize, usize),
+    ) -> CudaResult<()> {
         // attention_combine[_q1]_f32(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits)
         let args = [
             dptr(self, &scratch.attn_o),
             dptr(self, &scratch.attn_ml),
             dptr_mut(self, out),
-            Arg::I32(r),
-            Arg::I32(nh),
-            Arg::I32(head_dim as i32),
-            lens_dev,
+            Arg::I32(rows as i32),
+            Arg::I32(nh as i32),
+            Arg::I32(hd as i32),
+            dptr(self, &lens.dev),
             Arg::I32(keys as i32),
             Arg::I32(splits as i32),
         ];
-        self.launch_pdl(combine, ((rows * n_heads) as u32, 1, 1), 4 * head_dim as u32, &args)?;
-        Ok(())
+        self.launch_pdl(name, ((rows * nh) as u32, 1, 1), 4 * hd as u32, &args)
     }
 
     /// Fused norm + RoPE + cache append of a q|k|v projection output `[rows, (nq + 2·nkv)·hd]`
