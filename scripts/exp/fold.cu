@@ -18,13 +18,17 @@ int main(int argc, char** argv) {
     const int keys = 32, per_sm = 4, blocks = nkv;
     const int splits = std::max(1, std::min(std::min(128, (kv_cap + 31) / 32), per_sm * 132 / blocks));
     const size_t cache = (size_t)kv_cap * nkv * hd;
+    // Deterministic values in [-1, 1]; COPIES K and V caches, so no launch finds its cache in L2.
     std::vector<float> h(cache);
     for (size_t i = 0; i < cache; i++) h[i] = (float)((i * 2654435761u) % 2001) / 1000.f - 1.f;
-    std::vector<float*> ks(COPIES), vs(COPIES);
-    for (int c = 0; c < COPIES; c++) {
-        cudaMalloc(&ks[c], cache * 4); cudaMalloc(&vs[c], cache * 4);
-        cudaMemcpy(ks[c], h.data(), cache * 4, cudaMemcpyHostToDevice); cudaMemcpy(vs[c], h.data(), cache * 4, cudaMemcpyHostToDevice);
-    }
+    auto device_copy = [&]() {
+        float* d;
+        cudaMalloc(&d, cache * 4);
+        cudaMemcpy(d, h.data(), cache * 4, cudaMemcpyHostToDevice);
+        return d;
+    };
+    std::vector<float*> ks, vs;
+    for (int c = 0; c < COPIES; c++) ks.push_back(device_copy()), vs.push_back(device_copy());
     float *qkv, *q, *po, *pml, *qn, *kn, *fr;
     int* lens;
     cudaMalloc(&qkv, rows * heads * hd * 4); cudaMemcpy(qkv, h.data(), rows * heads * hd * 4, cudaMemcpyHostToDevice);

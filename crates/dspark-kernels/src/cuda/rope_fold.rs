@@ -48,40 +48,24 @@ impl Gpu {
         causal: bool,
         scratch: &mut OpScratch,
     ) -> CudaResult<()> {
-        if self.rope_fold && folds(rows, (nh, nkv, hd), scratch) {
-            let heads = (nh, nkv, hd);
-            return self.rope_attention_folded(qkv, rope, (k_cache, v_cache), out, rows, lens, heads, causal, scratch);
+        if !(self.rope_fold && folds(rows, (nh, nkv, hd), scratch)) {
+            let values = lens.kv_cap * nkv * hd;
+            let (q_norm, k_norm, inv_freq, eps) = (rope.q_norm, rope.k_norm, rope.inv_freq, rope.eps);
+            let heads = (rows, nh, nkv);
+            self.qkv_rope_append(qkv, q_norm, k_norm, inv_freq, q_rot, k_cache, v_cache, heads, lens, eps)?;
+            let (k_read, v_read) = (k_cache.view(values)?, v_cache.view(values)?);
+            return self.attention_split(
+                &q_rot.as_view(),
+                &k_read,
+                &v_read,
+                out,
+                rows,
+                lens,
+                (nh, nkv, hd),
+                causal,
+                scratch,
+            );
         }
-        let values = lens.kv_cap * nkv * hd;
-        self.qkv_rope_append(
-            qkv,
-            rope.q_norm,
-            rope.k_norm,
-            rope.inv_freq,
-            q_rot,
-            k_cache,
-            v_cache,
-            (rows, nh, nkv),
-            lens,
-            rope.eps,
-        )?;
-        let (k_read, v_read) = (k_cache.view(values)?, v_cache.view(values)?);
-        self.attention_split(&q_rot.as_view(), &k_read, &v_read, out, rows, lens, (nh, nkv, hd), causal, scratch)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn rope_attention_folded(
-        &self,
-        qkv: &CudaView<f32>,
-        rope: &RopeWeights<'_>,
-        (k_cache, v_cache): (&mut KvViewMut<'_>, &mut KvViewMut<'_>),
-        out: &mut CudaViewMut<f32>,
-        rows: usize,
-        lens: &StepLens<'_>,
-        (nh, nkv, hd): (usize, usize, usize),
-        causal: bool,
-        scratch: &mut OpScratch,
-    ) -> CudaResult<()> {
         check("rope_attention qkv", qkv.len(), rows * (nh + 2 * nkv) * hd)?;
         check("rope_attention q_norm", rope.q_norm.len(), hd)?;
         check("rope_attention k_norm", rope.k_norm.len(), hd)?;

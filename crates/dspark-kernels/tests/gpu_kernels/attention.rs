@@ -11,13 +11,13 @@ use dspark_kernels::cpu::round_bf16;
 use dspark_kernels::cuda::kv::{KvDtype, KvView, KvViewMut};
 
 /// A cache as the device holds it: f32, or bf16 bits (NaN stays NaN: the poison rows).
-enum Cache {
+pub(super) enum Cache {
     F32(CudaSlice<f32>),
     Bf16(CudaSlice<u16>),
 }
 
 impl Cache {
-    fn up(g: &Gpu, v: &[f32], kv: KvDtype) -> Cache {
+    pub(super) fn up(g: &Gpu, v: &[f32], kv: KvDtype) -> Cache {
         match kv {
             KvDtype::F32 => Cache::F32(up(g, v)),
             KvDtype::Bf16 => {
@@ -34,7 +34,7 @@ impl Cache {
         }
     }
 
-    fn view_mut(&mut self) -> KvViewMut<'_> {
+    pub(super) fn view_mut(&mut self) -> KvViewMut<'_> {
         match self {
             Cache::F32(s) => KvViewMut::F32(s.as_view_mut()),
             Cache::Bf16(s) => KvViewMut::Bf16(s.as_view_mut()),
@@ -42,7 +42,7 @@ impl Cache {
     }
 
     /// The values, widened to f32.
-    fn down(&self, g: &Gpu) -> Vec<f32> {
+    pub(super) fn down(&self, g: &Gpu) -> Vec<f32> {
         kv_down(g, &self.view())
     }
 }

@@ -6,44 +6,14 @@
 //! would differ (NaN); cache rows before them hold random keys and values, as earlier steps left
 //! them. A profile of the folded run shows that the folded kernel ran.
 
+use super::attention::Cache;
 use super::*;
 use dspark_kernels::cpu::round_bf16;
-use dspark_kernels::cuda::kv::{KvDtype, KvViewMut};
+use dspark_kernels::cuda::kv::KvDtype;
 use dspark_kernels::cuda::rope_fold::RopeWeights;
 
 /// (rows, first position, n_heads, n_kv_heads, head_dim, causal)
 type FoldCase = (usize, usize, usize, usize, usize, bool);
-
-/// Bits of a cache, f32 or bf16 (NaN compares equal to the same NaN).
-fn cache_bits(g: &Gpu, c: &KvBuf) -> Vec<u32> {
-    match c {
-        KvBuf::F32(s) => g.stream.clone_dtoh(s).unwrap().into_iter().map(f32::to_bits).collect(),
-        KvBuf::Bf16(s) => g.stream.clone_dtoh(s).unwrap().into_iter().map(u32::from).collect(),
-    }
-}
-
-enum KvBuf {
-    F32(CudaSlice<f32>),
-    Bf16(CudaSlice<u16>),
-}
-
-impl KvBuf {
-    fn up(g: &Gpu, v: &[f32], kv: KvDtype) -> KvBuf {
-        match kv {
-            KvDtype::F32 => KvBuf::F32(up(g, v)),
-            KvDtype::Bf16 => KvBuf::Bf16(
-                g.stream.clone_htod(&v.iter().map(|x| bf16::from_f32(*x).to_bits()).collect::<Vec<_>>()).unwrap(),
-            ),
-        }
-    }
-
-    fn view_mut(&mut self) -> KvViewMut<'_> {
-        match self {
-            KvBuf::F32(s) => KvViewMut::F32(s.as_view_mut()),
-            KvBuf::Bf16(s) => KvViewMut::Bf16(s.as_view_mut()),
-        }
-    }
-}
 
 #[test]
 fn folded_rope_attention_matches_the_two_launches() {
@@ -92,7 +62,7 @@ fn folded_rope_attention_matches_the_two_launches() {
             let mut runs = Vec::new();
             for fold in [false, true] {
                 g.rope_fold = fold;
-                let (mut kc, mut vc) = (KvBuf::up(&g, &old, kv), KvBuf::up(&g, &old_v, kv));
+                let (mut kc, mut vc) = (Cache::up(&g, &old, kv), Cache::up(&g, &old_v, kv));
                 let mut q_rot = poisoned(&g, rows * nh * hd);
                 let mut out = poisoned(&g, rows * nh * hd);
                 let mut sc = scratch(&g, nh, hd);
@@ -119,7 +89,8 @@ fn folded_rope_attention_matches_the_two_launches() {
                 assert_eq!(folded, takes, "{names:?}: fold {fold}, rows {rows}, heads {nh}/{nkv}");
                 let out_bits: Vec<u32> = down(&g, &out).into_iter().map(f32::to_bits).collect();
                 assert!(down(&g, &out).iter().all(|x| x.is_finite()), "fold {fold}: output not all written");
-                runs.push((out_bits, cache_bits(&g, &kc), cache_bits(&g, &vc)));
+                let bits = |c: &Cache| c.down(&g).into_iter().map(f32::to_bits).collect::<Vec<_>>();
+                runs.push((out_bits, bits(&kc), bits(&vc)));
             }
             let what =
                 format!("{} cache, rows {rows} at {first_pos}, heads {nh}/{nkv}, hd {hd}, causal {causal}", kv.name());
