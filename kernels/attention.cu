@@ -183,8 +183,9 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     const bool early = j0 + TK <= first_pos;
     if (early) first_tile();
 
-    // ROPE: the warp's query's norm weights and rotation, and the new row the warp appends (its
-    // slice holds the row, or the row lies past the last slice's keys), worked out before the wait.
+    // ROPE: the rows' rotations (by the whole block), the norm weights of the warp's query and of
+    // the new row the warp appends (its slice holds the row, or the row lies past the last
+    // slice's keys), all before the wait.
     static_assert(!ROPE || QW == 1, "the fold stages one query per warp");
     const int new_pos = first_pos + warp;
     const bool appends = ROPE && warp < rows && new_pos >= j0 && (new_pos < j1 || j1 == kv_len);

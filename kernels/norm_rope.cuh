@@ -1,4 +1,4 @@
-// Qwen3's per-head RMSNorm + NeoX RoPE for one head vector, and the attention kernels' folded
+// Qwen3's per-head RMSNorm + NeoX RoPE for one head vector, and the decode attention's folded
 // form of qkv_rope_append (rope.cu).
 //
 // Math, for a head vector v of hd values at position pos, norm weights w, i < hd/2:
@@ -6,16 +6,18 @@
 //   angle = pos · inv_freq[i],  v[i] ← a·cos − b·sin,  v[i + hd/2] ← b·cos + a·sin.
 // The helpers below fix every rounding (explicit _rn intrinsics, so no contraction is left to
 // the compiler) and are the only code that computes it on the device: rope.cu's block-per-head
-// kernel and the attention kernels' warp-per-head fold give the same bits, which a GPU test
+// kernel and the decode attention's warp-per-head fold give the same bits, which a GPU test
 // checks (gpu_kernels/rope_fold.rs).
 //
 // Why a fold: in a decode step the norm + RoPE + append launch sits between q|k|v and the
 // attention, 36 times a step, and in the chain replica it took ~2.3 µs a layer from q|k|v's end
-// to its own (docs/perf.md), for ~1 µs of work. The attention kernels can do the same work
-// themselves: every block normalises and rotates the queries it owns (a few hundred values),
-// and the block whose key slice holds the step's new rows also computes their keys and values,
-// stores them to the caches for later steps and writes them into its shared-memory tile, where
-// the tile's own loads of those (not yet written) rows landed stale values.
+// to its own (docs/perf.md), for ~1 µs of work. The decode attention can do the same work
+// itself (attention.cu, `attention_split_rope_q1_*`): every block normalises and rotates the
+// four queries it owns, and the block whose key slice holds the step's new row also computes its
+// key and value, stores them to the caches for later steps and writes them into its shared-
+// memory tile, where the tile's own loads of that (not yet written) row landed stale values.
+// Measured: decode ±0 to −0.6%. The tensor-core attention's blocks own 32 queries each and
+// every key slice would redo them; that twin was slower (scripts/exp/attn_tc_fold.patch).
 #pragma once
 #include "common.cuh"
 
@@ -30,8 +32,8 @@ __device__ __forceinline__ void norm_rope_pair(float& a, float& b, float inv, fl
 }
 
 // cos and sin of a rotation angle. Not inlined: each precise cosf / sinf brings its slow
-// argument reduction along, and the tensor-core kernel's five rotations a lane inlined tripled
-// its PTX (the calls run before the PDL wait, block_rotations below).
+// argument reduction along, and inlined at every call site it doubled to tripled the folded
+// kernels' PTX (the calls run before the PDL wait, block_rotations below).
 __device__ __noinline__ float2 rope_cos_sin(float angle) { return make_float2(cosf(angle), sinf(angle)); }
 
 // 1/rms from the sum of squares, as rope.cu computes it.
