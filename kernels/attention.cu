@@ -74,45 +74,65 @@ extern "C" __global__ void attention_f32_kvbf16(const float* q, const __nv_bfloa
 //
 // The kernel above gives every (row, head) its own block, so at decode (1 row) only 32 blocks
 // run and each query head re-reads its KV head: the cache is streamed G = nh/nkv times by too few
-// SMs. Here a block owns one KV head, one slice of the keys ("flash-decoding") and up to 4·QW of
-// the group's queries (rows × G query heads). The block stages tiles of 32 keys' K and V rows in shared memory with
+// SMs. Here a block owns one KV head, one slice of the keys ("flash-decoding") and up to 4 of
+// the group's queries (rows × G query heads; one decode row of Qwen3's G = 4 is one block per
+// KV head and slice). The block stages tiles of 32 keys' K and V rows in shared memory with
 // coalesced 16-byte loads, the next tile's loads in flight while it computes on this one (the
 // first tile by cp.async straight into shared memory, so the first two are in flight at once).
-// Scores are lane-per-key: lane j takes the whole dot products q_i · k_j for all of its warp's
-// queries in one pass (K rows padded by 4 floats so the 16-byte reads of a quarter-warp hit
-// distinct banks; each K element read serves every query), so a tile needs one max and one sum
-// reduction per query instead of one reduction per key — the per-key shuffle chains were what
-// made a first version latency-bound. Lane d then owns output dims d, d+32, … and accumulates
-// Σ_j p_j · v_j with p_j broadcast by shuffle, each V element read once for all queries. Each query keeps
-// an online softmax across tiles; the block writes an unnormalised partial (running max m, sum
+//
+// Warp w takes keys 8w .. 8w + 7 of each tile for all four queries, so the block reads each K
+// and V element from shared memory once. (Until stop 22 each warp took one query and all 32
+// keys, so every warp read the whole tile: four times the shared-memory reads. This layout
+// measured 1–3% faster alone at 512 and 4096 keys, decode ±0 there and −0.8% / −1.4% at 8192 /
+// 16384 keys, where the tiles per block are many: docs/perf.md.)
+// Scores: lane (query i = lane / 8, key k = lane % 8) takes the whole dot product q_i · k_k
+// (K rows padded by one float4, so the eight rows a quarter-warp reads start in distinct banks;
+// Q rows too). The query's max and sum over the warp's eight keys are three shuffles each in
+// its lane group. P·V: lane d owns output dims hd/32·d … of all four queries, reads each key's
+// V as one vector and takes the eight keys' p from shared memory four at a time. Each warp keeps
+// an online softmax per query across tiles; at the end the four warps' states are merged in a
+// fixed order (warp 0 first) and the block writes an unnormalised partial (running max m, sum
 // l, Σ p·v) per query and slice, merged by `attention_combine_f32` in a fixed order:
 // M = max m_s, L = Σ l_s·e^(m_s−M), out = Σ o_s·e^(m_s−M) / L.
 // Layout of the partials: o [splits, rows, nh, hd], ml [splits, rows, nh, 2].
 
 #define SPLIT_WARPS 4
 // A tracing hook like attention_tc.cu's TC_MARK (scripts/exp/attn_phases.cu q1): start, after
-// the PDL wait, q staged, the first tile in shared memory, its scores, its softmax, its P·V, the
-// end; `dep` is a value the mark must wait for (the phase's result). In the engine it is nothing.
+// the PDL wait, q staged, the first tile in shared memory, its scores, its softmax, the last
+// tile's P·V, the end; `dep` is a value the mark must wait for (the phase's result). In the
+// engine it is nothing.
 #ifndef Q1_MARK
 #define Q1_MARK(i, dep)
 #endif
 #define TK 32  // keys per tile
 
-// QW queries per warp, SPLIT_Q = 4·QW per block: QW = 1 for decode (one row: G = 4 queries per
-// KV head). Only QW = 1 is built: more queries per KV head (verify, the draft block) go to the
-// tensor-core kernel in attention_tc.cu, which measured faster there (docs/perf.md).
+// A lane's PER consecutive floats of a shared-memory row (PER·lane …), in vector reads.
+template <int PER>
+__device__ __forceinline__ void load_row(const float* row, int lane, float (&out)[PER]) {
+    if constexpr (PER % 4 == 0) {
+#pragma unroll
+        for (int c = 0; c < PER / 4; c++) {
+            const float4 t = reinterpret_cast<const float4*>(row + PER * lane)[c];
+            out[4 * c] = t.x; out[4 * c + 1] = t.y; out[4 * c + 2] = t.z; out[4 * c + 3] = t.w;
+        }
+    } else {
+        static_assert(PER % 2 == 0, "head_dim a multiple of 64");
+#pragma unroll
+        for (int c = 0; c < PER / 2; c++) {
+            const float2 t = reinterpret_cast<const float2*>(row + PER * lane)[c];
+            out[2 * c] = t.x; out[2 * c + 1] = t.y;
+        }
+    }
+}
+
+// SPLIT_Q = 4 queries per block (one decode row: G = 4 queries per KV head). More queries per KV
+// head (verify, the draft block) go to the tensor-core kernel in attention_tc.cu, which measured
+// faster there (docs/perf.md).
 // E is the cache element (common.cuh KvElem): float, or __nv_bfloat16 for half the bytes per
 // key. The tiles are widened to f32 as they are put in shared memory, so the math below is the
 // same for both. cp.async cannot widen, so a bf16 first tile lands raw in the V tile's room (its
 // 16 KB hold a bf16 K and V tile) and is widened in place after a barrier; held in a second set
 // of registers instead, it spilled (128 registers).
-//
-// PV4 (an experiment, built only by scripts/exp/attn.cu with PV4=1): in P·V lane d owns dims
-// PER·d .. PER·d + PER − 1 instead of d, d + 32, …, so a key's V is one vector read per lane
-// instead of PER scalar ones, and the tile's p reach the lanes through shared memory four keys
-// at a time (one broadcast read) instead of one shuffle per key: about 21 instructions per four
-// keys instead of 36 at hd 128. Measured on the H200 it was 3–6% faster alone at 512 keys but
-// made decode 0.6% slower in the model (docs/perf.md), so the engine keeps PV4 = false.
 //
 // ROPE (the `attention_split_rope_*` kernels): qkv_rope_append folded in (norm_rope.cuh). q is
 // then the raw q|k|v output; warp w normalises and rotates its own query as it stages it, and
@@ -121,7 +141,7 @@ extern "C" __global__ void attention_f32_kvbf16(const float* q, const __nv_bfloa
 // own loads of the row read the cache before it was written; those values are overwritten).
 // The caches are then written through rp while k and v read them: only rows whose loaded
 // values are discarded are both written and read.
-template <int PER, int QW, typename E = float, bool PV4 = false, bool ROPE = false>
+template <int PER, typename E = float, bool ROPE = false>
 __device__ void attention_split(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                                 float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens,
                                 int causal, int keys, RopeIn<E> rp = {}) {
@@ -130,12 +150,14 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     constexpr bool F32 = KE::PER_CHUNK == 4;
     constexpr int HD = PER * 32, D4 = HD / 4;
     constexpr int DC = HD / KE::PER_CHUNK;                     // 16-byte chunks per cache row
-    constexpr int SPLIT_Q = QW * SPLIT_WARPS;                  // queries per block
+    constexpr int SPLIT_Q = SPLIT_WARPS;                       // queries per block
+    constexpr int KW = TK / SPLIT_WARPS;                       // keys per warp and tile (8)
+    static_assert(KW * SPLIT_Q == 32, "a lane per (query, key) of its warp");
     constexpr int LOADS = (TK * DC) / (SPLIT_WARPS * 32);      // chunks of K (and of V) per thread per tile
-    __shared__ float4 sq[SPLIT_Q][D4];
+    __shared__ float4 sq[SPLIT_Q][D4 + 1];
     __shared__ float4 sk[TK][D4 + 1];
     __shared__ float sv[TK][HD];
-    __shared__ float4 sp4[PV4 ? SPLIT_WARPS * QW * TK / 4 : 1];  // PV4: each warp's p, by query
+    __shared__ float4 sp[SPLIT_WARPS][SPLIT_Q * KW / 4];  // each warp's p of a tile, by query
     pdl_trigger();
     Q1_MARK(0, 0.f);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -186,7 +208,6 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     // ROPE: the rows' rotations (by the whole block), the norm weights of the warp's query and of
     // the new row the warp appends (its slice holds the row, or the row lies past the last
     // slice's keys), all before the wait.
-    static_assert(!ROPE || QW == 1, "the fold stages one query per warp");
     const int new_pos = first_pos + warp;
     const bool appends = ROPE && warp < rows && new_pos >= j0 && (new_pos < j1 || j1 == kv_len);
     __shared__ float2 srot[ROPE ? SPLIT_Q * HD / 2 : 1];  // the rows' rotations (rows ≤ SPLIT_Q)
@@ -199,17 +220,17 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
         __syncthreads();
     }
 
-    float o[QW][PER], m[QW], l[QW];
-    int vis[QW];
+    // This lane's query and key in its warp's part of a tile, the keys that query sees, and its
+    // online softmax (the same in the query's eight lanes); Σ p·v of every query for this lane's
+    // dims PER·lane ….
+    const int kq = lane / KW, kk = lane % KW;
+    const int vis = q0 + kq < Q ? (causal ? min(first_pos + sb.row(q0 + kq) + 1, kv_len) : kv_len) : 0;
+    float mq = -INFINITY, lq = 0.f;
+    float o[SPLIT_Q][PER];
 #pragma unroll
-    for (int i = 0; i < QW; i++) {
-        int qi = q0 + warp + SPLIT_WARPS * i;
-        m[i] = -INFINITY;
-        l[i] = 0.f;
-        vis[i] = qi < Q ? (causal ? min(first_pos + sb.row(qi) + 1, kv_len) : kv_len) : 0;
+    for (int i = 0; i < SPLIT_Q; i++)
 #pragma unroll
         for (int e = 0; e < PER; e++) o[i][e] = 0.f;
-    }
 
     Chunk pk[LOADS], pv[LOADS];
     auto fetch = [&](int t0) {
@@ -246,29 +267,46 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     // (Asking for the second tile before the wait too measured no better: docs/perf.md.)
     pdl_wait();
     Q1_MARK(1, 0.f);
+    // q is the previous kernel's output: read after the wait, through L2 (__ldcg, common.cuh),
+    // before the second tile's loads are asked for. (In a cold launch alone at 4096 keys q still
+    // lands ~12 µs into ~19, behind the first tiles' loads issued before the wait, with or
+    // without this order: scripts/exp/attn_phases.cu, docs/perf.md stop 22. Behind a q|k|v
+    // projection, as in the engine, those loads are issued while the projection ends.)
+    constexpr int QL = (SPLIT_Q * D4 + SPLIT_WARPS * 32 - 1) / (SPLIT_WARPS * 32);  // float4s per thread
+    float x[ROPE ? PER : 1];
+    float4 qv[ROPE ? 1 : QL];
+    const int qw_i = q0 + warp;  // ROPE: the query this warp stages
+    if constexpr (ROPE) {
+        if (qw_i < Q) warp_load_head<PER>(q, sb.row(qw_i), sb.head(qw_i), nh + 2 * nkv, x);
+        if (appends) nr.load(rp, warp, nh, nkv, kvh);
+    } else {
+#pragma unroll
+        for (int u = 0; u < QL; u++) {
+            const int i = threadIdx.x + u * SPLIT_WARPS * 32, qi = q0 + i / D4;
+            qv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4* head = reinterpret_cast<const float4*>(q + ((size_t)sb.row(qi) * nh + sb.head(qi)) * HD);
+            if (i < SPLIT_Q * D4 && qi < Q) qv[u] = __ldcg(head + i % D4);
+        }
+    }
     if (!early) first_tile();
     if (j0 + TK < j1) fetch(j0 + TK);
 
-    // q is the previous kernel's output: staged after the wait, through L2 (__ldcg, common.cuh).
     if constexpr (ROPE) {
-        const int qi = q0 + warp;
-        float x[PER];
-        if (qi < Q) warp_load_head<PER>(q, sb.row(qi), sb.head(qi), nh + 2 * nkv, x);
-        if (appends) nr.load(rp, warp, nh, nkv, kvh);
         float* sqw = reinterpret_cast<float*>(&sq[warp][0]);
-        if (qi < Q) warp_norm_rope<PER>(x, qw, srot + sb.row(qi) * (HD / 2), rp.eps);
+        if (qw_i < Q) warp_norm_rope<PER>(x, qw, srot + sb.row(qw_i) * (HD / 2), rp.eps);
 #pragma unroll
-        for (int e = 0; e < PER; e++) sqw[lane + 32 * e] = qi < Q ? x[e] * scale : 0.f;
+        for (int e = 0; e < PER; e++) sqw[lane + 32 * e] = qw_i < Q ? x[e] * scale : 0.f;
         if (appends) nr.append(rp, new_pos, nkv, kvh, srot + warp * (HD / 2));
-    } else
-    for (int i = threadIdx.x; i < SPLIT_Q * D4; i += blockDim.x) {
-        int qi = q0 + i / D4, c = i % D4;
-        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (qi < Q) {
-            val = __ldcg(reinterpret_cast<const float4*>(q + ((size_t)sb.row(qi) * nh + sb.head(qi)) * HD) + c);
-            val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
+    } else {
+#pragma unroll
+        for (int u = 0; u < QL; u++) {
+            const int i = threadIdx.x + u * SPLIT_WARPS * 32;
+            if (i < SPLIT_Q * D4) {
+                float4 val = qv[u];
+                val.x *= scale; val.y *= scale; val.z *= scale; val.w *= scale;
+                sq[i / D4][i % D4] = val;
+            }
         }
-        sq[i / D4][c] = val;
     }
     Q1_MARK(2, 0.f);
     for (int t0 = j0; t0 < j1; t0 += TK) {
@@ -306,111 +344,108 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
         }
         if (t0 == j0) Q1_MARK(3, 0.f);
         if (t0 != j0 && t0 + TK < j1) fetch(t0 + TK);  // in flight while this tile is computed
-        const int j = t0 + lane;
-        // Scores of this lane's key for all of the warp's queries in one pass over K, so each
-        // K element read from shared memory serves QW queries.
-        float sc[QW];
-#pragma unroll
-        for (int i = 0; i < QW; i++) sc[i] = 0.f;
+        const int n = min(TK, j1 - t0);                 // the tile's keys in the slice
+        if (warp * KW >= n) continue;                   // none of this warp's keys (the last tile)
+        const int jl = warp * KW + kk;
+        // The score of (query kq, key jl): each K element read serves four lanes' queries.
+        float s = 0.f;
 #pragma unroll 8
         for (int c = 0; c < D4; c++) {
-            float4 kk = sk[lane][c];
-#pragma unroll
-            for (int i = 0; i < QW; i++) {
-                float4 qq = sq[warp + SPLIT_WARPS * i][c];
-                sc[i] += qq.x * kk.x + qq.y * kk.y + qq.z * kk.z + qq.w * kk.w;
-            }
+            const float4 kv4 = sk[jl][c], qq = sq[kq][c];
+            s += qq.x * kv4.x + qq.y * kv4.y + qq.z * kv4.z + qq.w * kv4.w;
         }
-        if (t0 == j0) Q1_MARK(4, sc[0]);
-        float p[QW];
+        if (t0 == j0) Q1_MARK(4, s);
+        const bool valid = jl < n && t0 + jl < vis;
+        s = valid ? s : -INFINITY;
+        const float m_new = fmaxf(mq, group_max<KW>(s));
+        const float mu = m_new == -INFINITY ? 0.f : m_new;  // this query has seen no key yet: p = 0
+        const float p = valid ? expf(s - mu) : 0.f;
+        const float corr = expf(mq - mu);
+        lq = lq * corr + group_sum<KW>(p);
+        mq = m_new;
+        reinterpret_cast<float*>(&sp[warp][0])[lane] = p;
+        __syncwarp();
+        if (t0 == j0) Q1_MARK(5, p);
+        // Σ p·v over the warp's keys: each V element read once for all four queries.
 #pragma unroll
-        for (int i = 0; i < QW; i++) {
-            p[i] = 0.f;
-            if (t0 >= vis[i]) continue;  // uniform across the warp: no visible key in this tile
-            const bool valid = j < j1 && j < vis[i];
-            float s = valid ? sc[i] : -INFINITY;
-            float m_new = fmaxf(m[i], warp_max(s));  // finite: key t0 is visible
-            p[i] = valid ? expf(s - m_new) : 0.f;
-            float corr = expf(m[i] - m_new);
-            l[i] = l[i] * corr + warp_sum(p[i]);
-            m[i] = m_new;
+        for (int i = 0; i < SPLIT_Q; i++) {
+            const float ci = __shfl_sync(0xffffffffu, corr, KW * i);
 #pragma unroll
-            for (int e = 0; e < PER; e++) o[i][e] *= corr;
+            for (int e = 0; e < PER; e++) o[i][e] *= ci;
         }
-        // Σ p_j · v_j: each V element read once for all the warp's queries.
-        if (t0 == j0) Q1_MARK(5, p[0]);
-        const int n = min(TK, j1 - t0);
-        if constexpr (PV4) {
-            // Keys past n have p = 0 and zero-filled V rows, so whole groups of four are safe.
-            float4* wp = sp4 + warp * QW * (TK / 4);
+        const int nk = min(KW, n - warp * KW);
 #pragma unroll
-            for (int i = 0; i < QW; i++) reinterpret_cast<float*>(wp + i * (TK / 4))[lane] = p[i];
-            __syncwarp();
-            for (int jj = 0; jj < n; jj += 4) {
-                float4 pj[QW];
+        for (int c = 0; c < KW / 4; c++) {
+            float4 p4[SPLIT_Q];  // the four queries' p of keys 4c .. 4c + 3
 #pragma unroll
-                for (int i = 0; i < QW; i++) pj[i] = wp[i * (TK / 4) + jj / 4];
+            for (int i = 0; i < SPLIT_Q; i++) p4[i] = sp[warp][i * (KW / 4) + c];
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    float vv[PER];
-                    if constexpr (PER == 4) {
-                        const float4 v4 = reinterpret_cast<const float4*>(&sv[jj + kk][0])[lane];
-                        vv[0] = v4.x; vv[1] = v4.y; vv[2] = v4.z; vv[3] = v4.w;
-                    } else {
-#pragma unroll
-                        for (int e = 0; e < PER; e++) vv[e] = sv[jj + kk][PER * lane + e];
-                    }
-#pragma unroll
-                    for (int i = 0; i < QW; i++) {
-                        const float w = kk == 0 ? pj[i].x : kk == 1 ? pj[i].y : kk == 2 ? pj[i].z : pj[i].w;
-#pragma unroll
-                        for (int e = 0; e < PER; e++) o[i][e] += w * vv[e];
-                    }
-                }
-            }
-            __syncwarp();  // this tile's p are read before the next tile's overwrite them
-        } else {
-            for (int jj = 0; jj < n; jj++) {
+            for (int k4 = 0; k4 < 4; k4++) {
+                if (4 * c + k4 >= nk) break;  // past the slice: zero-filled rows, p = 0
                 float vv[PER];
+                load_row<PER>(&sv[warp * KW + 4 * c + k4][0], lane, vv);
 #pragma unroll
-                for (int e = 0; e < PER; e++) vv[e] = sv[jj][lane + 32 * e];
+                for (int i = 0; i < SPLIT_Q; i++) {
+                    const float w = k4 == 0 ? p4[i].x : k4 == 1 ? p4[i].y : k4 == 2 ? p4[i].z : p4[i].w;
 #pragma unroll
-                for (int i = 0; i < QW; i++) {
-                    float pj = __shfl_sync(0xffffffffu, p[i], jj);
-#pragma unroll
-                    for (int e = 0; e < PER; e++) o[i][e] += pj * vv[e];
+                    for (int e = 0; e < PER; e++) o[i][e] += w * vv[e];
                 }
             }
         }
-        if (t0 == j0) Q1_MARK(6, o[0][0]);
+        __syncwarp();  // this tile's p are read before the next tile's overwrite them
+        if (t0 + TK >= j1) Q1_MARK(6, o[0][0]);
     }
+    // The four warps' states of each query, merged in a fixed order (warp 0 first) by the warp
+    // of that query; the K tile's room holds them once every warp is done with the last tile.
+    __shared__ float2 sml[SPLIT_WARPS][SPLIT_Q];
+    __syncthreads();
+    float* so = reinterpret_cast<float*>(&sk[0][0]);  // [warp][query][HD]
+    static_assert(sizeof(sk) >= sizeof(float) * SPLIT_WARPS * SPLIT_Q * HD, "the states fit the K tile");
 #pragma unroll
-    for (int i = 0; i < QW; i++) {
-        int qi = q0 + warp + SPLIT_WARPS * i;
-        if (qi >= Q) continue;
+    for (int i = 0; i < SPLIT_Q; i++)
+#pragma unroll
+        for (int e = 0; e < PER; e++) so[(warp * SPLIT_Q + i) * HD + PER * lane + e] = o[i][e];
+    if (kk == 0) sml[warp][kq] = make_float2(mq, lq);
+    __syncthreads();
+    const int qi = q0 + warp;
+    if (qi < Q) {
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < SPLIT_WARPS; w++) M = fmaxf(M, sml[w][warp].x);
+        float L = 0.f, acc[PER];
+#pragma unroll
+        for (int e = 0; e < PER; e++) acc[e] = 0.f;
+#pragma unroll
+        for (int w = 0; w < SPLIT_WARPS; w++) {
+            const float2 ml = sml[w][warp];
+            const float c = ml.x == -INFINITY ? 0.f : expf(ml.x - M);  // a warp that saw no key
+            L += ml.y * c;
+#pragma unroll
+            for (int e = 0; e < PER; e++) acc[e] += so[(w * SPLIT_Q + warp) * HD + PER * lane + e] * c;
+        }
         const size_t slot = sb.slot(qi, rows, nh);
 #pragma unroll
-        for (int e = 0; e < PER; e++) part_o[slot * HD + (PV4 ? PER * lane + e : lane + 32 * e)] = o[i][e];
+        for (int e = 0; e < PER; e++) part_o[slot * HD + PER * lane + e] = acc[e];
         if (lane == 0) {
-            part_ml[slot * 2] = m[i];
-            part_ml[slot * 2 + 1] = l[i];
+            part_ml[slot * 2] = M;
+            part_ml[slot * 2 + 1] = L;
         }
     }
     Q1_MARK(7, 0.f);
 }
 
 // E: the cache element: f32 caches, or bf16 ones (`_kvbf16`, `--kv-cache bf16`).
-#define SPLIT_KERNEL_E(PER, QW, E, NAME)                                                                            \
+#define SPLIT_KERNEL_E(PER, E, NAME)                                                                            \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)                                               \
         NAME(const float* q, const E* k, const E* v, float* part_o, float* part_ml, int rows, int nh, int nkv,       \
              const int* lens, int causal, int keys) {                                                               \
-        attention_split<PER, QW, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                  \
+        attention_split<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                      \
     }
-#define SPLIT_KERNEL(PER, QW, NAME) SPLIT_KERNEL_E(PER, QW, float, NAME)
-SPLIT_KERNEL(2, 1, attention_split_q1_hd64_f32)
-SPLIT_KERNEL(4, 1, attention_split_q1_hd128_f32)
-SPLIT_KERNEL_E(2, 1, __nv_bfloat16, attention_split_q1_hd64_f32_kvbf16)
-SPLIT_KERNEL_E(4, 1, __nv_bfloat16, attention_split_q1_hd128_f32_kvbf16)
+#define SPLIT_KERNEL(PER, NAME) SPLIT_KERNEL_E(PER, float, NAME)
+SPLIT_KERNEL(2, attention_split_q1_hd64_f32)
+SPLIT_KERNEL(4, attention_split_q1_hd128_f32)
+SPLIT_KERNEL_E(2, __nv_bfloat16, attention_split_q1_hd64_f32_kvbf16)
+SPLIT_KERNEL_E(4, __nv_bfloat16, attention_split_q1_hd128_f32_kvbf16)
 
 // The same with qkv_rope_append folded in (ROPE above): qkv is the raw q|k|v output, k and v the
 // whole caches, read and appended to.
@@ -419,7 +454,7 @@ SPLIT_KERNEL_E(4, 1, __nv_bfloat16, attention_split_q1_hd128_f32_kvbf16)
         NAME(const float* qkv, const float* q_norm, const float* k_norm, const float* inv_freq, E* k, E* v,         \
              float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens, int causal, int keys,       \
              float eps) {                                                                                          \
-        attention_split<PER, 1, E, false, true>(qkv, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys,     \
+        attention_split<PER, E, true>(qkv, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys,               \
                                                 RopeIn<E>{qkv, q_norm, k_norm, inv_freq, k, v, eps});              \
     }
 SPLIT_ROPE_KERNEL(2, float, attention_split_rope_q1_hd64_f32)

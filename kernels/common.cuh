@@ -27,6 +27,21 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The same over each group of N consecutive lanes (N a power of two ≤ 32); every lane of a
+// group gets its group's result.
+template <int N>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+    for (int o = N / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+template <int N>
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+    for (int o = N / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // Sum over a whole block of blockDim.x threads (a multiple of 32, at most 1024).
 __device__ __forceinline__ float block_sum(float v) {
     __shared__ float partial[32];

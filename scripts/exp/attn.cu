@@ -6,9 +6,6 @@
 // KEYS=n overrides the keys per slice (the grid then covers kv_cap / n slices, at most 128);
 // SPLITS=n sets the grid's slices instead (split_plan in ops.rs: KEYS=32 with SPLITS=66 for q1,
 // 33 for tc is what the engine launches at 4096 keys on 132 SMs).
-// PV4=1 (q1 only): also times the decode kernel's PV4 variant (kernels/attention.cu) on the same
-// inputs, alternated with the shipped one, and checks that the combined outputs are
-// bit-identical (both add the same products in the same order).
 #include "attention.cu"
 #include "attention_tc.cu"
 #include <cstring>
@@ -16,12 +13,6 @@
 #include <cstdlib>
 #include <vector>
 #include <cuda_runtime.h>
-
-extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)
-    attention_split_q1_hd128_f32_pv4(const float* q, const float* k, const float* v, float* part_o, float* part_ml,
-                                     int rows, int nh, int nkv, const int* lens, int causal, int keys) {
-    attention_split<4, 1, float, true>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);
-}
 
 int main(int argc, char** argv) {
     const bool tc = argc > 1 && argv[1][0] == 't';
@@ -63,28 +54,4 @@ int main(int argc, char** argv) {
     printf("%s ctx %d: grid %dx%d keys %d | attention %.2f us (%.0f GB/s of %.1f MB K+V) | +combine %.2f us | checksum %.6f | %s\n",
            tc ? "tc" : q8 ? "q8" : "q1", ctx, nkv, splits, keys, ms1 * 1000 / iters, mb * 1e3 / (ms1 * 1000 / iters), mb, ms2 * 1000 / iters, cks,
            cudaGetErrorString(cudaDeviceSynchronize()));
-    if (getenv("PV4") && !tc && !q8) {
-        auto pv4 = [&](int c) {
-            attention_split_q1_hd128_f32_pv4<<<dim3(nkv * rows, splits), 128>>>(q, ks[c], vs[c], po, pml, rows, nh, nkv, lens, 1, keys);
-        };
-        cudaMemset(out, 0xff, rows * nh * hd * 4);
-        cudaMemset(po, 0xff, (size_t)128 * rows * nh * hd * 4);
-        pv4(0); comb();
-        std::vector<float> hp(rows * nh * hd); cudaMemcpy(hp.data(), out, hp.size() * 4, cudaMemcpyDeviceToHost);
-        attn(0); comb();
-        cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost);
-        const bool same = memcmp(hp.data(), ho.data(), hp.size() * 4) == 0;
-        double t[2] = {0, 0};
-        for (int r = 0; r < 3; r++) {
-            for (int v4 = 0; v4 < 2; v4++) {
-                float ms;
-                cudaEventRecord(e0);
-                for (int i = 0; i < iters; i++) { if (v4) pv4(i % COPIES); else attn(i % COPIES); }
-                cudaEventRecord(e1); cudaEventSynchronize(e1); cudaEventElapsedTime(&ms, e0, e1);
-                t[v4] += ms * 1000 / iters / 3;
-            }
-        }
-        printf("q1 ctx %d PV4: shipped %.2f us | PV4 %.2f us (%.3f) | outputs %s | %s\n", ctx, t[0], t[1], t[1] / t[0],
-               same ? "bit-identical: PASS" : "DIFFER: FAIL", cudaGetErrorString(cudaDeviceSynchronize()));
-    }
 }

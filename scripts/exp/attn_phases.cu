@@ -3,7 +3,7 @@
 // memory, its S, its softmax, the last P·V, end), for one cold launch at one context length with
 // the engine's slicing. Prints, per mark, the median and the last block's time since the first
 // block started. With Q1=1 the same for the one-row decode kernel (Q1_MARK in attention.cu:
-// the first tile's scores, softmax and P·V). Usage: [Q1=1] /tmp/attn_phases CTX [SPLITS]
+// the first tile's scores and softmax, the last tile's P·V). Usage: [Q1=1] /tmp/attn_phases CTX [SPLITS]
 // nvcc -arch=sm_90 -O3 -std=c++17 -I kernels scripts/exp/attn_phases.cu -o /tmp/attn_phases
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     const int smem = TC_SMEM(128);
     cudaFuncSetAttribute(attention_tc_hd128_f32, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     const char* tc_names[8] = {"start", "pdl wait", "Q staged", "tile in smem", "S", "softmax", "last P.V", "end"};
-    const char* q1_names[8] = {"start", "pdl wait", "q staged", "tile in smem", "scores", "softmax", "first P.V", "end"};
+    const char* q1_names[8] = {"start", "pdl wait", "q staged", "tile in smem", "scores", "softmax", "last P.V", "end"};
     const char** names = q1 ? q1_names : tc_names;
     for (int rep = 0; rep < 3; rep++) {
         cudaMemset(tr, 0, blocks * 8 * 8);

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)
     attn1_k(int rows, Attn a, int mode, const unsigned* wc, unsigned need, unsigned* arrive, unsigned long long* tr) {
     const unsigned long long t0 = gtime();
     chain_begin(mode, wc, need);
-    attention_split<4, 1, float>(a.q, a.k_cache, a.v_cache, a.part_o, a.part_ml, rows, 32, 8, a.lens, 1, 32);
+    attention_split<4, float>(a.q, a.k_cache, a.v_cache, a.part_o, a.part_ml, rows, 32, 8, a.lens, 1, 32);
     chain_end(mode, arrive, tr, t0);
 }
 __global__ void __launch_bounds__(TC_WARPS * 32, 2)
