@@ -1,6 +1,6 @@
 //! A decode step's attention straight from the q|k|v projection output: the per-head norms,
 //! RoPE, the cache append and the split-KV attention in one launch (plus the combine), where the
-//! one-query-per-warp kernel takes the step (kernels/norm_rope.cuh, the
+//! decode split kernel takes the step (kernels/norm_rope.cuh, the
 //! `attention_split_rope_q1_*` kernels); otherwise `qkv_rope_append` and `attention_split` one
 //! after the other. Both give the same bits (a GPU test compares them).
 //!

@@ -20,7 +20,7 @@ fn folded_rope_attention_matches_the_two_launches() {
     let mut g = gpu();
     let mut rng = Rng(29);
     let cases: [FoldCase; 12] = [
-        // Decode (the one-query-per-warp kernel): Qwen3-8B's heads at the start, inside a tile,
+        // Decode (the split kernel of one row): Qwen3-8B's heads at the start, inside a tile,
         // on a tile's last key, at 4096 keys (two tiles a slice); G = 2 with two rows.
         (1, 0, 32, 8, 128, true),
         (1, 37, 32, 8, 128, true),

@@ -1,6 +1,6 @@
 //! Qwen3-8B's attention shape on small random bf16 pairs: head dim 128 and four query heads per
 //! KV head (32 / 8 in Qwen3-8B), so prefill, verify and the draft block run the tensor-core
-//! attention kernel at hd 128 and decode the one-query-per-warp kernel at hd 128, each launched
+//! attention kernel at hd 128 and decode the one-row split kernel at hd 128, each launched
 //! with PDL right after `qkv_rope_append_f32` as in the engine, under CUDA graphs. The fixture
 //! models are all head dim 64; at hd 128 ptxas had moved attention_tc's query loads above the
 //! PDL wait (kernels/common.cuh), which only a whole-model run at this shape could show: the
