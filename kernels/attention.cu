@@ -83,8 +83,8 @@ extern "C" __global__ void attention_f32_kvbf16(const float* q, const __nv_bfloa
 // Warp w takes keys 8w .. 8w + 7 of each tile for all four queries, so the block reads each K
 // and V element from shared memory once. (Until stop 22 each warp took one query and all 32
 // keys, so every warp read the whole tile: four times the shared-memory reads. This layout
-// measured 1–3% faster alone at 512 and 4096 keys, decode ±0 there and −0.8% / −1.4% at 8192 /
-// 16384 keys, where the tiles per block are many: docs/perf.md.)
+// measured 1–3% faster alone at 512 and 4096 keys, decode ±0 there and −0.7–0.8% / −1.4–1.5%
+// at 8192 / 16384 keys, where the tiles per block are many, in two calls: docs/perf.md.)
 // Scores: lane (query i = lane / 8, key k = lane % 8) takes the whole dot product q_i · k_k
 // (K rows padded by one float4, so the eight rows a quarter-warp reads start in distinct banks;
 // Q rows too). The query's max and sum over the warp's eight keys are three shuffles each in

@@ -63,6 +63,12 @@ fn split_attention_matches_reference() {
         (16, 600, 32, 8, 128, Some(584)),
         (3, 100, 4, 4, 256, Some(97)),
         (1, 512, 32, 8, 128, Some(511)),
+        // The one-row kernel's block of four queries holding two causal rows (G = 2: the rows
+        // see different key counts) or two queries only, with slices ending inside a warp's
+        // eight keys of a tile.
+        (2, 37, 4, 2, 64, Some(35)),
+        (2, 299, 8, 4, 128, Some(297)),
+        (1, 45, 4, 2, 128, Some(44)),
         (8, 520, 32, 8, 128, Some(512)),
         (1, 4096, 32, 8, 128, Some(4095)),
         (8, 4103, 32, 8, 128, Some(4095)),
