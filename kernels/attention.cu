@@ -435,11 +435,11 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
 }
 
 // E: the cache element: f32 caches, or bf16 ones (`_kvbf16`, `--kv-cache bf16`).
-#define SPLIT_KERNEL_E(PER, E, NAME)                                                                            \
+#define SPLIT_KERNEL_E(PER, E, NAME)                                                                                \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)                                               \
         NAME(const float* q, const E* k, const E* v, float* part_o, float* part_ml, int rows, int nh, int nkv,       \
              const int* lens, int causal, int keys) {                                                               \
-        attention_split<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                      \
+        attention_split<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                       \
     }
 #define SPLIT_KERNEL(PER, NAME) SPLIT_KERNEL_E(PER, float, NAME)
 SPLIT_KERNEL(2, attention_split_q1_hd64_f32)
