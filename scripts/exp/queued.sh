@@ -11,8 +11,12 @@
 #   bash scripts/exp/queued.sh run1    (on the device, ~4 min): matvec_x1 and attn_merge against
 #     the shipped kernels (ab.sh), and fold.cu on the merged kernel (times, and its output
 #     checked bit for bit against append + attention + combine);
-#   bash scripts/exp/queued.sh run2    (on the device, ~7 min): attn_pf.sh at 512 / 4096 keys
-#     and at 16384.
+#   bash scripts/exp/queued.sh run2    (on the device, ~7 min): attn_pf.patch's knobs
+#     (DSPARK_ATTN_PF: the ATTN_PF_* bits of its kernels/common.cuh, L2 prefetch of a slice's
+#     cache rows before the PDL wait, 1/2 decode kernel, 4/8 tensor-core kernel;
+#     DSPARK_TC_PER_SM / DSPARK_Q1_PER_SM: blocks per SM the slice plans count on, 2 and 4
+#     shipped) by scripts/ab.sh's AB_ENVS, at 512 / 4096 keys and at 16384. No setting changes
+#     a value.
 # Logs under $OUT (or ./queued-logs); a part that runs out of its time keeps what it printed.
 # What the experiments are and why: docs/perf.md, section "Stop 23".
 set -euo pipefail
@@ -59,10 +63,10 @@ run2)
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader || true
     # The attention's L2 prefetch and slice-plan knobs, shipped setting first.
-    BIN=dspark-pf VARIANTS="|DSPARK_ATTN_PF=2|DSPARK_ATTN_PF=3|DSPARK_ATTN_PF=4|DSPARK_ATTN_PF=5|DSPARK_ATTN_PF=15|DSPARK_TC_PER_SM=3|DSPARK_Q1_PER_SM=2 DSPARK_ATTN_PF=5" \
-        ROUNDS=2 timeout 330 bash scripts/exp/attn_pf.sh --contexts 512,4096 | tee "$out/attn_pf.txt" || true
-    BIN=dspark-pf VARIANTS="|DSPARK_ATTN_PF=5|DSPARK_ATTN_PF=15|DSPARK_TC_PER_SM=3" ROUNDS=1 timeout 150 \
-        bash scripts/exp/attn_pf.sh --contexts 16384 --iters 15 | tee "$out/attn_pf_16384.txt" || true
+    AB_BINS=dspark-pf AB_ENVS="|DSPARK_ATTN_PF=2|DSPARK_ATTN_PF=3|DSPARK_ATTN_PF=4|DSPARK_ATTN_PF=5|DSPARK_ATTN_PF=15|DSPARK_TC_PER_SM=3|DSPARK_Q1_PER_SM=2 DSPARK_ATTN_PF=5" \
+        ROUNDS=2 timeout 330 bash scripts/ab.sh --contexts 512,4096 | tee "$out/attn_pf.txt" || true
+    AB_BINS=dspark-pf AB_ENVS="|DSPARK_ATTN_PF=5|DSPARK_ATTN_PF=15|DSPARK_TC_PER_SM=3" ROUNDS=1 timeout 150 \
+        bash scripts/ab.sh --contexts 16384 --iters 15 | tee "$out/attn_pf_16384.txt" || true
     ;;
 *)
     echo "usage: bash scripts/exp/queued.sh build|run1|run2" >&2
