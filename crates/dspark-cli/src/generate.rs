@@ -11,11 +11,11 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dspark_kernels::KvDtype;
-use dspark_model::cuda_dspark::CudaDraft;
-use dspark_model::cuda_qwen3::CudaQwen3;
-use dspark_model::dspark::CpuDraft;
-use dspark_model::qwen3::CpuQwen3;
-use dspark_model::tokenizer::{chat_prompt, eos_ids, Tokenizer};
+use dspark_model::checkpoint::tokenizer::{chat_prompt, eos_ids, Tokenizer};
+use dspark_model::cpu::dspark::CpuDraft;
+use dspark_model::cpu::qwen3::CpuQwen3;
+use dspark_model::cuda::dspark::CudaDraft;
+use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::{Drafter, TargetModel};
 use dspark_spec::{greedy, speculative, CostTable, GenerateOptions, Generation, VerifyLen};
 use serde_json::json;

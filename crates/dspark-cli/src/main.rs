@@ -43,7 +43,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
-        Command::Info { dir } => dspark_model::info::Info::of_dir(&dir).map(|i| print!("{i}")).map_err(Into::into),
+        Command::Info { dir } => {
+            dspark_model::checkpoint::info::Info::of_dir(&dir).map(|i| print!("{i}")).map_err(Into::into)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

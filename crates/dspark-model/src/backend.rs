@@ -9,7 +9,7 @@
 //! The loops in `dspark-spec` see only this trait, so the CPU reference and the CUDA backend
 //! are interchangeable under them (Architecture Invariant: spec never names a backend).
 
-use crate::config::Qwen3Config;
+use crate::checkpoint::config::Qwen3Config;
 use crate::error::{Error, Result};
 
 /// Which rows of a forward pass need logits.

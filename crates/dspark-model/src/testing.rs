@@ -6,11 +6,11 @@
 //! embedding and output head as the published drafts do. Small vocabularies make draft and
 //! target agree often enough that accepted, partly accepted and rejected rounds all occur.
 
-use crate::config::Qwen3Config;
-use crate::draft_config::{DraftConfig, MarkovKind, Packaging};
-use crate::dspark::{CpuDraft, DraftWeights};
-use crate::markov::{ConfidenceHead, MarkovHead, MarkovVariant};
-use crate::qwen3::{CpuQwen3, LayerWeights, Qwen3Weights};
+use crate::checkpoint::config::Qwen3Config;
+use crate::checkpoint::draft_config::{DraftConfig, MarkovKind, Packaging};
+use crate::cpu::dspark::{CpuDraft, DraftWeights};
+use crate::cpu::markov::{ConfidenceHead, MarkovHead, MarkovVariant};
+use crate::cpu::qwen3::{CpuQwen3, LayerWeights, Qwen3Weights};
 pub use dspark_tensor::DType;
 use std::path::PathBuf;
 
@@ -284,7 +284,7 @@ fn push_layer<'a>(t: &mut Vec<(String, Vec<usize>, &'a [f32])>, cfg: &Qwen3Confi
         &lw.up_proj,
         &lw.down_proj,
     ];
-    for ((name, shape), data) in crate::qwen3::layer_tensors(cfg).into_iter().zip(tensors) {
+    for ((name, shape), data) in crate::cpu::qwen3::layer_tensors(cfg).into_iter().zip(tensors) {
         t.push((format!("{prefix}{name}"), shape, data));
     }
 }
@@ -301,7 +301,7 @@ fn write_tensors(path: &std::path::Path, t: &[(String, Vec<usize>, &[f32])], dty
     }
     let owned: Vec<(&str, DType, Vec<usize>, Vec<u8>)> =
         t.iter().map(|(n, s, d)| (n.as_str(), dtype, s.clone(), d.iter().flat_map(|&x| encode(x)).collect())).collect();
-    std::fs::write(path, crate::safetensors::serialize(&owned))
+    std::fs::write(path, crate::checkpoint::safetensors::serialize(&owned))
 }
 
 /// The bf16 nearest to a finite `x` (ties to even): the top half of its f32 bits, rounded.

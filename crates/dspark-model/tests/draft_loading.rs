@@ -4,8 +4,8 @@
 mod common;
 
 use common::fixture;
-use dspark_model::dspark::CpuDraft;
-use dspark_model::qwen3::CpuQwen3;
+use dspark_model::cpu::dspark::CpuDraft;
+use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::TargetModel;
 use serde_json::{json, Value};
 use std::path::Path;

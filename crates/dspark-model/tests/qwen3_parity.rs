@@ -9,7 +9,7 @@
 mod common;
 
 use common::{fixture, rel_err, rel_l2, Golden, TARGET_FIXTURES};
-use dspark_model::qwen3::CpuQwen3;
+use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::{LogitRows, TargetModel};
 use proptest::prelude::*;
 

@@ -7,7 +7,7 @@
 //! `cargo xtask fetch-test-data`; when they are missing these tests fail rather than skip, so a
 //! green run always means the comparison happened.
 
-use dspark_model::tokenizer::{chat_prompt, Tokenizer};
+use dspark_model::checkpoint::tokenizer::{chat_prompt, Tokenizer};
 use std::path::PathBuf;
 
 fn test_data(rel: &str) -> PathBuf {

@@ -5,9 +5,9 @@
 //! this exact setup (train/RESULTS.md); the floor is 2.0. It is a property of the draft and
 //! the loop, not a timing — and the output must still equal plain greedy.
 
-use dspark_model::dspark::CpuDraft;
-use dspark_model::qwen3::CpuQwen3;
-use dspark_model::tokenizer::{eos_ids, Tokenizer};
+use dspark_model::checkpoint::tokenizer::{eos_ids, Tokenizer};
+use dspark_model::cpu::dspark::CpuDraft;
+use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::TargetModel;
 use dspark_spec::{greedy, speculative, GenerateOptions, VerifyLen};
 use std::path::PathBuf;

@@ -9,9 +9,9 @@
 //! must then reproduce the reference's tokens and accepted lengths exactly (up to a final round
 //! that our loop caps at the tokens still wanted).
 
-use dspark_model::dspark::CpuDraft;
-use dspark_model::qwen3::CpuQwen3;
-use dspark_model::safetensors::Checkpoint;
+use dspark_model::checkpoint::safetensors::Checkpoint;
+use dspark_model::cpu::dspark::CpuDraft;
+use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::{Drafter, Proposal, Result, TargetModel};
 use dspark_spec::{speculative, GenerateOptions, VerifyLen};
 use serde_json::Value;
@@ -113,7 +113,7 @@ impl Drafter for Checked {
         self.round += 1;
         let mut p = Proposal { tokens: chain.tokens, survival: None };
         if !chain.confidence_logits.is_empty() {
-            p.survival = Some(dspark_model::markov::prefix_survival(&chain.confidence_logits));
+            p.survival = Some(dspark_model::cpu::markov::prefix_survival(&chain.confidence_logits));
         }
         Ok(p)
     }

@@ -18,11 +18,11 @@
 #![cfg(feature = "gpu-tests")]
 
 use dspark_kernels::cuda::Gpu;
-use dspark_model::cuda_dspark::CudaDraft;
-use dspark_model::cuda_qwen3::CudaQwen3;
-use dspark_model::draft_config::MarkovKind;
-use dspark_model::dspark::CpuDraft;
-use dspark_model::qwen3::CpuQwen3;
+use dspark_model::checkpoint::draft_config::MarkovKind;
+use dspark_model::cpu::dspark::CpuDraft;
+use dspark_model::cpu::qwen3::CpuQwen3;
+use dspark_model::cuda::dspark::CudaDraft;
+use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::testing::{
     random_draft, target_config, target_weights, write_draft_dir, write_draft_dir_as, write_target_dir,
     write_target_dir_as, DType, DraftSpec, Rng,
@@ -226,7 +226,7 @@ fn two_layer_draft(block_size: usize, markov_kind: MarkovKind, confidence: bool)
 
 /// A random bf16 target of `cfg` and a draft of `spec` for it, written as HF folders.
 fn write_pair(
-    cfg: &dspark_model::config::Qwen3Config,
+    cfg: &dspark_model::checkpoint::config::Qwen3Config,
     seed: u64,
     spec: &DraftSpec,
     draft_dtype: DType,

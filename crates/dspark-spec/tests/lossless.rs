@@ -8,8 +8,8 @@
 //! 10,000 cases.
 
 use dspark_kernels::KvDtype;
-use dspark_model::draft_config::MarkovKind;
-use dspark_model::qwen3::CpuQwen3;
+use dspark_model::checkpoint::draft_config::MarkovKind;
+use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::testing::{random_draft, random_target, target_config, target_weights, DraftSpec};
 use dspark_spec::{greedy, speculative, CostTable, GenerateOptions, VerifyLen};
 use proptest::prelude::*;

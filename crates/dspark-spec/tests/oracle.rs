@@ -4,7 +4,7 @@
 //! tapped target features of exactly the newly committed positions (anchor + accepted drafts),
 //! against features from one forward over the whole final sequence.
 
-use dspark_model::qwen3::CpuQwen3;
+use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::{Drafter, LogitRows, Proposal, Result, TargetModel};
 use dspark_spec::{greedy, speculative, GenerateOptions, VerifyLen};
 use std::path::PathBuf;

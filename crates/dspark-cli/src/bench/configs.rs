@@ -2,8 +2,8 @@
 //! published checkpoints ship (`Qwen/Qwen3-8B`, `deepseek-ai/dspark_qwen3_8b_block7`), parsed by
 //! the same code that reads a checkpoint folder. Weights are random (made on the device).
 
-use dspark_model::draft_config::DraftConfig;
-use dspark_model::json::JsonObject;
+use dspark_model::checkpoint::draft_config::DraftConfig;
+use dspark_model::checkpoint::json::JsonObject;
 use dspark_model::{Qwen3Config, Result};
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! `fixtures/golden/NAME.safetensors` holds f32 tensors, `fixtures/golden/NAME.json` the ids.
 #![allow(dead_code)]
 
-use dspark_model::safetensors::Checkpoint;
+use dspark_model::checkpoint::safetensors::Checkpoint;
 use std::path::PathBuf;
 
 pub const TARGET_FIXTURES: [&str; 4] = ["qwen3-tiny-f32", "qwen3-tiny-sharded", "qwen3-tiny-bf16", "qwen3-tiny-tied"];

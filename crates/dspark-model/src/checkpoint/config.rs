@@ -9,8 +9,8 @@
 //! engine does not implement (attention bias, sliding windows, RoPE scaling) are rejected with
 //! the field's name rather than silently computed wrong.
 
+use crate::checkpoint::json::JsonObject;
 use crate::error::Result;
-use crate::json::JsonObject;
 use std::path::Path;
 
 /// The geometry and constants of a Qwen3 decoder.

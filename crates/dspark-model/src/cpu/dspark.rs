@@ -15,15 +15,15 @@
 //! normal Qwen3 block on it, with attention over `[K_ctx ; K_blk]` and **no mask** (every slot
 //! sees all context and all slots). The block's own K/V are discarded after the pass. Slot `s`
 //! of `lm_head(RMSNorm_norm(x))` predicts the token at position `p + s + 1`; the Markov chain
-//! in [`crate::markov`] then picks the tokens left to right.
+//! in [`crate::cpu::markov`] then picks the tokens left to right.
 
 use crate::backend::{Drafter, Proposal};
-use crate::config::Qwen3Config;
-use crate::draft_config::{DraftConfig, MarkovKind, Packaging};
+use crate::checkpoint::config::Qwen3Config;
+use crate::checkpoint::draft_config::{DraftConfig, MarkovKind, Packaging};
+use crate::checkpoint::safetensors::Checkpoint;
+use crate::cpu::markov::{greedy_chain, prefix_survival, Chain, ConfidenceHead, MarkovHead, MarkovVariant};
+use crate::cpu::qwen3::{layer_tensors, LayerWeights, Qwen3Weights};
 use crate::error::{Error, Result};
-use crate::markov::{greedy_chain, prefix_survival, Chain, ConfidenceHead, MarkovHead, MarkovVariant};
-use crate::qwen3::{layer_tensors, LayerWeights, Qwen3Weights};
-use crate::safetensors::Checkpoint;
 use dspark_kernels::cpu::attention::{attention, AttnShape, Mask};
 use dspark_kernels::cpu::matmul::linear;
 use dspark_kernels::cpu::rmsnorm::{rmsnorm, rmsnorm_inplace};

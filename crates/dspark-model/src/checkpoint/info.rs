@@ -5,13 +5,13 @@
 //! milliseconds even for a 16 GB checkpoint. Tensors in the files that the model does not read
 //! are listed as extra rather than rejected (HF exports sometimes carry a tied `lm_head`).
 
-use crate::config::Qwen3Config;
-use crate::draft_config::{DraftConfig, Packaging};
-use crate::dspark::check_tensors;
+use crate::checkpoint::config::Qwen3Config;
+use crate::checkpoint::draft_config::{DraftConfig, Packaging};
+use crate::checkpoint::json::JsonObject;
+use crate::checkpoint::safetensors::Checkpoint;
+use crate::cpu::dspark::check_tensors;
+use crate::cpu::qwen3::expected_tensors;
 use crate::error::Result;
-use crate::json::JsonObject;
-use crate::qwen3::expected_tensors;
-use crate::safetensors::Checkpoint;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;

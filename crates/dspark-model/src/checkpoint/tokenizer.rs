@@ -23,8 +23,8 @@
 //! (Qwen3: `<|im_end|>` and `<|endoftext|>`). Stopping on the union is what `transformers`'
 //! `generate` does, so [`eos_ids`] takes both.
 
+use crate::checkpoint::json::JsonObject;
 use crate::error::{Error, Result};
-use crate::json::JsonObject;
 use std::path::{Path, PathBuf};
 
 /// A Hugging Face tokenizer loaded from `tokenizer.json`.

@@ -15,12 +15,12 @@ use crate::backend::{
     check_capture, check_forward, check_truncate, verify_on_host, Captured, Deferred, DeviceRows, Forward, Greedy,
     LogitRows, TargetModel,
 };
-use crate::config::Qwen3Config;
-use crate::cuda_graphs::StepGraphs;
-use crate::cuda_layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
+use crate::checkpoint::config::Qwen3Config;
+use crate::checkpoint::safetensors::Checkpoint;
+use crate::cuda::graphs::StepGraphs;
+use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
+use crate::cuda::weights::WeightSource;
 use crate::error::Result;
-use crate::safetensors::Checkpoint;
-use crate::weights::WeightSource;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::kv::{KvCaches, KvDtype};
@@ -188,7 +188,7 @@ impl CudaQwen3 {
     /// Runs one chunk of at most [`CHUNK`] tokens on the device: logits of rows `from..` into
     /// `self.logits` (none when `logit_from` is `None`) and with `argmax` their ids into
     /// `self.next_ids`, captures into the shared buffer's first `n` rows. Returns the number of
-    /// logits rows. Steps of a few rows replay a CUDA graph (`cuda_graphs`). The chunk's tokens
+    /// logits rows. Steps of a few rows replay a CUDA graph (`cuda::graphs`). The chunk's tokens
     /// are `host` followed by the first `drafted` tokens of the shared draft-token buffer, copied
     /// on the device (the verify of a deferred proposal).
     fn run_step(&mut self, host: &[u32], drafted: usize, logit_from: Option<usize>, argmax: bool) -> Result<usize> {

@@ -12,9 +12,9 @@
 //! real target layer other than the last (DSPARK.md §1.7: the last layer's HF hidden state is
 //! post-norm, and the drafts were trained on raw layer outputs).
 
-use crate::config::Qwen3Config;
+use crate::checkpoint::config::Qwen3Config;
+use crate::checkpoint::json::JsonObject;
 use crate::error::{Error, Result};
-use crate::json::JsonObject;
 use std::path::{Path, PathBuf};
 
 /// The sequential head that biases each slot's logits by the previous token (DSPARK.md §3.1).
@@ -59,7 +59,7 @@ impl DraftConfig {
     pub fn from_dir(dir: &Path) -> Result<DraftConfig> {
         let j = JsonObject::read(&dir.join("config.json"))?;
         if j.get("speculators_model_type").is_some() {
-            return crate::speculators::draft_config(&j);
+            return crate::checkpoint::speculators::draft_config(&j);
         }
         Self::native(&j)
     }

@@ -16,9 +16,9 @@
 //! first layer's input norm launches on its own, so a layer is 7 launches (9 without the fold).
 //! Weights stay in the checkpoint dtype; every buffer comes from the arena at load.
 
-use crate::config::Qwen3Config;
+use crate::checkpoint::config::Qwen3Config;
+use crate::cuda::weights::WeightSource;
 use crate::error::{Error, Result};
-use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaViewMut};
 use dspark_kernels::cuda::kv::{KvCaches, KvDtype, LayersKv};
 use dspark_kernels::cuda::norm_fold::Normed;

@@ -16,10 +16,10 @@
 //! `dspark_kernels::cpu::matmul` so that real checkpoints remain usable.
 
 use crate::backend::{check_capture, check_forward, check_truncate, Forward, LogitRows, TargetModel};
-use crate::config::Qwen3Config;
+use crate::checkpoint::config::Qwen3Config;
+use crate::checkpoint::safetensors::Checkpoint;
+use crate::cpu::kv_cache::KvCache;
 use crate::error::Result;
-use crate::kv_cache::KvCache;
-use crate::safetensors::Checkpoint;
 use dspark_kernels::cpu::activation::swiglu_inplace;
 use dspark_kernels::cpu::attention::{attention, AttnShape, Mask};
 use dspark_kernels::cpu::matmul::linear;

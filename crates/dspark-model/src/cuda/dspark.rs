@@ -1,5 +1,5 @@
 //! The DSpark draft on the GPU, behind the same [`Drafter`] trait as the CPU reference
-//! (math in [`crate::dspark`] and [`crate::markov`]).
+//! (math in [`crate::cpu::dspark`] and [`crate::cpu::markov`]).
 //!
 //! Per layer the K/V cache holds `max_len` context rows plus `B` block rows: each round the
 //! block's keys are written just past the context and attention reads context + block with no
@@ -9,16 +9,16 @@
 //! ids and confidence logits are copied back.
 
 use crate::backend::{Captured, Deferred, DeviceTokens, Drafter, Proposal};
-use crate::config::Qwen3Config;
-use crate::cuda_graphs::StepGraphs;
-use crate::cuda_layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
-use crate::cuda_qwen3::{handoff_id, CudaQwen3, SharedCapture, SharedTokens, CHUNK};
-use crate::draft_config::{DraftConfig, MarkovKind};
-use crate::dspark::check_tensors;
+use crate::checkpoint::config::Qwen3Config;
+use crate::checkpoint::draft_config::{DraftConfig, MarkovKind};
+use crate::checkpoint::safetensors::Checkpoint;
+use crate::cpu::dspark::check_tensors;
+use crate::cpu::markov::prefix_survival;
+use crate::cuda::graphs::StepGraphs;
+use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
+use crate::cuda::qwen3::{handoff_id, CudaQwen3, SharedCapture, SharedTokens, CHUNK};
+use crate::cuda::weights::WeightSource;
 use crate::error::{Error, Result};
-use crate::markov::prefix_survival;
-use crate::safetensors::Checkpoint;
-use crate::weights::WeightSource;
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::kv_layers::LayerCaches;

@@ -16,7 +16,7 @@
 //! sequence with `kv_cap = kv_len`, which gives the same slices, so both paths give the same
 //! bits (the GPU model tests compare them).
 
-use crate::cuda_layers::drv;
+use crate::cuda::layers::drv;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;

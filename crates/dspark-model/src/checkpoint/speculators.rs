@@ -9,10 +9,10 @@
 //! * `sample_from_anchor: false` marks the older 1+N DFlash slot layout, which this engine
 //!   does not run, so it is refused rather than drafted wrong.
 
-use crate::config::Qwen3Config;
-use crate::draft_config::{DraftConfig, Packaging};
+use crate::checkpoint::config::Qwen3Config;
+use crate::checkpoint::draft_config::{DraftConfig, Packaging};
+use crate::checkpoint::json::JsonObject;
 use crate::error::Result;
-use crate::json::JsonObject;
 
 /// Builds a [`DraftConfig`] from a speculators `config.json`.
 pub fn draft_config(j: &JsonObject) -> Result<DraftConfig> {

@@ -1,6 +1,6 @@
 //! Where the CUDA backends get their weights: a checkpoint, or random values made on the device.
 //!
-//! [`crate::cuda_qwen3::CudaQwen3`] and [`crate::cuda_dspark::CudaDraft`] are built by one
+//! [`crate::cuda::qwen3::CudaQwen3`] and [`crate::cuda::dspark::CudaDraft`] are built by one
 //! constructor over a [`WeightSource`], so `dspark bench` times exactly the structs and code
 //! path `dspark generate --device cuda` runs, with Qwen3-8B-shaped random weights and no files
 //! (Architecture Invariant: the bench has no model code of its own).
@@ -12,9 +12,9 @@
 //!   optional tensors, so a random draft borrows the target's embedding and output head, as the
 //!   published DSpark drafts do.
 
-use crate::cuda_layers::drv;
+use crate::checkpoint::safetensors::Checkpoint;
+use crate::cuda::layers::drv;
 use crate::error::{Error, Result};
-use crate::safetensors::Checkpoint;
 use crate::testing::Rng;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cuda::ops::WeightBuf;

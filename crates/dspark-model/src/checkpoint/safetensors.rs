@@ -9,8 +9,8 @@
 //! the tensor. Files are mapped, not read: opening a 16 GB checkpoint touches only its headers,
 //! and a tensor's pages are read when the model converts it.
 
+use crate::checkpoint::json::JsonObject;
 use crate::error::{Error, Result};
-use crate::json::JsonObject;
 use dspark_tensor::DType;
 use memmap2::Mmap;
 use std::collections::BTreeMap;

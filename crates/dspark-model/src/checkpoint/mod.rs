@@ -1,0 +1,17 @@
+//! Reading HF-layout checkpoint folders: every file a model folder holds, checked against what
+//! the engine expects, with errors that name the file and the field or tensor.
+//!
+//! * [`config`] — a Qwen3 target's `config.json`; [`draft_config`] and [`speculators`] — a
+//!   DSpark draft's, in the DeepSpec native and the vLLM speculators packagings.
+//! * [`safetensors`] — the weights, one file or a sharded index, memory-mapped.
+//! * [`tokenizer`] — `tokenizer.json`, Qwen3's chat format and the ids that end a generation.
+//! * [`info`] — `dspark info DIR`: a folder summarised without loading its weights.
+//! * [`json`] — typed reads from a config object, each failure naming its field.
+
+pub mod config;
+pub mod draft_config;
+pub mod info;
+pub mod json;
+pub mod safetensors;
+pub mod speculators;
+pub mod tokenizer;

@@ -1,0 +1,14 @@
+//! The CUDA backend: the same target and draft as [`crate::cpu`], behind the same traits.
+//!
+//! * [`qwen3`] — `CudaQwen3`, the target; [`dspark`] — `CudaDraft`, the draft.
+//! * [`layers`] — decoder-layer weights (fused q|k|v, interleaved gate|up, folded RMSNorms) and
+//!   the layer step both share.
+//! * [`graphs`] — one CUDA graph per step shape, captured on first use and replayed.
+//! * [`weights`] — `WeightSource`: a checkpoint, or random bf16 weights made on the device for
+//!   `dspark bench`.
+
+pub mod dspark;
+pub mod graphs;
+pub mod layers;
+pub mod qwen3;
+pub mod weights;
