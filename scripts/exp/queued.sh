@@ -18,7 +18,7 @@
 #     shipped) by scripts/ab.sh's AB_ENVS, at 512 / 4096 keys and at 16384. No setting changes
 #     a value.
 # Logs under $OUT (or ./queued-logs); a part that runs out of its time keeps what it printed.
-# What the experiments are and why: docs/perf.md, section "Stop 23".
+# What the experiments are and why: docs/perf.md, section "Prepared experiments, not yet measured".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
