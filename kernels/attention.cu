@@ -81,10 +81,10 @@ extern "C" __global__ void attention_f32_kvbf16(const float* q, const __nv_bfloa
 // first tile by cp.async straight into shared memory, so the first two are in flight at once).
 //
 // Warp w takes keys 8w .. 8w + 7 of each tile for all four queries, so the block reads each K
-// and V element from shared memory once. (Until stop 22 each warp took one query and all 32
-// keys, so every warp read the whole tile: four times the shared-memory reads. This layout
-// measured 1–3% faster alone at 512 and 4096 keys, decode ±0 there and −0.7–0.8% / −1.4–1.5%
-// at 8192 / 16384 keys, where the tiles per block are many, in two calls: docs/perf.md.)
+// and V element from shared memory once. (Earlier each warp took one query and all 32 keys, so
+// every warp read the whole tile: four times the shared-memory reads. This layout measured 1–3%
+// faster alone at 512 and 4096 keys, decode ±0 there and −0.7–0.8% / −1.4–1.5% at 8192 / 16384
+// keys, where the tiles per block are many, in two calls; measured, git history of docs/perf.md.)
 // Scores: lane (query i = lane / 8, key k = lane % 8) takes the whole dot product q_i · k_k
 // (K rows padded by one float4, so the eight rows a quarter-warp reads start in distinct banks;
 // Q rows too). The query's max and sum over the warp's eight keys are three shuffles each in
@@ -97,10 +97,10 @@ extern "C" __global__ void attention_f32_kvbf16(const float* q, const __nv_bfloa
 // Layout of the partials: o [splits, rows, nh, hd], ml [splits, rows, nh, 2].
 
 #define SPLIT_WARPS 4
-// A tracing hook like attention_tc.cu's TC_MARK (scripts/exp/attn_phases.cu q1): start, after
-// the PDL wait, q staged, the first tile in shared memory, its scores, its softmax, the last
-// tile's P·V, the end; `dep` is a value the mark must wait for (the phase's result). In the
-// engine it is nothing.
+// A tracing hook like attention_tc.cu's TC_MARK, for a harness that includes this file to
+// time-stamp each block's phases: start, after the PDL wait, q staged, the first tile in shared
+// memory, its scores, its softmax, the last tile's P·V, the end; `dep` is a value the mark must
+// wait for (the phase's result). In the engine it is nothing.
 #ifndef Q1_MARK
 #define Q1_MARK(i, dep)
 #endif
@@ -176,8 +176,8 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     // asked for before the PDL wait, while the kernels before this one still run. The step's own
     // rows are appended by the kernel just before this one.
     // Each thread's K/V addresses from one base pointer (common.cuh TileRows; per-load index
-    // arithmetic measured 5.44 / 18.0 µs against 5.25 / 17.75 at 512 / 4096 keys in
-    // scripts/exp/attn.cu).
+    // arithmetic measured 5.44 / 18.0 µs against 5.25 / 17.75 at 512 / 4096 keys in a
+    // stand-alone harness).
     constexpr int KSTEP = SPLIT_WARPS * 32 / DC;  // keys between one thread's loads of a tile
     const TileRowsT<Chunk> tr = tile_rows<SPLIT_WARPS * 32, DC, Chunk>(k, v, nkv, kvh);
     const int key0 = tr.key0;
@@ -270,8 +270,8 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     // q is the previous kernel's output: read after the wait, through L2 (__ldcg, common.cuh),
     // before the second tile's loads are asked for. (In a cold launch alone at 4096 keys q still
     // lands ~12 µs into ~19, behind the first tiles' loads issued before the wait, with or
-    // without this order: scripts/exp/attn_phases.cu, docs/perf.md stop 22. Behind a q|k|v
-    // projection, as in the engine, those loads are issued while the projection ends.)
+    // without this order (measured; git history of docs/perf.md). Behind a q|k|v projection, as
+    // in the engine, those loads are issued while the projection ends.)
     constexpr int QL = (SPLIT_Q * D4 + SPLIT_WARPS * 32 - 1) / (SPLIT_WARPS * 32);  // float4s per thread
     float x[ROPE ? PER : 1];
     float4 qv[ROPE ? 1 : QL];
@@ -467,7 +467,8 @@ SPLIT_ROPE_KERNEL(4, __nv_bfloat16, attention_split_rope_q1_hd128_f32_kvbf16)
 // computed once into shared memory; then four thread groups each sum every 4th slice for their
 // dim (independent loads, a quarter of the serial chain) and the four sums are added in a fixed
 // order.
-// The body is a device function so that scripts/exp/chain.cu can wrap and trace it.
+// The body is a device function shared by the two kernels below (`attention_combine_f32` and
+// its twin `attention_combine_q1_f32`, which the decode launches with PDL).
 #define COMBINE_GROUPS 4
 __device__ void attention_combine(const float* part_o, const float* part_ml, float* out, int rows, int nh, int hd,
                                   const int* lens, int keys, int max_splits) {

@@ -41,9 +41,9 @@
 #include "common.cuh"
 
 #define TC_WARPS 8
-// A tracing hook: scripts/exp/attn_phases.cu defines it to time-stamp the phases of each block
-// (start, after the PDL wait, Q staged, the first tile in shared memory, its S, its softmax,
-// the last tile's P·V, the end). In the engine it is nothing.
+// A tracing hook: a harness that includes this file may define it to time-stamp the phases of
+// each block (start, after the PDL wait, Q staged, the first tile in shared memory, its S, its
+// softmax, the last tile's P·V, the end). In the engine it is nothing.
 #ifndef TC_MARK
 #define TC_MARK(i)
 #endif
@@ -57,7 +57,7 @@
 // it is: a .tf32 operand's 13 low bits are not read, so the MMA sees small truncated to TF32 —
 // the same trick as CUTLASS's and Triton's 3xTF32. cvt.rna.tf32.f32 has no instruction on
 // sm_90: it compiled to 4–5 integer and compare instructions, twice per split, and the splits
-// were a third of this kernel's instructions (docs/perf.md).
+// were a third of this kernel's instructions (measured; git history of docs/perf.md).
 __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     small = __float_as_uint(x - __uint_as_float(big));
@@ -131,7 +131,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     // The first tile's K/V loads go out before Q is staged, so the two latencies overlap.
     // Each thread's K/V addresses from one base pointer (common.cuh TileRows). The loads bypass
     // L1 (__ldcg): written plainly, they compiled to read-only-path loads, and the kernel took
-    // 25.6 µs at 4096 keys against 24.1 µs this way (scripts/exp/attn.cu, docs/perf.md).
+    // 25.6 µs at 4096 keys against 24.1 µs this way (in a stand-alone harness).
     constexpr int KSTEP = TC_WARPS * 32 / DC;  // keys between one thread's loads of a tile
     const TileRowsT<Chunk> tr = tile_rows<TC_WARPS * 32, DC, Chunk>(k, v, nkv, kvh);
     const int key0 = tr.key0;
@@ -142,7 +142,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     // (S = −inf, p = 0), so their K is never used and their V only as 0 · v = 0. Zeroing them on
     // every tile, and each load's address from its key by a 64-bit multiply, took 28 more
     // instructions per warp and tile (SASS: 93 IMAD against 65) and 0.1–0.3 µs at 512–1024 keys
-    // (scripts/exp/attn.cu, same outputs; ±0 at 2048–4096 keys).
+    // (in a stand-alone harness, same outputs; ±0 at 2048–4096 keys).
     Chunk pk[LOADS], pv[LOADS];
 #pragma unroll
     for (int i = 0; i < LOADS; i++) pk[i] = pv[i] = KE::zero();
@@ -188,7 +188,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     // step 0 takes dims 4t, 4t + 1 and step 1 dims 4t + 2, 4t + 3 (the slot mapping above).
     // All of a thread's Q loads go out before any is used: written as a loop over i with the
     // block size as its stride, the second item's loads waited for the first's stores, and Q
-    // staging took 3.3 of a one-tile block's 8 µs (scripts/exp/attn_phases.cu). Q is the
+    // staging took 3.3 of a one-tile block's 8 µs (time-stamped by TC_MARK). Q is the
     // previous kernel's output, read through L2 (__ldcg): read plainly through the __restrict__
     // pointer, ptxas moved the loads above the PDL wait at hd 128 (common.cuh).
     constexpr int QITEMS = 2 * CHUNKS * 32, QPER = QITEMS / (TC_WARPS * 32);

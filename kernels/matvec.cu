@@ -153,11 +153,6 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 // without it do not take it, so their machine code is unchanged.
 __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// A time stamp hook for scripts/exp/chain.cu (each warp's main loop done); empty in the engine.
-#ifndef MV_LOOP_MARK
-#define MV_LOOP_MARK()
-#endif
-
 // One block = 8 warps = 8/ksplit tiles of 16 output rows, each tile's K split over ksplit warps
 // (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many tiles need no split, few tiles need it to keep
 // enough loads in flight). A warp walks its K range in steps of UNROLL chunks, double-buffered in
@@ -263,7 +258,6 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
         }
     }
 
-    MV_LOOP_MARK();
     // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, cols 2t, 2t+1); col = m.
     __shared__ float part[TC_WARPS][16][8];
     __shared__ float inv_rms[8];
@@ -361,7 +355,7 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
 // into the next tile's first, so a warp's loads stay in flight from its first step to its last.
 // Steps of 4 chunks (a W2 tile in two) at 2 blocks per SM keep 128 KB of weights in flight per
 // SM, against 96 KB for steps of 2 at 3 blocks (80 registers): W2 21.66–21.74 → 21.36–21.47 µs
-// a call replayed from a graph (docs/perf.md, stop 20).
+// a call replayed from a graph (measured; git history of docs/perf.md).
 // K is not split, so a warp's accumulators hold its tile's whole sums and it writes the outputs
 // from its MMA fragments itself (no shared memory, no barrier), the same values as matvec_tc at
 // ksplit 1 bit for bit. The argmax variant keeps each thread's best output over all its tiles and

@@ -1,7 +1,7 @@
-// The tensor-core building blocks of the bf16 matvecs (matvec.cu) and the Markov chain
-// (markov_chain.cu): the f32-exact split of x into three bf16 parts, the m16n8k16 MMA, one 32-wide
-// k chunk of a 16-row tile as six MMAs, and the per-step weight and x loads of a warp. The
-// layout and the reasons are in matvec.cu's header.
+// The tensor-core building blocks of the bf16 matvecs (matvec.cu, including the one-row Markov
+// step): the f32-exact split of x into three bf16 parts, the m16n8k16 MMA, one 32-wide k chunk
+// of a 16-row tile as six MMAs, and the per-step weight and x loads of a warp. The layout and
+// the reasons are in matvec.cu's header.
 #pragma once
 #include "common.cuh"
 

@@ -17,7 +17,8 @@
 // key and value, stores them to the caches for later steps and writes them into its shared-
 // memory tile, where the tile's own loads of that (not yet written) row landed stale values.
 // Measured: decode ±0 to −0.6%. The tensor-core attention's blocks own 32 queries each and
-// every key slice would redo them; that twin was slower (scripts/exp/attn_tc_fold.patch).
+// every key slice would redo them; that twin was slower (9.55 → 11.68 µs at 512 keys, verify
+// +1.5–1.9%: docs/perf.md, "What was tried and lost").
 #pragma once
 #include "common.cuh"
 
