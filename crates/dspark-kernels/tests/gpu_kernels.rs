@@ -12,31 +12,8 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use dspark_kernels::cpu;
 use dspark_kernels::cuda::ops::{OpScratch, StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
+use dspark_testkit::{rel_err, Rng};
 use half::{bf16, f16};
-
-struct Rng(u64);
-impl Rng {
-    fn f32(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
-    }
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    if got.iter().any(|v| !v.is_finite()) {
-        return f32::INFINITY;
-    }
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-    got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
-}
 
 /// Under compute-sanitizer (which slows kernels 10-100×) the tier sets `DSPARK_GPU_SMALL` and
 /// the Qwen3-8B-sized cases are left out of that run; the plain run always includes them.

@@ -1,4 +1,5 @@
-//! Random tiny models for property tests (no files).
+//! Random tiny models for property tests (no files), beside the shared [`Rng`] and [`rel_err`]
+//! (re-exported from `dspark-testkit`).
 //!
 //! The lossless property has to hold for *every* target/draft pair, so the tests draw pairs
 //! here: small geometry, weights with a standard deviation near the fixtures' 0.3 so logits
@@ -12,40 +13,10 @@ use crate::cpu::dspark::{CpuDraft, DraftWeights};
 use crate::cpu::markov::{ConfidenceHead, MarkovHead, MarkovVariant};
 use crate::cpu::qwen3::{CpuQwen3, LayerWeights, Qwen3Weights};
 pub use dspark_tensor::DType;
+/// The seeded SplitMix64 generator and the relative-error check, from the bottom crate
+/// `dspark-testkit`, so crates above this one import everything their tests need from here.
+pub use dspark_testkit::{rel_err, Rng};
 use std::path::PathBuf;
-
-/// SplitMix64: tiny, deterministic, good enough for test weights.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, n)`.
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// Approximately normal with standard deviation `std` (sum of four uniforms).
-    pub fn normal(&mut self, std: f32) -> f32 {
-        let u: f32 = (0..4).map(|_| (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32).sum::<f32>() - 2.0;
-        u * std * (3.0f32).sqrt()
-    }
-
-    pub fn vec(&mut self, n: usize, std: f32) -> Vec<f32> {
-        (0..n).map(|_| self.normal(std)).collect()
-    }
-
-    /// RMSNorm weights: `1 + 0.1·N(0, 1)`.
-    pub fn norm(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| 1.0 + self.normal(0.1)).collect()
-    }
-}
 
 /// A Qwen3 config with the given geometry (rope θ 1e4, eps 1e-6, untied).
 pub fn target_config(
@@ -80,16 +51,16 @@ fn layer(rng: &mut Rng, c: &Qwen3Config, std: f32) -> LayerWeights {
     let (h, i, q, kv, hd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim(), c.head_dim);
     LayerWeights {
         input_layernorm: rng.norm(h),
-        q_proj: rng.vec(q * h, std),
-        k_proj: rng.vec(kv * h, std),
-        v_proj: rng.vec(kv * h, std),
-        o_proj: rng.vec(h * q, std),
+        q_proj: rng.normal_vec(q * h, std),
+        k_proj: rng.normal_vec(kv * h, std),
+        v_proj: rng.normal_vec(kv * h, std),
+        o_proj: rng.normal_vec(h * q, std),
         q_norm: rng.norm(hd),
         k_norm: rng.norm(hd),
         post_attention_layernorm: rng.norm(h),
-        gate_proj: rng.vec(i * h, std),
-        up_proj: rng.vec(i * h, std),
-        down_proj: rng.vec(h * i, std),
+        gate_proj: rng.normal_vec(i * h, std),
+        up_proj: rng.normal_vec(i * h, std),
+        down_proj: rng.normal_vec(h * i, std),
     }
 }
 
@@ -98,10 +69,10 @@ pub fn target_weights(seed: u64, cfg: &Qwen3Config) -> Qwen3Weights {
     let mut rng = Rng(seed);
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
     Qwen3Weights {
-        embed_tokens: rng.vec(v * h, 0.5),
+        embed_tokens: rng.normal_vec(v * h, 0.5),
         layers: (0..cfg.num_hidden_layers).map(|_| layer(&mut rng, cfg, 0.3)).collect(),
         norm: rng.norm(h),
-        lm_head: if cfg.tie_word_embeddings { None } else { Some(rng.vec(v * h, 0.5)) },
+        lm_head: if cfg.tie_word_embeddings { None } else { Some(rng.normal_vec(v * h, 0.5)) },
     }
 }
 
@@ -147,25 +118,28 @@ pub fn random_draft(seed: u64, target_cfg: &Qwen3Config, target: &Qwen3Weights, 
     let (h, v, r) = (target_cfg.hidden_size, target_cfg.vocab_size, spec.markov_rank);
     let markov = (r > 0).then(|| MarkovHead {
         rank: r,
-        w1: rng.vec(v * r, 0.5),
-        w2: rng.vec(v * r, 0.5),
+        w1: rng.normal_vec(v * r, 0.5),
+        w2: rng.normal_vec(v * r, 0.5),
         variant: match spec.markov_kind {
             MarkovKind::Vanilla => MarkovVariant::Vanilla,
-            MarkovKind::Gated => MarkovVariant::Gated { weight: rng.vec(r * (h + r), 0.3), bias: rng.vec(r, 0.3) },
-            MarkovKind::Rnn => {
-                MarkovVariant::Rnn { weight: rng.vec(3 * r * (2 * r + h), 0.3), bias: rng.vec(3 * r, 0.3) }
+            MarkovKind::Gated => {
+                MarkovVariant::Gated { weight: rng.normal_vec(r * (h + r), 0.3), bias: rng.normal_vec(r, 0.3) }
             }
+            MarkovKind::Rnn => MarkovVariant::Rnn {
+                weight: rng.normal_vec(3 * r * (2 * r + h), 0.3),
+                bias: rng.normal_vec(3 * r, 0.3),
+            },
         },
     });
     let confidence = spec.confidence_head.then(|| ConfidenceHead {
-        weight: rng.vec(cfg.confidence_in(), 0.3),
+        weight: rng.normal_vec(cfg.confidence_in(), 0.3),
         bias: rng.normal(0.5),
         with_markov: cfg.confidence_with_markov,
     });
     let w = DraftWeights {
         embed_tokens: target.embed_tokens.clone(),
         lm_head: target.lm_head.clone().unwrap_or_else(|| target.embed_tokens.clone()),
-        fc: rng.vec(h * cfg.num_taps() * h, 0.3),
+        fc: rng.normal_vec(h * cfg.num_taps() * h, 0.3),
         hidden_norm: rng.norm(h),
         layers: (0..spec.layers).map(|_| layer(&mut rng, &cfg.layer, 0.3)).collect(),
         norm: rng.norm(h),
@@ -317,7 +291,7 @@ mod tests {
     #[test]
     fn bf16_rounding_is_nearest_even() {
         let mut rng = super::Rng(3);
-        let mut values = rng.vec(10_000, 1.0);
+        let mut values = rng.normal_vec(10_000, 1.0);
         // Exact halfway cases: ties go to the even bf16.
         values.extend([f32::from_bits(0x3F80_8000), f32::from_bits(0x3F81_8000), 0.0, -0.0, 1.0, -2.5]);
         for x in values {

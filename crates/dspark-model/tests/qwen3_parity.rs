@@ -8,8 +8,9 @@
 
 mod common;
 
-use common::{fixture, rel_err, rel_l2, Golden, TARGET_FIXTURES};
+use common::{fixture, rel_l2, Golden, TARGET_FIXTURES};
 use dspark_model::cpu::qwen3::CpuQwen3;
+use dspark_model::testing::rel_err;
 use dspark_model::{LogitRows, TargetModel};
 use proptest::prelude::*;
 

@@ -12,6 +12,7 @@
 use dspark_model::checkpoint::safetensors::Checkpoint;
 use dspark_model::cpu::dspark::CpuDraft;
 use dspark_model::cpu::qwen3::CpuQwen3;
+use dspark_model::testing::rel_err;
 use dspark_model::{Drafter, Proposal, Result, TargetModel};
 use dspark_spec::{speculative, GenerateOptions, VerifyLen};
 use serde_json::Value;
@@ -19,12 +20,6 @@ use std::path::PathBuf;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len(), "length mismatch");
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-    got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
 }
 
 fn ids(v: &Value) -> Vec<u32> {

@@ -24,7 +24,7 @@ use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::cuda::dspark::CudaDraft;
 use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::testing::{
-    random_draft, target_config, target_weights, write_draft_dir, write_draft_dir_as, write_target_dir,
+    random_draft, rel_err, target_config, target_weights, write_draft_dir, write_draft_dir_as, write_target_dir,
     write_target_dir_as, DType, DraftSpec, Rng,
 };
 use dspark_model::{Drafter, LogitRows, TargetModel};
@@ -45,15 +45,6 @@ fn root() -> PathBuf {
 fn gpu() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
     GPU.get_or_init(|| Arc::new(Gpu::new(0).expect("the GPU tier needs a CUDA device"))).clone()
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    if got.iter().any(|v| !v.is_finite()) {
-        return f32::INFINITY;
-    }
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-    got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -143,7 +134,7 @@ fn draft_proposals_match_the_cpu_draft() {
         let mut rng = Rng(9);
         for round in 0..4 {
             let n = [12, 1, 3, 8][round];
-            let feats = rng.vec(n * row, 1.0);
+            let feats = rng.normal_vec(n * row, 1.0);
             a.append_context(&feats).unwrap();
             b.append_context(&feats).unwrap();
             let anchor = (rng.below(500)) as u32;
@@ -292,7 +283,7 @@ fn bf16_pairs_match_the_cpu_and_stay_lossless() {
         let mut cuda_d = CudaDraft::load(&ddir, &cuda).unwrap();
         let row = cpu_d.config().num_taps() * 64;
         for (round, n) in [9, 1, 3, 8].into_iter().enumerate() {
-            let feats = rng.vec(n * row, 1.0);
+            let feats = rng.normal_vec(n * row, 1.0);
             cpu_d.append_context(&feats).unwrap();
             cuda_d.append_context(&feats).unwrap();
             let anchor = rng.below(96) as u32;

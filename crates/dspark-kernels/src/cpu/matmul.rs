@@ -72,7 +72,7 @@ pub fn linear(x: &[f32], w: &[f32], rows: usize, d_in: usize, d_out: usize) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::testutil::{rel_err, Rng};
+    use dspark_testkit::{rel_err, Rng};
     use proptest::prelude::*;
 
     proptest! {

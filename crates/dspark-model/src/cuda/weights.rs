@@ -15,12 +15,12 @@
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::layers::drv;
 use crate::error::{Error, Result};
-use crate::testing::Rng;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cuda::ops::WeightBuf;
 use dspark_kernels::cuda::{CudaError, Gpu};
 use dspark_tensor::arena::Arena;
 use dspark_tensor::DType;
+use dspark_testkit::Rng;
 use std::cell::Cell;
 use std::sync::Arc;
 

@@ -46,15 +46,6 @@ impl Golden {
     }
 }
 
-/// Largest absolute difference over the largest reference magnitude — the "relative" error
-/// every tolerance in these tests refers to.
-pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len(), "length mismatch");
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-    let diff = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    diff / scale
-}
-
 /// ‖got − want‖₂ / ‖want‖₂, the usual relative error of a whole tensor. Used where the
 /// reference itself rounds every op (transformers running in bf16/f16), so a single outlier
 /// element measures the reference's rounding more than our math.

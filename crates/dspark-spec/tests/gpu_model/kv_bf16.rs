@@ -51,7 +51,7 @@ fn draft_proposals_on_bf16_caches_match_the_cpu_draft() {
         let row = a.config().num_taps() * 64;
         let mut rng = Rng(19);
         for round in 0..4 {
-            let feats = rng.vec([12, 1, 3, 8][round] * row, 1.0);
+            let feats = rng.normal_vec([12, 1, 3, 8][round] * row, 1.0);
             a.append_context(&feats).unwrap();
             b.append_context(&feats).unwrap();
             let anchor = rng.below(500) as u32;
