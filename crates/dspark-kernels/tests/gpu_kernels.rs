@@ -458,6 +458,9 @@ fn shape_checks_refuse_short_buffers() {
 #[path = "gpu_kernels/attention.rs"]
 mod attention;
 
+#[path = "gpu_kernels/attention_prefill.rs"]
+mod attention_prefill;
+
 #[path = "gpu_kernels/norm_fold.rs"]
 mod norm_fold;
 

@@ -10,6 +10,7 @@
 //! shape bug is an error on the host rather than an out-of-bounds access on the device.
 
 mod argmax;
+mod attention_prefill;
 pub mod kv;
 pub mod kv_layers;
 mod markov;

@@ -35,6 +35,17 @@ pub const MODULES: &[PtxModule] = &[
         ],
     },
     PtxModule {
+        name: "attention_prefill",
+        sm90: include_str!("../../ptx/attention_prefill.sm90.ptx"),
+        sm80: include_str!("../../ptx/attention_prefill.sm80.ptx"),
+        functions: &[
+            "attention_prefill_hd64_f32",
+            "attention_prefill_hd128_f32",
+            "attention_prefill_hd64_f32_kvbf16",
+            "attention_prefill_hd128_f32_kvbf16",
+        ],
+    },
+    PtxModule {
         name: "attention_tc",
         sm90: include_str!("../../ptx/attention_tc.sm90.ptx"),
         sm80: include_str!("../../ptx/attention_tc.sm80.ptx"),
