@@ -7,6 +7,9 @@
 
 mod bench;
 mod generate;
+// `generate` hands `progress::load_bar()` to `CheckpointUpload::with_progress`.
+#[allow(dead_code)]
+mod progress;
 
 use clap::{Parser, Subcommand};
 use dspark_kernels::KvDtype;

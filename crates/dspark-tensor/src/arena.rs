@@ -34,6 +34,11 @@ impl Arena {
         self.bytes.get()
     }
 
+    /// The stream every buffer is allocated on (copies into them are ordered on it).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     fn count<T>(&self, n: usize) {
         self.allocations.set(self.allocations.get() + 1);
         self.bytes.set(self.bytes.get() + n * std::mem::size_of::<T>());
@@ -49,6 +54,16 @@ impl Arena {
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, DriverError> {
         self.count::<T>(data.len());
         self.stream.clone_htod(data)
+    }
+
+    /// A zeroed weight matrix of `n` elements of `dtype`, for a loader that copies the
+    /// checkpoint's bytes into it (the same buffer, and count, as [`Arena::weight`] makes).
+    pub fn weight_zeros(&self, dtype: DType, n: usize) -> Result<WeightBuf, DriverError> {
+        Ok(match dtype {
+            DType::F32 => WeightBuf::F32(self.zeros(n)?),
+            DType::BF16 => WeightBuf::Bf16(self.zeros(n)?),
+            DType::F16 => WeightBuf::F16(self.zeros(n)?),
+        })
     }
 
     /// A weight matrix in its checkpoint dtype from little-endian bytes.

@@ -11,4 +11,5 @@ pub mod dspark;
 pub mod graphs;
 pub mod layers;
 pub mod qwen3;
+pub mod upload;
 pub mod weights;
