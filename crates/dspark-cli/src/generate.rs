@@ -1,26 +1,31 @@
 //! `dspark generate`: the contract later features build on.
 //!
 //! ```text
-//! dspark generate --target DIR [--draft DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--chat]
+//! dspark generate [--target DIR [--draft DIR]] (--prompt TEXT | --prompt-ids 1,2,3) [--chat]
 //!                 [--max-tokens N] [--device cpu|cuda] [--json]
 //! ```
 //!
 //! Text mode streams decoded text as tokens are chosen and ends with a stats line on stderr;
-//! `--json` prints exactly one JSON object on stdout: `{"tokens", "text", "stats"}`.
+//! `--json` prints exactly one JSON object on stdout: `{"tokens", "text", "stats"}`. Without
+//! `--target` it runs the demo pair compiled into the binary ([`crate::demo`]).
 
+use crate::demo::{self, EmbeddedModel};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dspark_kernels::KvDtype;
-use dspark_model::checkpoint::tokenizer::{chat_prompt, eos_ids, Tokenizer};
-use dspark_model::cpu::dspark::CpuDraft;
-use dspark_model::cpu::qwen3::CpuQwen3;
+use dspark_model::checkpoint::draft_config::DraftConfig;
+use dspark_model::checkpoint::safetensors::Checkpoint;
+use dspark_model::checkpoint::tokenizer::{chat_prompt, eos_ids, eos_ids_from, Tokenizer};
+use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
+use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
 use dspark_model::cuda::dspark::CudaDraft;
 use dspark_model::cuda::qwen3::CudaQwen3;
-use dspark_model::{Drafter, TargetModel};
+use dspark_model::{Drafter, Qwen3Config, TargetModel};
 use dspark_spec::{greedy, speculative, CostTable, GenerateOptions, Generation, VerifyLen};
 use serde_json::json;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Device {
@@ -31,7 +36,8 @@ pub enum Device {
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     /// Target model folder (HF Qwen3 layout: config.json, safetensors, optional tokenizer.json).
-    /// Default: the embedded demo coder (fixtures/coder-target) with its DSpark draft.
+    /// Default: the demo coder compiled into the binary (fixtures/coder-target) with its DSpark
+    /// draft (fixtures/coder-draft, unless --draft is given).
     #[arg(long)]
     target: Option<PathBuf>,
     /// DSpark draft folder (speculative decoding).
@@ -53,7 +59,9 @@ pub struct GenerateArgs {
     /// Where to run; defaults to CUDA when a GPU is present, else the CPU.
     #[arg(long, value_enum)]
     device: Option<Device>,
-    /// Positions the GPU KV caches are sized for (capped at max_position_embeddings).
+    /// Positions of context: the prompt and at least one generated token must fit in it and in
+    /// max_position_embeddings; the GPU KV caches are sized for it (capped at
+    /// max_position_embeddings).
     #[arg(long, default_value_t = 8192)]
     max_context: usize,
     /// Element type of the target's and the draft's KV caches: f32 (bit for bit the f32 CPU
@@ -71,38 +79,86 @@ pub struct GenerateArgs {
     json: bool,
 }
 
-/// The embedded demo: a tiny Qwen3 trained on Python source and its DSpark draft
-/// (train/README.md), used when `--target` is not given.
-const DEMO_TARGET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/coder-target");
-const DEMO_DRAFT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/coder-draft");
-const DEMO_PROMPT: &str = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n";
+/// Where a model's files come from: a folder, or the demo pair compiled into the binary. Both
+/// go through the same parsers and checks, and the loaders below make the same calls as
+/// `CpuQwen3::load`, `CpuDraft::load`, `CudaQwen3::load_kv` and `CudaDraft::load` do on a
+/// folder.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Dir(&'a Path),
+    Embedded(&'static EmbeddedModel),
+}
+
+impl Source<'_> {
+    /// The path of one of the model's files, for messages (virtual for the embedded demo).
+    fn file(self, name: &str) -> PathBuf {
+        match self {
+            Source::Dir(d) => d.join(name),
+            Source::Embedded(m) => m.file(name),
+        }
+    }
+
+    fn tokenizer(self) -> dspark_model::Result<Option<Tokenizer>> {
+        match self {
+            Source::Dir(d) => Tokenizer::from_dir(d),
+            Source::Embedded(m) => m.tokenizer(),
+        }
+    }
+
+    fn target_config(self) -> dspark_model::Result<Qwen3Config> {
+        match self {
+            Source::Dir(d) => Qwen3Config::from_dir(d),
+            Source::Embedded(m) => Qwen3Config::from_json(&m.config_json()?),
+        }
+    }
+
+    fn draft_config(self) -> dspark_model::Result<DraftConfig> {
+        match self {
+            Source::Dir(d) => DraftConfig::from_dir(d),
+            Source::Embedded(m) => DraftConfig::from_json(&m.config_json()?),
+        }
+    }
+
+    fn checkpoint(self) -> dspark_model::Result<Checkpoint> {
+        match self {
+            Source::Dir(d) => Checkpoint::open_dir(d),
+            Source::Embedded(m) => m.checkpoint(),
+        }
+    }
+
+    /// Stop ids from `generation_config.json` (if any) and `config.json`'s.
+    fn eos_ids(self, config_eos: &[u32]) -> dspark_model::Result<Vec<u32>> {
+        match self {
+            Source::Dir(d) => eos_ids(d, config_eos),
+            Source::Embedded(m) => eos_ids_from(m.generation_config_json()?.as_ref(), config_eos),
+        }
+    }
+}
 
 pub fn run(mut args: GenerateArgs) -> Result<()> {
-    if args.target.is_none() {
-        let target = PathBuf::from(DEMO_TARGET);
-        if !target.join("config.json").exists() {
-            bail!("no --target given and the embedded demo model is missing at {}", target.display());
+    // No --target: the embedded demo target, its draft unless --draft names one, and the demo
+    // prompt unless one is given.
+    let (target_src, draft_src) = match &args.target {
+        Some(dir) => (Source::Dir(dir), args.draft.as_deref().map(Source::Dir)),
+        None => {
+            if args.prompt.is_none() && args.prompt_ids.is_none() {
+                args.prompt = Some(demo::PROMPT.to_string());
+            }
+            let draft = args.draft.as_deref().map(Source::Dir).unwrap_or(Source::Embedded(&demo::DRAFT));
+            (Source::Embedded(&demo::TARGET), Some(draft))
         }
-        args.target = Some(target);
-        if args.draft.is_none() {
-            args.draft = Some(PathBuf::from(DEMO_DRAFT));
-        }
-        if args.prompt.is_none() && args.prompt_ids.is_none() {
-            args.prompt = Some(DEMO_PROMPT.to_string());
-        }
-    }
-    if args.verify_len.is_some() && args.draft.is_none() {
+    };
+    if args.verify_len.is_some() && draft_src.is_none() {
         bail!("--verify-len needs --draft");
     }
-    let dir = args.target.as_ref().context("--target is required")?;
-    let tokenizer = Tokenizer::from_dir(dir)?;
+    let tokenizer = target_src.tokenizer()?;
     let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
             let tok = tokenizer.as_ref().with_context(|| {
                 format!(
                     "--prompt needs {}; use --prompt-ids for a model without a tokenizer",
-                    dir.join("tokenizer.json").display()
+                    target_src.file("tokenizer.json").display()
                 )
             })?;
             let text = if args.chat { chat_prompt(text) } else { text.clone() };
@@ -115,34 +171,54 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         None if dspark_kernels::cuda::available() => Device::Cuda,
         None => Device::Cpu,
     };
+    if device == Device::Cuda && !dspark_kernels::cuda::available() {
+        bail!("--device cuda: no NVIDIA driver (libcuda) or no CUDA device found on this machine; use --device cpu");
+    }
+
+    let load_start = Instant::now();
+    let cfg = target_src.target_config()?;
+    check_context(prompt.len(), args.max_context, cfg.max_position_embeddings)?;
     let (mut target, mut draft): (Box<dyn TargetModel>, Option<Box<dyn Drafter>>) = match device {
         Device::Cpu => {
-            let t = CpuQwen3::load(dir)?.with_kv_dtype(args.kv_cache);
-            let d = match &args.draft {
-                Some(d) => Some(Box::new(CpuDraft::load(d, t.config(), t.weights())?.with_kv_dtype(args.kv_cache))
-                    as Box<dyn Drafter>),
+            let ck = target_src.checkpoint()?;
+            let w = Qwen3Weights::load(&cfg, &ck)?;
+            drop(ck);
+            let t = CpuQwen3::new(cfg, w).with_kv_dtype(args.kv_cache);
+            let d = match draft_src {
+                Some(src) => {
+                    let dcfg = src.draft_config()?;
+                    dcfg.validate_against(t.config())?;
+                    let ck = src.checkpoint()?;
+                    let w = DraftWeights::load(&dcfg, &ck, t.weights())?;
+                    Some(Box::new(CpuDraft::new(dcfg, w).with_kv_dtype(args.kv_cache)) as Box<dyn Drafter>)
+                }
                 None => None,
             };
             (Box::new(t), d)
         }
         Device::Cuda => {
-            if !dspark_kernels::cuda::available() {
-                bail!("--device cuda: no NVIDIA driver (libcuda) or no CUDA device found on this machine; use --device cpu");
-            }
             let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
-            let t = CudaQwen3::load_kv(gpu, dir, args.max_context, args.kv_cache)?;
-            let d = match &args.draft {
-                Some(d) => Some(Box::new(CudaDraft::load(d, &t)?) as Box<dyn Drafter>),
+            let ck = target_src.checkpoint()?;
+            let t = CudaQwen3::from_source_kv(gpu, cfg, &ck, args.max_context, args.kv_cache)?;
+            drop(ck);
+            let d = match draft_src {
+                Some(src) => {
+                    let dcfg = src.draft_config()?;
+                    let ck = src.checkpoint()?;
+                    check_tensors(&dcfg, &ck)?;
+                    Some(Box::new(CudaDraft::from_source(dcfg, &ck, &t)?) as Box<dyn Drafter>)
+                }
                 None => None,
             };
             (Box::new(t), d)
         }
     };
+    let load = load_start.elapsed();
     let verify_len = match &draft {
         Some(d) => Some(parse_verify_len(args.verify_len.as_deref(), d.block_size(), target.as_mut())?),
         None => None,
     };
-    let eos = eos_ids(dir, &target.config().eos_token_ids)?;
+    let eos = target_src.eos_ids(&target.config().eos_token_ids)?;
     let opts = GenerateOptions { max_tokens: args.max_tokens, eos_token_ids: eos };
 
     let mut out = std::io::stdout().lock();
@@ -183,10 +259,24 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         Device::Cuda => "cuda",
     };
     if args.json {
-        let _ = writeln!(out, "{}", json!({ "tokens": gen.tokens, "text": text, "stats": stats_json(&gen, dev) }));
+        let stats = stats_json(&gen, load, dev);
+        let _ = writeln!(out, "{}", json!({ "tokens": gen.tokens, "text": text, "stats": stats }));
     } else {
         let _ = writeln!(out);
-        eprintln!("{}", stats_line(&gen, dev));
+        eprintln!("{}", stats_line(&gen, load, dev));
+    }
+    Ok(())
+}
+
+/// The prompt and at least one generated token must fit in the context: `--max-context` and the
+/// target's `max_position_embeddings`, whichever is smaller. Checked before any weights load.
+fn check_context(prompt: usize, max_context: usize, max_positions: usize) -> Result<()> {
+    let limit = max_context.min(max_positions);
+    if prompt >= limit {
+        bail!(
+            "prompt of {prompt} tokens leaves no room to generate: the prompt and one generated token must fit in \
+             {limit} positions (--max-context {max_context}, max_position_embeddings {max_positions})"
+        );
     }
     Ok(())
 }
@@ -203,11 +293,14 @@ fn parse_verify_len(arg: Option<&str>, block: usize, target: &mut dyn TargetMode
     }
 }
 
-fn stats_json(g: &Generation, device: &str) -> serde_json::Value {
+/// `load` is the wall time from reading the target's config to the draft being ready (device
+/// set-up, every check, conversion and upload included; the tokenizer not).
+fn stats_json(g: &Generation, load: Duration, device: &str) -> serde_json::Value {
     let mut v = json!({
         "prompt_tokens": g.prompt_tokens,
         "generated_tokens": g.tokens.len(),
         "stop_reason": g.stop,
+        "load_ms": load.as_secs_f64() * 1e3,
         "prefill_ms": g.prefill.as_secs_f64() * 1e3,
         "decode_ms": g.decode.as_secs_f64() * 1e3,
         "tokens_per_second": g.decode_tokens_per_second(),
@@ -226,16 +319,17 @@ fn stats_json(g: &Generation, device: &str) -> serde_json::Value {
     v
 }
 
-fn stats_line(g: &Generation, device: &str) -> String {
+fn stats_line(g: &Generation, load: Duration, device: &str) -> String {
     let spec = match &g.spec {
         Some(s) => format!("; {} rounds, mean accepted length {:.2}", s.rounds(), s.mean_accepted_length()),
         None => String::new(),
     };
     format!(
-        "[{} prompt tokens, {} generated, stop: {:?}; prefill {:.1} ms, decode {:.1} tok/s on {device}{spec}]",
+        "[{} prompt tokens, {} generated, stop: {:?}; load {:.1} ms, prefill {:.1} ms, decode {:.1} tok/s on {device}{spec}]",
         g.prompt_tokens,
         g.tokens.len(),
         g.stop,
+        load.as_secs_f64() * 1e3,
         g.prefill.as_secs_f64() * 1e3,
         g.decode_tokens_per_second()
     )

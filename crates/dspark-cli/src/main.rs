@@ -3,9 +3,11 @@
 //! Subcommands: `generate` (greedy decoding, streaming text or one JSON object), `info`
 //! (what a checkpoint folder holds) and `bench` (every phase against the HBM floor on
 //! Qwen3-8B shapes, on a CUDA GPU). Errors print as one line and exit non-zero; nothing here
-//! panics on user input.
+//! panics on user input. `generate` without `--target` runs the demo pair compiled into the
+//! binary (`demo`), so a copied binary needs no other files.
 
 mod bench;
+mod demo;
 mod generate;
 // `generate` hands `progress::load_bar()` to `CheckpointUpload::with_progress`.
 #[allow(dead_code)]

@@ -65,6 +65,89 @@ fn generate_json_reproduces_the_golden_continuation() {
     }
 }
 
+/// The demo's default prompt (`src/demo.rs`), given explicitly to the fixtures-folder run.
+const DEMO_PROMPT: &str = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n";
+
+fn tokens_of(out: &Output) -> Vec<u64> {
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+#[test]
+fn the_demo_runs_from_a_copied_binary() {
+    // The binary alone, copied elsewhere and run from another directory, with no model
+    // arguments: it must need nothing beside it, and run the same pair as fixtures/.
+    let bin_dir = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let bin = bin_dir.path().join("dspark");
+    std::fs::copy(env!("CARGO_BIN_EXE_dspark"), &bin).unwrap();
+    let embedded = Command::new(&bin)
+        .current_dir(cwd.path())
+        .args(["generate", "--device", "cpu", "--max-tokens", "16", "--json"])
+        .output()
+        .unwrap();
+    assert!(embedded.status.success(), "{}", String::from_utf8_lossy(&embedded.stderr));
+    let (t, d) = (fixture("coder-target"), fixture("coder-draft"));
+    let from_folders = dspark(&[
+        "generate",
+        "--target",
+        t.to_str().unwrap(),
+        "--draft",
+        d.to_str().unwrap(),
+        "--prompt",
+        DEMO_PROMPT,
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "16",
+        "--json",
+    ]);
+    assert!(from_folders.status.success(), "{}", String::from_utf8_lossy(&from_folders.stderr));
+    let (a, b): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_slice(&embedded.stdout).unwrap(), serde_json::from_slice(&from_folders.stdout).unwrap());
+    assert_eq!(tokens_of(&embedded), tokens_of(&from_folders));
+    assert_eq!(tokens_of(&embedded).len(), 16);
+    assert_eq!(a["text"], b["text"]);
+    assert_eq!(a["stats"]["prompt_tokens"], b["stats"]["prompt_tokens"]);
+    // The embedded draft ran, and drafted as the folder's does.
+    assert_eq!(a["stats"]["speculative"], b["stats"]["speculative"]);
+    assert!(a["stats"]["speculative"]["rounds"].as_u64().unwrap() > 0);
+    assert!(a["stats"]["load_ms"].as_f64().unwrap() > 0.0);
+    // And the demo target's greedy output without a draft is the same too.
+    let plain = dspark(&[
+        "generate",
+        "--target",
+        t.to_str().unwrap(),
+        "--prompt",
+        DEMO_PROMPT,
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "16",
+        "--json",
+    ]);
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    assert_eq!(tokens_of(&plain), tokens_of(&embedded));
+}
+
+#[test]
+fn stats_report_load_and_prefill_times() {
+    let dir = fixture("qwen3-tiny-f32");
+    let d = dir.to_str().unwrap();
+    let out =
+        dspark(&["generate", "--target", d, "--prompt-ids", "1,2,3", "--max-tokens", "4", "--device", "cpu", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in ["load_ms", "prefill_ms", "decode_ms"] {
+        assert!(v["stats"][field].as_f64().is_some_and(|ms| ms >= 0.0), "{field}: {v}");
+    }
+    assert!(v["stats"]["load_ms"].as_f64().unwrap() > 0.0);
+    let out = dspark(&["generate", "--target", d, "--prompt-ids", "1,2,3", "--max-tokens", "4", "--device", "cpu"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("load ") && stderr.contains(" ms, prefill "), "{stderr}");
+}
+
 #[test]
 fn generate_text_mode_streams_and_reports() {
     let dir = fixture("qwen3-tiny-f32");
@@ -197,10 +280,34 @@ fn tensor_of_the_wrong_shape_or_missing() {
 
 #[test]
 fn prompt_longer_than_the_context() {
+    // qwen3-tiny-f32 has max_position_embeddings 256; the message names it and --max-context,
+    // whichever is the smaller.
     let dir = fixture("qwen3-tiny-f32");
+    let d = dir.to_str().unwrap();
     let ids = csv(&(0..300).map(|i| i % 200 + 10).collect::<Vec<u64>>());
-    let e = expect_error(&["generate", "--target", dir.to_str().unwrap(), "--prompt-ids", &ids, "--json"]);
-    assert!(e.contains("max_position_embeddings"), "{e}");
+    let e = expect_error(&["generate", "--target", d, "--prompt-ids", &ids, "--device", "cpu", "--json"]);
+    assert!(e.contains("300") && e.contains("--max-context 8192") && e.contains("max_position_embeddings 256"), "{e}");
+    let ids = csv(&(0..20).map(|i| i + 10).collect::<Vec<u64>>());
+    let e = expect_error(&["generate", "--target", d, "--prompt-ids", &ids, "--max-context", "16", "--device", "cpu"]);
+    assert!(e.contains("20") && e.contains("--max-context 16") && e.contains("max_position_embeddings 256"), "{e}");
+    // The prompt and one generated token must fit: a prompt filling the context is refused, one
+    // position fewer runs (and stops there).
+    let full = csv(&(0..16).map(|i| i + 10).collect::<Vec<u64>>());
+    let e = expect_error(&["generate", "--target", d, "--prompt-ids", &full, "--max-context", "16", "--device", "cpu"]);
+    assert!(e.contains("--max-context 16"), "{e}");
+    // The check comes before the weights are read: a truncated safetensors is not reached.
+    let tmp = broken_copy("qwen3-tiny-f32");
+    let p = tmp.path().join("model.safetensors");
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(10).unwrap();
+    let t = tmp.path().to_str().unwrap();
+    let e = expect_error(&["generate", "--target", t, "--prompt-ids", &full, "--max-context", "16", "--device", "cpu"]);
+    assert!(e.contains("max_position_embeddings 256") && !e.contains("safetensors"), "{e}");
+    let fits = csv(&(0..15).map(|i| i + 10).collect::<Vec<u64>>());
+    let out =
+        dspark(&["generate", "--target", d, "--prompt-ids", &fits, "--max-context", "16", "--device", "cpu", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["stats"]["generated_tokens"].as_u64().unwrap() >= 1);
 }
 
 #[test]

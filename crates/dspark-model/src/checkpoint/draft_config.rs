@@ -57,11 +57,16 @@ pub struct DraftConfig {
 impl DraftConfig {
     /// Reads `<dir>/config.json` in either packaging.
     pub fn from_dir(dir: &Path) -> Result<DraftConfig> {
-        let j = JsonObject::read(&dir.join("config.json"))?;
+        Self::from_json(&JsonObject::read(&dir.join("config.json"))?)
+    }
+
+    /// A draft `config.json` already parsed (from a file, or text compiled into the binary), in
+    /// either packaging.
+    pub fn from_json(j: &JsonObject) -> Result<DraftConfig> {
         if j.get("speculators_model_type").is_some() {
-            return crate::checkpoint::speculators::draft_config(&j);
+            return crate::checkpoint::speculators::draft_config(j);
         }
-        Self::native(&j)
+        Self::native(j)
     }
 
     /// The DeepSpec native format.

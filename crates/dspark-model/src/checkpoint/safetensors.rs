@@ -7,7 +7,9 @@
 //! `safetensors` crate so that every inconsistency — a truncated file, offsets that run past
 //! the end, a byte count that disagrees with the shape — becomes an error naming the file and
 //! the tensor. Files are mapped, not read: opening a 16 GB checkpoint touches only its headers,
-//! and a tensor's pages are read when the model converts it.
+//! and a tensor's pages are read when the model converts it. A checkpoint can also be bytes
+//! compiled into the binary ([`Checkpoint::from_static`], the CLI's embedded demo), parsed by
+//! the same code.
 
 use crate::checkpoint::json::JsonObject;
 use crate::error::{Error, Result};
@@ -41,10 +43,26 @@ impl TensorInfo {
     }
 }
 
-/// One mapped shard.
+/// One shard: its path (for messages; a virtual one for bytes in the binary) and its bytes.
 pub struct ShardFile {
     pub path: PathBuf,
-    map: Mmap,
+    map: ShardBytes,
+}
+
+/// A shard's bytes: a read-only map of a file, or bytes that live as long as the program.
+enum ShardBytes {
+    Mapped(Mmap),
+    Static(&'static [u8]),
+}
+
+impl std::ops::Deref for ShardBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ShardBytes::Mapped(m) => m,
+            ShardBytes::Static(b) => b,
+        }
+    }
 }
 
 /// All tensors of a checkpoint folder.
@@ -120,19 +138,21 @@ impl Checkpoint {
     pub fn open_files(paths: &[PathBuf]) -> Result<Checkpoint> {
         let mut files = Vec::new();
         let mut tensors = BTreeMap::new();
-        for (fi, path) in paths.iter().enumerate() {
+        for path in paths {
             let file = File::open(path).map_err(|e| Error::io(path, e))?;
             // SAFETY: the map is read-only and private to this process. Like every mmap-based
             // loader we assume the checkpoint is not truncated by another process while mapped.
             let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-            for (name, info) in parse_header(path, &map, fi)? {
-                if tensors.contains_key(&name) {
-                    return Err(Error::tensor(path, &name, "appears in more than one shard"));
-                }
-                tensors.insert(name, info);
-            }
-            files.push(ShardFile { path: path.clone(), map });
+            add_shard(&mut files, &mut tensors, path.clone(), ShardBytes::Mapped(map))?;
         }
+        Ok(Checkpoint { files, tensors })
+    }
+
+    /// A single-file checkpoint over bytes that live as long as the program (`include_bytes!`),
+    /// checked exactly as a mapped `model.safetensors` is; `path` names it in messages.
+    pub fn from_static(path: impl Into<PathBuf>, bytes: &'static [u8]) -> Result<Checkpoint> {
+        let (mut files, mut tensors) = (Vec::new(), BTreeMap::new());
+        add_shard(&mut files, &mut tensors, path.into(), ShardBytes::Static(bytes))?;
         Ok(Checkpoint { files, tensors })
     }
 
@@ -178,6 +198,24 @@ impl Checkpoint {
         let (t, dtype) = self.check(name, shape)?;
         Ok(dtype.to_f32(&self.files[t.file].map[t.start..t.end]))
     }
+}
+
+/// Parses shard number `files.len()` and adds it and its tensors. A tensor name already taken
+/// by an earlier shard is an error.
+fn add_shard(
+    files: &mut Vec<ShardFile>,
+    tensors: &mut BTreeMap<String, TensorInfo>,
+    path: PathBuf,
+    map: ShardBytes,
+) -> Result<()> {
+    for (name, info) in parse_header(&path, &map, files.len())? {
+        if tensors.contains_key(&name) {
+            return Err(Error::tensor(&path, &name, "appears in more than one shard"));
+        }
+        tensors.insert(name, info);
+    }
+    files.push(ShardFile { path, map });
+    Ok(())
 }
 
 /// Parses and validates one file's header. Offsets are checked against the file's real size,
@@ -314,6 +352,18 @@ mod tests {
         assert!(e.contains("`a`") && e.contains("shape [2, 2], expected [4]"), "{e}");
         let e = ck.f32("b", &[1]).unwrap_err().to_string();
         assert!(e.contains("`b`") && e.contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn static_bytes_read_like_a_file() {
+        let bytes = serialize(&[("a", DType::F32, vec![2], f32_bytes(&[1.0, 2.0]))]);
+        let bytes: &'static [u8] = Vec::leak(bytes);
+        let ck = Checkpoint::from_static("<embedded>/model.safetensors", bytes).unwrap();
+        assert_eq!(ck.f32("a", &[2]).unwrap(), vec![1.0, 2.0]);
+        assert_eq!(ck.describe(), PathBuf::from("<embedded>/model.safetensors"));
+        let e = Checkpoint::from_static("<embedded>/model.safetensors", &bytes[..bytes.len() - 4]).err().unwrap();
+        let e = e.to_string();
+        assert!(e.contains("<embedded>/model.safetensors") && e.contains("`a`") && e.contains("outside"), "{e}");
     }
 
     #[test]

@@ -44,7 +44,13 @@ impl Tokenizer {
     /// Loads a `tokenizer.json` file.
     pub fn from_file(path: &Path) -> Result<Tokenizer> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::Tokenizer {
+        Self::from_bytes(path, &bytes)
+    }
+
+    /// Parses the contents of a `tokenizer.json` (read from a file, or compiled into the
+    /// binary); `path` names it in messages.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| Error::Tokenizer {
             path: path.to_path_buf(),
             msg: format!("not a valid tokenizer.json: {e}"),
         })?;
@@ -178,7 +184,16 @@ pub fn chat_prompt(user: &str) -> String {
 /// `generation_config.json`'s ids first.
 pub fn eos_ids(dir: &Path, config_eos: &[u32]) -> Result<Vec<u32>> {
     let path = dir.join("generation_config.json");
-    let mut ids = if path.exists() { JsonObject::read(&path)?.id_list("eos_token_id")? } else { Vec::new() };
+    let generation_config = if path.exists() { Some(JsonObject::read(&path)?) } else { None };
+    eos_ids_from(generation_config.as_ref(), config_eos)
+}
+
+/// [`eos_ids`] with `generation_config.json` already parsed (`None` when the model has none).
+pub fn eos_ids_from(generation_config: Option<&JsonObject>, config_eos: &[u32]) -> Result<Vec<u32>> {
+    let mut ids = match generation_config {
+        Some(j) => j.id_list("eos_token_id")?,
+        None => Vec::new(),
+    };
     ids.extend_from_slice(config_eos);
     let mut seen = std::collections::HashSet::new();
     ids.retain(|id| seen.insert(*id));
@@ -282,6 +297,22 @@ mod tests {
         assert_eq!(tok.decode(&[1]).unwrap(), "\u{FFFD}");
         // Ids past the vocabulary decode to nothing.
         assert_eq!(tok.decode(&[0, 99, 0]).unwrap(), "aa");
+    }
+
+    #[test]
+    fn eos_ids_from_parsed_json() {
+        let j = JsonObject::parse(Path::new("<embedded>/generation_config.json"), r#"{"eos_token_id": [5, 2]}"#);
+        assert_eq!(eos_ids_from(Some(&j.unwrap()), &[2, 9]).unwrap(), vec![5, 2, 9]);
+        assert_eq!(eos_ids_from(None, &[2]).unwrap(), vec![2]);
+        let j = JsonObject::parse(Path::new("<embedded>/generation_config.json"), r#"{"eos_token_id": "x"}"#);
+        let e = eos_ids_from(Some(&j.unwrap()), &[]).unwrap_err().to_string();
+        assert!(e.contains("<embedded>/generation_config.json") && e.contains("eos_token_id"), "{e}");
+    }
+
+    #[test]
+    fn from_bytes_names_the_given_path() {
+        let e = Tokenizer::from_bytes(Path::new("<embedded>/tokenizer.json"), b"{\"model\": 3}").unwrap_err();
+        assert!(e.to_string().contains("<embedded>/tokenizer.json"), "{e}");
     }
 
     #[test]
