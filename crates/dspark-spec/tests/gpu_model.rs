@@ -432,3 +432,6 @@ mod head_dim_128;
 
 #[path = "gpu_model/kv_bf16.rs"]
 mod kv_bf16;
+
+#[path = "gpu_model/prefill.rs"]
+mod prefill;

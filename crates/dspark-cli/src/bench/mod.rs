@@ -17,6 +17,7 @@
 //! waits for; the floor is the bytes the phase must stream over the copy ceiling.
 
 mod configs;
+mod prefill;
 mod projections;
 pub mod report;
 
@@ -70,6 +71,12 @@ pub struct BenchArgs {
     /// bytes at that width.
     #[arg(long, default_value = "f32", value_parser = crate::parse_kv_cache)]
     pub kv_cache: KvDtype,
+    /// Timed prefills per prompt length (after one warm-up).
+    #[arg(long, default_value_t = 3)]
+    pub prefill_iters: usize,
+    /// Prompt lengths of the prefill phase (empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "512,4096,16384")]
+    pub prefill: Vec<usize>,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -84,7 +91,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     eprintln!("bench: {device}; building Qwen3-8B + DSpark-8B with random bf16 weights");
     let tcfg = configs::qwen3_8b()?;
     let dcfg = configs::dspark_8b()?;
-    let max_ctx = args.contexts.iter().max().copied().unwrap_or(512) + 2 * VERIFY;
+    let longest = args.contexts.iter().chain(&args.prefill).max().copied().unwrap_or(512);
+    let max_ctx = longest + 2 * VERIFY;
     if max_ctx > tcfg.max_position_embeddings {
         bail!("--contexts: {max_ctx} positions exceed max_position_embeddings {}", tcfg.max_position_embeddings);
     }
@@ -198,6 +206,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         profiles.push(profile(&gpu, "draft_round", ctx, draft_us)?);
         gpu.set_profiling(false)?;
     }
+    let prefill = if args.projections_only || args.prefill.is_empty() {
+        Vec::new()
+    } else {
+        prefill::measure(&gpu, &mut target, &mut draft, &args.prefill, args.prefill_iters, &mut token)?
+    };
     drop(draft);
     drop(target);
 
@@ -247,6 +260,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         projections: projs,
         modelled,
         profiles,
+        prefill,
         notes: vec![
             format!(
                 "KV caches are {} ({} bytes per target position; `--kv-cache`, the draft's alike); floors count them at that width.",

@@ -135,7 +135,25 @@ pub struct Report {
     pub projections: Vec<Projection>,
     pub modelled: Vec<Modelled>,
     pub profiles: Vec<Profile>,
+    pub prefill: Vec<PrefillRow>,
     pub notes: Vec<String>,
+}
+
+/// One prompt length of the prefill phase (bench/prefill.rs).
+#[derive(Clone, Debug, Serialize)]
+pub struct PrefillRow {
+    pub tokens: usize,
+    /// Median wall time of `forward_greedy` over the prompt (logits of its last row).
+    pub micros: f64,
+    /// Projection, attention and lm_head FLOPs / time.
+    pub tflops: f64,
+    /// The prefill's projection GEMMs alone through cuBLAS (bf16 in, f32 out), same shapes.
+    pub cublas_gemm_micros: f64,
+    pub cublas_tflops: f64,
+    /// cublas_gemm_micros / micros: the share of cuBLAS's GEMM throughput the prefill reaches.
+    pub gemm_share: f64,
+    /// The draft's context append of the same prompt's captures (fc + every layer's K/V).
+    pub draft_append_micros: f64,
 }
 
 impl Report {
@@ -159,6 +177,25 @@ impl Report {
                 p.floor_micros,
                 p.ratio
             );
+        }
+        if !self.prefill.is_empty() {
+            let _ = writeln!(s, "\n### Prefill (median wall time of the prompt's forward; roofline = its projection GEMMs alone in cuBLAS)\n");
+            let _ = writeln!(s, "| prompt tokens | time ms | TFLOP/s | cuBLAS GEMMs ms | cuBLAS TFLOP/s | GEMM share | draft append ms | first token with draft / without |");
+            let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+            for p in &self.prefill {
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.1} | {:.0} | {:.1} | {:.0} | **{:.2}** | {:.1} | {:.3} |",
+                    p.tokens,
+                    p.micros / 1e3,
+                    p.tflops,
+                    p.cublas_gemm_micros / 1e3,
+                    p.cublas_tflops,
+                    p.gemm_share,
+                    p.draft_append_micros / 1e3,
+                    (p.micros + p.draft_append_micros) / p.micros
+                );
+            }
         }
         let goals = self.goals();
         if !goals.is_empty() {
@@ -355,6 +392,7 @@ mod tests {
             ],
             modelled: vec![],
             profiles: vec![],
+            prefill: vec![],
             notes: vec![],
         };
         let met: Vec<(String, bool)> = r.goals().into_iter().map(|g| (g.name.clone(), g.met())).collect();
@@ -391,6 +429,15 @@ mod tests {
                 unprofiled_micros: 9.0,
                 kernels: vec![KernelRow { name: "matvec_tc_bf16".into(), launches: 3, micros: 10.0 }],
             }],
+            prefill: vec![PrefillRow {
+                tokens: 4096,
+                micros: 120e3,
+                tflops: 600.0,
+                cublas_gemm_micros: 90e3,
+                cublas_tflops: 700.0,
+                gemm_share: 0.75,
+                draft_append_micros: 6e3,
+            }],
             notes: vec!["a note".into()],
         };
         let md = r.markdown();
@@ -401,5 +448,7 @@ mod tests {
             assert!(md.contains(want), "missing {want} in\n{md}");
         }
         assert!(md.contains("Modelled") && md.contains("Goals"), "{md}");
+        // The prefill row: 120 ms, 75% of cuBLAS's GEMM time, the draft adding 5%.
+        assert!(md.contains("| 4096 | 120.0 | 600 | 90.0 | 700 | **0.75** | 6.0 | 1.050 |"), "{md}");
     }
 }

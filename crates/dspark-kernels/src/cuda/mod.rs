@@ -11,6 +11,7 @@
 
 mod argmax;
 mod attention_prefill;
+pub mod gemm;
 pub mod kv;
 pub mod kv_layers;
 mod markov;
@@ -70,7 +71,7 @@ pub fn available() -> bool {
 /// matched by containment). Measured by turning PDL off for one kernel at a time (docs/perf.md):
 /// it helps every other launch, but letting the split-attention combine or the SwiGLU matvec
 /// start early cost the 8-row verify 2–5% (either alone, not additive) while decode gained
-/// nothing from it. Measured again since (docs/perf.md, 23:0x and 00:0x UTC): the combine on PDL
+/// nothing from it. Measured again since (git history of docs/perf.md): the combine on PDL
 /// gains decode 0.7% at 512 keys (±0 at 4096) and moves the verify by −0.3% to +0.8%, so only
 /// the decode's combine, `attention_combine_q1_f32` (not on the list), launches with PDL.
 const NO_PDL: [&str; 2] = ["attention_combine_f32", "matvec_tc_swiglu_bf16"];

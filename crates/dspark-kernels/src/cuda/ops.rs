@@ -81,7 +81,7 @@ pub const MAX_SPLITS: usize = 128;
 /// common.cuh), so with keys = 32 a short context gets one 32-key tile per block and a long one
 /// as many slices as fill one wave of `slots` resident blocks (`blocks` per slice: KV heads ×
 /// query groups) — each block then walks several tiles. Both figures follow `kv_cap` only, as a
-/// captured graph needs. Measured on the H200 (docs/perf.md): one full wave beats both fixed
+/// captured graph needs. Measured on the H200 (git history of docs/perf.md): one full wave beats both fixed
 /// 64- and 128-key slices, which left half the SMs idle for part of the 2048–4096 range.
 pub fn split_plan(kv_cap: usize, blocks: usize, slots: usize) -> (usize, usize) {
     let wave = (slots / blocks.max(1)).max(1);

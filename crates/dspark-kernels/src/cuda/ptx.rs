@@ -95,6 +95,19 @@ pub const MODULES: &[PtxModule] = &[
         ],
     },
     PtxModule {
+        name: "prefill",
+        sm90: include_str!("../../ptx/prefill.sm90.ptx"),
+        sm80: include_str!("../../ptx/prefill.sm80.ptx"),
+        functions: &[
+            "rmsnorm_to_bf16",
+            "swiglu_pairs_to_bf16",
+            "cast_to_bf16",
+            "rmsnorm_to_f16",
+            "swiglu_pairs_to_f16",
+            "cast_to_f16",
+        ],
+    },
+    PtxModule {
         name: "random",
         sm90: include_str!("../../ptx/random.sm90.ptx"),
         sm80: include_str!("../../ptx/random.sm80.ptx"),

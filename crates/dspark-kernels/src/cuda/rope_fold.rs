@@ -8,7 +8,7 @@
 //! and a launch costs ~1–2 µs in the graph on top of its work (docs/perf.md, the chain replica).
 //! The folded kernel does its work inside the attention blocks: every block normalises and
 //! rotates the queries it stages, and the block whose key slice holds the new row appends it.
-//! Measured (docs/perf.md, stop 21): decode ±0 to −0.5% / −0.2% to −0.6% at 512 / 4096 keys. The same fold in
+//! Measured (git history of docs/perf.md): decode ±0 to −0.5% / −0.2% to −0.6% at 512 / 4096 keys. The same fold in
 //! the tensor-core kernel (verify, draft block) was built and measured slower: its blocks stage
 //! 32 queries each, and normalising and rotating them in every key slice cost more (+2 / +3.7
 //! µs a launch at 512 / 4096 keys, kernel alone) than the append launch it saved, so the verify

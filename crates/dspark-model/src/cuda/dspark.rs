@@ -16,6 +16,7 @@ use crate::cpu::dspark::check_tensors;
 use crate::cpu::markov::prefix_survival;
 use crate::cuda::graphs::StepGraphs;
 use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
+use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
 use crate::cuda::qwen3::{handoff_id, CudaQwen3, SharedCapture, SharedTokens, CHUNK};
 use crate::cuda::weights::WeightSource;
 use crate::error::{Error, Result};
@@ -99,6 +100,9 @@ pub struct CudaDraft {
     e: CudaSlice<f32>,
     u: CudaSlice<f32>,
     conf_logits: CudaSlice<f32>,
+    /// The GEMM path for context appends of more than [`CHUNK`] rows (a prompt's), planned when
+    /// the target prefills on GEMMs.
+    prefill: Option<DraftPrefill>,
 }
 
 impl CudaDraft {
@@ -196,8 +200,17 @@ impl CudaDraft {
         let caches = kv_caches(&arena, target.kv_dtype(), n_layers, cache_len)?;
         let ptrs = (arena.zeros::<u64>(n_layers).map_err(drv)?, arena.zeros::<u64>(n_layers).map_err(drv)?);
         let caches = LayerCaches::new(&gpu, caches, ptrs, kv).map_err(gpu_err)?;
+        let fc = ck.matrix(&arena, "fc.weight", &[h, t * h])?;
+        let prefill = match target.prefill_blas() {
+            Some(blas) if max_len > CHUNK => {
+                let rows = max_len.min(MAX_DRAFT_PREFILL_ROWS);
+                Some(DraftPrefill::new(&arena, blas, rows, (t, h, n_layers * 2 * kv), &fc, &ctx_kv)?)
+            }
+            _ => None,
+        };
         Ok(CudaDraft {
-            fc: ck.matrix(&arena, "fc.weight", &[h, t * h])?,
+            prefill,
+            fc,
             hidden_norm: ck.vector(&arena, "hidden_norm.weight", &[h])?,
             layers,
             norm: ck.vector(&arena, "norm.weight", &[h])?,
@@ -303,6 +316,39 @@ impl CudaDraft {
             eps,
         )
         .map_err(gpu_err)?;
+        Ok(())
+    }
+
+    /// A context append of many host rows (a prompt's) on the GEMM path, in chunks of the
+    /// draft prefill's rows: fc and the stacked k|v projection as GEMMs, then the one-launch
+    /// norm + RoPE + append of every layer (as [`CudaDraft::launch_append`]).
+    fn append_context_gemm(&mut self, features: &[f32]) -> Result<()> {
+        let l = self.cfg.layer.clone();
+        let (h, t, kv, eps) = (l.hidden_size, self.cfg.num_taps(), l.kv_dim(), l.rms_norm_eps as f32);
+        let width = self.caches.layers() * 2 * kv;
+        let gpu = self.gpu.clone();
+        let Some(pf) = self.prefill.as_mut() else {
+            return Err(Error::Request("the draft's GEMM context append was not planned".into()));
+        };
+        for chunk in features.chunks(pf.rows * t * h) {
+            let n = chunk.len() / (t * h);
+            let first_pos = self.ctx_len;
+            let lens = [first_pos as u32, (first_pos + n) as u32];
+            gpu.stream.memcpy_htod(&lens, &mut self.step_in.slice_mut(..2)).map_err(drv)?;
+            gpu.stream.memcpy_htod(chunk, &mut pf.features.slice_mut(..chunk.len())).map_err(drv)?;
+            pf.project(&gpu, &self.fc, &self.hidden_norm, &self.ctx_kv, n, (t, h, width), eps)?;
+            let lens = StepLens { dev: self.step_in.slice(..2), first_pos, kv_cap: first_pos + n };
+            gpu.kv_rope_append_layers(
+                &pf.ctx_out.slice(..n * width),
+                (&self.ctx_k_norm.as_view(), &self.inv_freq.as_view()),
+                &mut self.caches,
+                (n, l.num_key_value_heads),
+                &lens,
+                eps,
+            )
+            .map_err(gpu_err)?;
+            self.ctx_len += n;
+        }
         Ok(())
     }
 
@@ -436,7 +482,11 @@ impl Drafter for CudaDraft {
 
     fn append_context(&mut self, features: &[f32]) -> Result<()> {
         let row = self.cfg.num_taps() * self.cfg.layer.hidden_size;
-        self.check_room(self.cfg.feature_rows(features.len())?)?;
+        let rows = self.cfg.feature_rows(features.len())?;
+        self.check_room(rows)?;
+        if rows > CHUNK && self.prefill.is_some() {
+            return self.append_context_gemm(features);
+        }
         for chunk in features.chunks(CHUNK * row) {
             let m = chunk.len() / row;
             let mut buf = self.features.take().ok_or_else(|| Error::Request("draft feature buffer in use".into()))?;

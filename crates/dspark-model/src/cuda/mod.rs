@@ -10,6 +10,7 @@
 pub mod dspark;
 pub mod graphs;
 pub mod layers;
+pub mod prefill;
 pub mod qwen3;
 pub mod upload;
 pub mod weights;

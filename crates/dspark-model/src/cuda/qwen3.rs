@@ -19,6 +19,7 @@ use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::graphs::StepGraphs;
 use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
+use crate::cuda::prefill::{Prefill, PrefillMode, MAX_PREFILL_ROWS};
 use crate::cuda::weights::WeightSource;
 use crate::error::Result;
 use cudarc::driver::CudaSlice;
@@ -83,6 +84,24 @@ pub struct CudaQwen3 {
     next_ids: CudaSlice<u32>,
     pub(crate) captured: SharedCapture,
     pub(crate) drafted: SharedTokens,
+    /// The GEMM path for forwards of more than [`CHUNK`] rows (`None` when `max_len` ≤ CHUNK).
+    prefill: Option<Prefill>,
+    /// `[first_pos, kv_len, ids…]` of a prefill chunk.
+    prefill_in: CudaSlice<u32>,
+    prefill_mode: PrefillMode,
+    /// Forwards of more than this many tokens take the GEMM prefill ([`CHUNK`] by default).
+    prefill_after: usize,
+    /// Rows of one prefill chunk (at most the planned [`Prefill::rows`]).
+    prefill_chunk: usize,
+}
+
+/// What a prefill returns to the host: logits rows or their argmax ids, and the captures.
+#[derive(Default)]
+struct PrefillOut {
+    logits: Vec<f32>,
+    rows: usize,
+    ids: Vec<u32>,
+    captured: Vec<f32>,
 }
 
 impl CudaQwen3 {
@@ -135,6 +154,12 @@ impl CudaQwen3 {
         let captured = Arc::new(Mutex::new(Handoff { data: arena.zeros::<f32>(1).map_err(drv)?, generation: 0 }));
         let next_ids = arena.zeros::<u32>(CHUNK).map_err(drv)?;
         let drafted = Arc::new(Mutex::new(Handoff { data: arena.zeros::<u32>(CHUNK).map_err(drv)?, generation: 0 }));
+        let prefill = if max_len > CHUNK {
+            Some(Prefill::new(&gpu, &arena, &cfg, &layers, max_len.min(MAX_PREFILL_ROWS))?)
+        } else {
+            None
+        };
+        let prefill_in = arena.zeros::<u32>(2 + prefill.as_ref().map_or(0, |p| p.rows)).map_err(drv)?;
         Ok(CudaQwen3 {
             gpu,
             arena,
@@ -156,7 +181,130 @@ impl CudaQwen3 {
             next_ids,
             captured,
             drafted,
+            prefill,
+            prefill_in,
+            prefill_mode: PrefillMode::default(),
+            prefill_after: CHUNK,
+            prefill_chunk: MAX_PREFILL_ROWS,
         })
+    }
+
+    /// The prefill's cuBLAS handle and mode, for a draft loaded onto this target (`None` when
+    /// prompts take the small-M path).
+    pub fn prefill_blas(&self) -> Option<Arc<dspark_kernels::cuda::gemm::Blas>> {
+        match self.prefill_mode {
+            PrefillMode::Gemm => self.prefill.as_ref().map(Prefill::blas),
+            PrefillMode::Exact => None,
+        }
+    }
+
+    /// Chooses how forwards of more than [`CHUNK`] rows run (`--prefill`).
+    pub fn set_prefill(&mut self, mode: PrefillMode) {
+        self.prefill_mode = mode;
+    }
+
+    /// Sets which forwards take the GEMM prefill (those of more than `after` tokens, at least
+    /// one) and its chunk size (capped at the planned rows); tests use it to send short
+    /// prompts and several chunks through the GEMM path.
+    pub fn set_prefill_shape(&mut self, after: usize, chunk: usize) {
+        self.prefill_after = after.max(1);
+        self.prefill_chunk = chunk.max(1);
+    }
+
+    /// Whether a forward of `n` tokens takes the GEMM prefill.
+    fn gemm_prefill(&self, n: usize) -> bool {
+        n > self.prefill_after && self.prefill.is_some() && self.prefill_mode == PrefillMode::Gemm
+    }
+
+    /// A forward of `tokens` on the GEMM path, in chunks of up to the prefill's rows: logits of
+    /// `rows` (as ids with `argmax`) and every row's captures, to the host.
+    fn forward_prefill(&mut self, tokens: &[u32], rows: LogitRows, argmax: bool) -> Result<PrefillOut> {
+        let step = self.prefill.as_ref().map_or(CHUNK, |p| p.rows).min(self.prefill_chunk);
+        let chunks: Vec<&[u32]> = tokens.chunks(step).collect();
+        let last = chunks.len() - 1;
+        let mut out = PrefillOut::default();
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            self.prefill_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()), argmax, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// One chunk of the GEMM prefill (see [`crate::cuda::prefill`]).
+    fn prefill_chunk(
+        &mut self,
+        chunk: &[u32],
+        logit_from: Option<usize>,
+        argmax: bool,
+        out: &mut PrefillOut,
+    ) -> Result<()> {
+        let n = chunk.len();
+        let gpu = self.gpu.clone();
+        let (h, v, eps) = (self.cfg.hidden_size, self.cfg.vocab_size, self.cfg.rms_norm_eps as f32);
+        let Some(pf) = self.prefill.as_mut() else {
+            return Err(crate::error::Error::Request("the GEMM prefill was not planned for this model".into()));
+        };
+        if n > pf.rows {
+            return Err(crate::error::Error::Request(format!("prefill chunk of {n} rows, planned for {}", pf.rows)));
+        }
+        let (first_pos, kv_len) = (self.len, self.len + n);
+        let mut up = Vec::with_capacity(2 + n);
+        up.extend_from_slice(&[first_pos as u32, kv_len as u32]);
+        up.extend_from_slice(chunk);
+        gpu.stream.memcpy_htod(&up, &mut self.prefill_in.slice_mut(..2 + n)).map_err(drv)?;
+        let lens = StepLens { dev: self.prefill_in.slice(..2), first_pos, kv_cap: kv_len };
+        gpu.embedding(&self.embed_tokens, h, &self.prefill_in.slice(2..2 + n), n, &mut pf.x.slice_mut(..n * h))
+            .map_err(gpu_err)?;
+        pf.run_layers(
+            &gpu,
+            &self.cfg,
+            &self.layers,
+            n,
+            &lens,
+            &self.inv_freq,
+            self.caches.layers_mut(),
+            &self.capture,
+        )?;
+        if let Some(from) = logit_from {
+            let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+            let s = &mut self.scratch;
+            // The final norm and the output head, CHUNK rows at a time into the decode buffers.
+            for start in (from..n).step_by(CHUNK) {
+                let rows = (n - start).min(CHUNK);
+                let x = pf.x.slice(start * h..(start + rows) * h);
+                gpu.rmsnorm(&x, &self.norm.as_view(), eps, rows, &mut s.u.slice_mut(..rows * h)).map_err(gpu_err)?;
+                gpu.matvec_normed(
+                    head,
+                    &mut s.u.slice_mut(..rows * h),
+                    Normed::Done,
+                    &s.ss.slice(..0),
+                    &mut self.logits.slice_mut(..rows * v),
+                    (rows, h, v),
+                    false,
+                )
+                .map_err(gpu_err)?;
+                if argmax {
+                    let logits = self.logits.slice(..rows * v);
+                    gpu.argmax_split(&logits, v, v, rows, &mut self.next_ids.slice_mut(..rows), &mut s.ops)
+                        .map_err(gpu_err)?;
+                    let mut ids = vec![0u32; rows];
+                    gpu.stream.memcpy_dtoh(&self.next_ids.slice(..rows), &mut ids).map_err(drv)?;
+                    out.ids.extend_from_slice(&ids);
+                } else {
+                    let mut host = vec![0f32; rows * v];
+                    gpu.stream.memcpy_dtoh(&self.logits.slice(..rows * v), &mut host).map_err(drv)?;
+                    out.logits.extend_from_slice(&host);
+                }
+                out.rows += rows;
+            }
+        }
+        let row = self.capture.len() * h;
+        if row > 0 {
+            let mut host = vec![0f32; n * row];
+            gpu.stream.memcpy_dtoh(&pf.captured.slice(..n * row), &mut host).map_err(drv)?;
+            out.captured.extend_from_slice(&host);
+        }
+        self.len += n;
+        Ok(())
     }
 
     /// The KV caches' element type.
@@ -341,11 +489,19 @@ impl TargetModel for CudaQwen3 {
             // Planned once, when the draft is attached, never while decoding.
             cap.data = self.arena.zeros::<f32>(need).map_err(drv)?;
         }
+        drop(cap);
+        if let Some(pf) = self.prefill.as_mut() {
+            pf.plan_capture(&self.arena, &self.cfg, layers.len())?;
+        }
         Ok(())
     }
 
     fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward> {
         check_forward(&self.cfg, self.len, self.max_len, tokens)?;
+        if self.gemm_prefill(tokens.len()) {
+            let p = self.forward_prefill(tokens, rows, false)?;
+            return Ok(Forward { logits: p.logits, rows: p.rows, captured: p.captured });
+        }
         let v = self.cfg.vocab_size;
         let mut out = Forward::default();
         let chunks: Vec<&[u32]> = tokens.chunks(CHUNK).collect();
@@ -365,6 +521,10 @@ impl TargetModel for CudaQwen3 {
 
     fn forward_greedy(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Greedy> {
         check_forward(&self.cfg, self.len, self.max_len, tokens)?;
+        if self.gemm_prefill(tokens.len()) {
+            let p = self.forward_prefill(tokens, rows, true)?;
+            return Ok(Greedy { ids: p.ids, captured: Captured::Host(p.captured) });
+        }
         let chunks: Vec<&[u32]> = tokens.chunks(CHUNK).collect();
         let last = chunks.len() - 1;
         let mut ids = Vec::new();

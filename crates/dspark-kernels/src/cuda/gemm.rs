@@ -1,0 +1,256 @@
+//! Large-M projections for the prefill: cuBLAS GEMMs on the tensor cores, and the element-wise
+//! ops that put their inputs in the weights' dtype (kernels/prefill.cu).
+//!
+//! The small-M matvec (matvec.rs) streams each weight once and is at the bandwidth floor for a
+//! few rows, but its FLOP rate is that of a bandwidth-bound kernel (~18 TFLOP/s on the H200 at
+//! 64 rows): a 4,000-token prompt took 3.6 s through it. A GEMM of hundreds of rows is bound by
+//! the tensor cores instead, so the prefill hands its chunks to cuBLAS (`cublasGemmEx`):
+//!
+//! ```text
+//! y[m, n] = x[m, k] · W[n, k]ᵀ  (+ y[m, n] when accumulating: the residual add, as beta = 1)
+//! ```
+//!
+//! W is the checkpoint's matrix in its dtype (row-major `[n, k]`, the layout the matvec reads),
+//! x an activation matrix in the same dtype (cuBLAS multiplies two operands of one type), y f32,
+//! accumulated in f32 (`CUBLAS_COMPUTE_32F`). Row-major `x[m, k]` is column-major `k × m`, and
+//! row-major `W[n, k]` column-major `k × n`, so `yᵀ = op(W)ᵀ · x` is cuBLAS's `TN` call with
+//! `(m, n, k) = (n, m, k)`. For f32 weights (the test fixtures) the same call runs in f32 with no
+//! rounding at all. cuBLAS gets a workspace from the model's arena at load, so it never
+//! allocates while serving.
+
+use super::ops::{check, WeightBuf};
+use super::pdl::{dptr, dptr_mut, Arg};
+use super::{CudaError, CudaResult, Gpu};
+use cudarc::cublas::sys as cublas;
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+
+/// Bytes of cuBLAS workspace planned per model (NVIDIA recommends 32 MiB on Hopper).
+pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// A cuBLAS handle on the GPU's op stream, with its workspace.
+pub struct Blas {
+    blas: CudaBlas,
+    _workspace: CudaSlice<u8>,
+}
+
+impl Blas {
+    /// A handle on `gpu`'s stream that uses `workspace` (from the caller's arena) for scratch.
+    pub fn new(gpu: &Gpu, mut workspace: CudaSlice<u8>) -> CudaResult<Blas> {
+        let blas = CudaBlas::new(gpu.stream.clone()).map_err(|e| CudaError::Unavailable(format!("cuBLAS: {e:?}")))?;
+        let bytes = workspace.len();
+        let (ptr, _guard) = workspace.device_ptr_mut(&gpu.stream);
+        // SAFETY: the handle is live and the workspace is a device buffer of `bytes` bytes that
+        // this struct keeps alive for as long as the handle.
+        let status = unsafe { cublas::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, bytes) };
+        drop(_guard);
+        status_ok("cublasSetWorkspace", status)?;
+        Ok(Blas { blas, _workspace: workspace })
+    }
+}
+
+fn status_ok(what: &str, status: cublas::cublasStatus_t) -> CudaResult<()> {
+    if status == cublas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Shape(format!("{what} failed: {status:?}")))
+    }
+}
+
+/// The 16-bit float formats a GEMM input can be rounded to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    Bf16,
+    F16,
+}
+
+impl Half {
+    /// The format of a weight matrix, `None` for f32 weights (which take f32 inputs as they are).
+    pub fn of(w: &WeightBuf) -> Option<Half> {
+        match w {
+            WeightBuf::Bf16(_) => Some(Half::Bf16),
+            WeightBuf::F16(_) => Some(Half::F16),
+            WeightBuf::F32(_) => None,
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Half::Bf16 => "bf16",
+            Half::F16 => "f16",
+        }
+    }
+}
+
+/// A GEMM's activation input, in its weight's dtype: f32, or bf16/f16 bits.
+pub enum GemmIn<'a> {
+    F32(CudaView<'a, f32>),
+    Half(CudaView<'a, u16>),
+}
+
+impl GemmIn<'_> {
+    fn len(&self) -> usize {
+        match self {
+            GemmIn::F32(v) => v.len(),
+            GemmIn::Half(v) => v.len(),
+        }
+    }
+}
+
+impl Gpu {
+    /// `y[m, n] = x[m, k] · W[n, k]ᵀ`, or `y += …` when `accumulate`, on the tensor cores.
+    /// `x` must be in `w`'s dtype (f32 for f32 weights, the 16 bits of bf16/f16 otherwise).
+    pub fn gemm(
+        &self,
+        blas: &Blas,
+        w: &WeightBuf,
+        x: &GemmIn<'_>,
+        y: &mut CudaViewMut<f32>,
+        (m, k, n): (usize, usize, usize),
+        accumulate: bool,
+    ) -> CudaResult<()> {
+        check("gemm w", w.len(), n * k)?;
+        check("gemm x", x.len(), m * k)?;
+        check("gemm y", y.len(), m * n)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let dims = [m, n, k].map(i32::try_from);
+        let [Ok(mi), Ok(ni), Ok(ki)] = dims else {
+            return Err(CudaError::Shape(format!("gemm: shape {m} × {k} → {n} is past cuBLAS's 32-bit sizes")));
+        };
+        use cublas::cudaDataType::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
+        let (w_ptr, w_type, _wg) = match w {
+            WeightBuf::Bf16(s) => {
+                let (p, g) = s.device_ptr(&self.stream);
+                (p, CUDA_R_16BF, g)
+            }
+            WeightBuf::F16(s) => {
+                let (p, g) = s.device_ptr(&self.stream);
+                (p, CUDA_R_16F, g)
+            }
+            WeightBuf::F32(s) => {
+                let (p, g) = s.device_ptr(&self.stream);
+                (p, CUDA_R_32F, g)
+            }
+        };
+        let (x_ptr, x_type, _xg) = match (x, w) {
+            (GemmIn::F32(v), WeightBuf::F32(_)) => {
+                let (p, g) = v.device_ptr(&self.stream);
+                (p, CUDA_R_32F, g)
+            }
+            (GemmIn::Half(v), WeightBuf::Bf16(_) | WeightBuf::F16(_)) => {
+                let (p, g) = v.device_ptr(&self.stream);
+                (p, w_type, g)
+            }
+            _ => {
+                return Err(CudaError::Shape(format!(
+                    "gemm: activations must be in the weights' dtype ({})",
+                    w.suffix()
+                )))
+            }
+        };
+        let (y_ptr, _yg) = y.device_ptr_mut(&self.stream);
+        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
+        let name = format!("gemm_{}", w.suffix());
+        self.timed(&name, || {
+            // SAFETY: the pointers are live device buffers whose lengths were checked above for
+            // column-major op(A) = Wᵀ (k × n, lda k), B = xᵀ (k × m, ldb k), C = yᵀ (n × m, ldc n);
+            // alpha and beta are host f32 scalars, as CUBLAS_COMPUTE_32F with the default host
+            // pointer mode expects.
+            let status = unsafe {
+                cublas::cublasGemmEx(
+                    *blas.blas.handle(),
+                    cublas::cublasOperation_t::CUBLAS_OP_T,
+                    cublas::cublasOperation_t::CUBLAS_OP_N,
+                    ni,
+                    mi,
+                    ki,
+                    &alpha as *const f32 as *const _,
+                    w_ptr as *const _,
+                    w_type,
+                    ki,
+                    x_ptr as *const _,
+                    x_type,
+                    ki,
+                    &beta as *const f32 as *const _,
+                    y_ptr as *mut _,
+                    CUDA_R_32F,
+                    ni,
+                    cublas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            };
+            status_ok("cublasGemmEx", status)
+        })
+    }
+
+    /// `out[r] = round(rmsnorm(x[r]) · w)` into `half` bits, for `rows` rows of `dim` values.
+    pub fn rmsnorm_to(
+        &self,
+        half: Half,
+        x: &CudaView<f32>,
+        w: &CudaView<f32>,
+        eps: f32,
+        rows: usize,
+        out: &mut CudaViewMut<u16>,
+    ) -> CudaResult<()> {
+        let dim = w.len();
+        check("rmsnorm_to x", x.len(), rows * dim)?;
+        check("rmsnorm_to out", out.len(), rows * dim)?;
+        let name = format!("rmsnorm_to_{}", half.suffix());
+        let args = [dptr(self, x), dptr(self, w), dptr_mut(self, out), Arg::I32(dim as i32), Arg::F32(eps)];
+        self.launch_pdl(&name, (rows as u32, 1, 1), 256, &args)
+    }
+
+    /// `act[r, i] = round(silu(gu[r, 2i]) · gu[r, 2i + 1])` into `half` bits (gate|up interleaved).
+    pub fn swiglu_pairs_to(
+        &self,
+        half: Half,
+        gu: &CudaView<f32>,
+        act: &mut CudaViewMut<u16>,
+        inter: usize,
+        rows: usize,
+    ) -> CudaResult<()> {
+        check("swiglu_pairs_to gu", gu.len(), rows * 2 * inter)?;
+        check("swiglu_pairs_to act", act.len(), rows * inter)?;
+        let n = i32::try_from(rows * inter).map_err(|_| CudaError::Shape("swiglu_pairs_to: too many values".into()))?;
+        let name = format!("swiglu_pairs_to_{}", half.suffix());
+        let args = [dptr(self, gu), dptr_mut(self, act), Arg::I32(inter as i32), Arg::I32(rows as i32)];
+        self.launch_pdl(&name, (grid_stride_blocks(n as usize, self.sms), 1, 1), 256, &args)
+    }
+
+    /// `y[i] = round(x[i])` into `half` bits, for the first `n` values.
+    pub fn cast_to(&self, half: Half, x: &CudaView<f32>, y: &mut CudaViewMut<u16>, n: usize) -> CudaResult<()> {
+        check("cast_to x", x.len(), n)?;
+        check("cast_to y", y.len(), n)?;
+        let ni = i32::try_from(n).map_err(|_| CudaError::Shape("cast_to: too many values".into()))?;
+        let name = format!("cast_to_{}", half.suffix());
+        let args = [dptr(self, x), dptr_mut(self, y), Arg::I32(ni)];
+        self.launch_pdl(&name, (grid_stride_blocks(n, self.sms), 1, 1), 256, &args)
+    }
+}
+
+/// Blocks of 256 threads for a grid-stride loop over `n` values: enough to fill every SM a few
+/// times over, no more than the values need.
+fn grid_stride_blocks(n: usize, sms: usize) -> u32 {
+    n.div_ceil(256).clamp(1, 8 * sms.max(1)) as u32
+}
+
+impl Gpu {
+    /// `act[r, i] = silu(gu[r, 2i]) · gu[r, 2i + 1]` in f32 (gate|up interleaved), the input of
+    /// an f32 `down` GEMM.
+    pub fn swiglu_pairs(
+        &self,
+        gu: &CudaView<f32>,
+        act: &mut CudaViewMut<f32>,
+        inter: usize,
+        rows: usize,
+    ) -> CudaResult<()> {
+        check("swiglu_pairs gu", gu.len(), rows * 2 * inter)?;
+        check("swiglu_pairs act", act.len(), rows * inter)?;
+        // swiglu_pairs_f32(gu, act, inter, rows): one thread per output, no grid-stride loop.
+        let args = [dptr(self, gu), dptr_mut(self, act), Arg::I32(inter as i32), Arg::I32(rows as i32)];
+        self.launch_pdl("swiglu_pairs_f32", ((rows * inter).div_ceil(256) as u32, 1, 1), 256, &args)
+    }
+}
