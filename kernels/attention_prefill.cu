@@ -130,7 +130,7 @@ __device__ __forceinline__ void attention_prefill(const float* q, const E* k, co
     const int wend = rw < rows ? vis(min(rw + 15, rows - 1)) : 0;  // keys any of its rows sees
     const int wfull = vis(rw);                                   // keys all of its rows see
     const int ra = rw + g, rb = ra + 8;                          // the lane's two rows
-    const int va = vis(ra), vb = vis(rb);
+    const int va = vis(ra), vb = vis(rb);  // keys rows ra and rb see (not to be shadowed)
     const float sl2 = 1.4426950408889634f * rsqrtf((float)HD);  // log2(e) / √hd
 
     // This thread's K/V chunks of a tile: keys lkey + n·KSTEP, chunk column lc (stored at
@@ -240,7 +240,7 @@ __device__ __forceinline__ void attention_prefill(const float* q, const E* k, co
         if (more) fetch(j + 1, cur ^ 1);
 
         if (t0 < wend) {
-            const uint32_t kb = kaddr + (uint32_t)(cur * BUF) * 16u, vb = vaddr + (uint32_t)(cur * BUF) * 16u;
+            const uint32_t ksm = kaddr + (uint32_t)(cur * BUF) * 16u, vsm = vaddr + (uint32_t)(cur * BUF) * 16u;
             // S = Q·Kᵀ, 16 rows × 64 keys.
             float s[NS][4];
 #pragma unroll
@@ -250,7 +250,7 @@ __device__ __forceinline__ void attention_prefill(const float* q, const E* k, co
 #pragma unroll
                 for (int p = 0; p < NS / 2; p++) {
                     uint32_t b0, b1, b2, b3;
-                    ldsm_x4(kb + (uint32_t)(16 * p * CPR + ((2 * kk) ^ ky)) * 16u, b0, b1, b2, b3);
+                    ldsm_x4(ksm + (uint32_t)(16 * p * CPR + ((2 * kk) ^ ky)) * 16u, b0, b1, b2, b3);
                     mma_bf16(s[2 * p], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
                     mma_bf16(s[2 * p + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b2, b3);
                 }
@@ -314,7 +314,7 @@ __device__ __forceinline__ void attention_prefill(const float* q, const E* k, co
 #pragma unroll
                 for (int p = 0; p < NO / 2; p++) {
                     uint32_t b0, b1, b2, b3;
-                    ldsm_x4_trans(vb + (uint32_t)(16 * jj * CPR + ((2 * p) ^ vy)) * 16u, b0, b1, b2, b3);
+                    ldsm_x4_trans(vsm + (uint32_t)(16 * jj * CPR + ((2 * p) ^ vy)) * 16u, b0, b1, b2, b3);
                     mma_bf16(o[2 * p], pa[jj][0], pa[jj][1], pa[jj][2], pa[jj][3], b0, b1);
                     mma_bf16(o[2 * p + 1], pa[jj][0], pa[jj][1], pa[jj][2], pa[jj][3], b2, b3);
                 }

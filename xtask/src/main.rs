@@ -207,7 +207,13 @@ fn cargo_test(extra: &[OsString]) -> Result<i32> {
     // as the test build above, so only the test crates recompile.
     println!("building (not running) the GPU tier: cargo test --workspace --features …/gpu-tests --no-run");
     let status = Command::new(&cargo)
-        .args(["test", "--workspace", "--features", "dspark-kernels/gpu-tests,dspark-spec/gpu-tests", "--no-run"])
+        .args([
+            "test",
+            "--workspace",
+            "--features",
+            "dspark-kernels/gpu-tests,dspark-spec/gpu-tests,dspark-model/gpu-tests",
+            "--no-run",
+        ])
         .current_dir(workspace_root())
         .status()
         .context("building the GPU tier")?;
@@ -215,7 +221,8 @@ fn cargo_test(extra: &[OsString]) -> Result<i32> {
 }
 
 /// GPU-tier test binaries: (package, test target).
-const GPU_TESTS: [(&str, &str); 2] = [("dspark-kernels", "gpu_kernels"), ("dspark-spec", "gpu_model")];
+const GPU_TESTS: [(&str, &str); 3] =
+    [("dspark-kernels", "gpu_kernels"), ("dspark-spec", "gpu_model"), ("dspark-model", "gpu_upload")];
 
 /// Builds the GPU-tier test binaries in release mode. With a local GPU, runs them; otherwise
 /// copies them into `.gpu-bundle/` next to `scripts/gpu-tier.sh`, which runs them (and

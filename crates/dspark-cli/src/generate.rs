@@ -19,7 +19,9 @@ use dspark_model::checkpoint::tokenizer::{chat_prompt, eos_ids, eos_ids_from, To
 use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
 use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
 use dspark_model::cuda::dspark::CudaDraft;
+use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
+use dspark_model::cuda::weights::CheckpointUpload;
 use dspark_model::{Drafter, Qwen3Config, TargetModel};
 use dspark_spec::{greedy, speculative, CostTable, GenerateOptions, Generation, VerifyLen};
 use serde_json::json;
@@ -74,6 +76,11 @@ pub struct GenerateArgs {
     /// block.
     #[arg(long)]
     verify_len: Option<String>,
+    /// How prompts of more than 64 tokens run on the GPU: `gemm` (tensor-core GEMMs and flash
+    /// attention, inputs rounded to the weights' dtype) or `exact` (the decode path's f32-exact
+    /// small-M kernels, ~30× slower). Decoding is lossless either way.
+    #[arg(long, default_value = "gemm", value_parser = parse_prefill)]
+    prefill: PrefillMode,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -199,14 +206,24 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         Device::Cuda => {
             let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
             let ck = target_src.checkpoint()?;
-            let t = CudaQwen3::from_source_kv(gpu, cfg, &ck, args.max_context, args.kv_cache)?;
+            // Weights through pinned staging buffers, after a check that they and the caches fit.
+            let reserve = CudaQwen3::planned_bytes(&cfg, args.max_context, args.kv_cache);
+            let up =
+                CheckpointUpload::new(&ck, &gpu.ctx, reserve)?.with_progress(crate::progress::load_bar(), "target");
+            let mut t = CudaQwen3::from_source_kv(gpu, cfg, &up, args.max_context, args.kv_cache)?;
+            up.finish()?;
             drop(ck);
+            t.set_prefill(args.prefill);
             let d = match draft_src {
                 Some(src) => {
                     let dcfg = src.draft_config()?;
                     let ck = src.checkpoint()?;
                     check_tensors(&dcfg, &ck)?;
-                    Some(Box::new(CudaDraft::from_source(dcfg, &ck, &t)?) as Box<dyn Drafter>)
+                    let up =
+                        CheckpointUpload::new(&ck, &t.gpu.ctx, 0)?.with_progress(crate::progress::load_bar(), "draft");
+                    let d = CudaDraft::from_source(dcfg, &up, &t)?;
+                    up.finish()?;
+                    Some(Box::new(d) as Box<dyn Drafter>)
                 }
                 None => None,
             };
@@ -333,4 +350,13 @@ fn stats_line(g: &Generation, load: Duration, device: &str) -> String {
         g.prefill.as_secs_f64() * 1e3,
         g.decode_tokens_per_second()
     )
+}
+
+/// `--prefill gemm|exact`.
+fn parse_prefill(s: &str) -> std::result::Result<PrefillMode, String> {
+    match s {
+        "gemm" => Ok(PrefillMode::Gemm),
+        "exact" => Ok(PrefillMode::Exact),
+        _ => Err(format!("--prefill takes gemm or exact, not {s:?}")),
+    }
 }

@@ -10,7 +10,6 @@ mod bench;
 mod demo;
 mod generate;
 // `generate` hands `progress::load_bar()` to `CheckpointUpload::with_progress`.
-#[allow(dead_code)]
 mod progress;
 
 use clap::{Parser, Subcommand};

@@ -92,6 +92,13 @@ pub trait TargetModel {
     /// Chooses which decoder layers' outputs (residual stream after the layer, before the final
     /// norm) every later forward returns in [`Forward::captured`].
     fn set_capture(&mut self, layers: &[usize]) -> Result<()>;
+    /// Most prompt tokens whose captures one forward hands over without the host: a loop feeds
+    /// a longer prompt in chunks of this size and gives each chunk's captures to the draft
+    /// before the next forward overwrites them (the CUDA GEMM prefill's buffer). Unbounded by
+    /// default.
+    fn prefill_chunk(&self) -> usize {
+        usize::MAX
+    }
     /// Runs `tokens` at positions `len()..len() + tokens.len()` and appends them to the cache.
     fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward>;
     /// [`TargetModel::forward`] returning only each logits row's argmax (lowest index on ties),

@@ -11,6 +11,6 @@ pub mod stats;
 pub mod verify_len;
 
 pub use greedy::{greedy, GenerateOptions};
-pub use speculative::speculative;
+pub use speculative::{prefill, speculative};
 pub use stats::{Generation, SpecStats, StopReason};
 pub use verify_len::{CostTable, VerifyLen};

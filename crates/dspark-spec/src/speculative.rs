@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! prefill: logits, F = target(prompt);  a = argmax(logits[-1]);  emit a;  pending = F
+//!          (in chunks the target sets, each chunk's F appended to the draft as it comes)
 //! round:   draft.append_captured(pending)           # positions the draft has not seen
 //!          d_1..d_B = draft.propose(a)               # one parallel pass + Markov chain
 //!          k = verify_len(survival)                  # how many drafts to check
@@ -18,8 +19,29 @@
 use crate::stats::{Generation, SpecStats, StopReason};
 use crate::verify_len::VerifyLen;
 use crate::GenerateOptions;
-use dspark_model::{Deferred, Drafter, LogitRows, Result, TargetModel};
+use dspark_model::{Captured, Deferred, Drafter, LogitRows, Result, TargetModel};
 use std::time::Instant;
+
+/// The prompt through the target, in chunks of at most `target.prefill_chunk()` tokens, each
+/// chunk's captured rows handed to the draft before the next chunk's forward overwrites them
+/// (so a GPU prefill's captures never leave the device). Returns the target's next token and
+/// the last chunk's captures, which the first round appends.
+pub fn prefill<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
+    target: &mut T,
+    draft: &mut D,
+    prompt: &[u32],
+) -> Result<(u32, Captured)> {
+    let mut chunks = prompt.chunks(target.prefill_chunk().max(1)).peekable();
+    loop {
+        let chunk = chunks.next().ok_or_else(|| dspark_model::Error::Request("empty prompt".into()))?;
+        let f = target.forward_greedy(chunk, LogitRows::Last)?;
+        if chunks.peek().is_none() {
+            let anchor = *f.ids.first().ok_or_else(|| dspark_model::Error::Request("no logits row".into()))?;
+            return Ok((anchor, f.captured));
+        }
+        draft.append_captured(&f.captured)?;
+    }
+}
 
 /// Speculative greedy decoding from empty caches. `on_token` sees each id as it is committed.
 pub fn speculative<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
@@ -39,9 +61,7 @@ pub fn speculative<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
     draft.reset();
 
     let start = Instant::now();
-    let f = target.forward_greedy(prompt, LogitRows::Last)?;
-    let mut anchor = f.ids[0];
-    let mut pending = f.captured;
+    let (mut anchor, mut pending) = prefill(target, draft, prompt)?;
     let prefill = start.elapsed();
     let decode_start = Instant::now();
 

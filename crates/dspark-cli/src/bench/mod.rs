@@ -209,7 +209,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let prefill = if args.projections_only || args.prefill.is_empty() {
         Vec::new()
     } else {
-        prefill::measure(&gpu, &mut target, &mut draft, &args.prefill, args.prefill_iters, &mut token)?
+        prefill::measure(&gpu, &mut target, &mut draft, &args.prefill, args.prefill_iters, &mut token, &mut profiles)?
     };
     drop(draft);
     drop(target);

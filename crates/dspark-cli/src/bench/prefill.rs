@@ -30,6 +30,7 @@ pub fn measure(
     lengths: &[usize],
     iters: usize,
     mut token: impl FnMut() -> u32,
+    profiles: &mut Vec<super::report::Profile>,
 ) -> Result<Vec<PrefillRow>> {
     let cfg = target.config().clone();
     let (h, q, kv, i) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
@@ -44,18 +45,34 @@ pub fn measure(
         for it in 0..=iters {
             target.truncate(0)?;
             draft.reset();
+            // Without the draft: the prompt's forward alone, as plain greedy decoding runs it.
+            target.set_capture(&[])?;
             let t = Instant::now();
-            let f = target.forward_greedy(&prompt, LogitRows::Last)?;
+            target.forward_greedy(&prompt, LogitRows::Last)?;
             let p = t.elapsed().as_secs_f64() * 1e6;
+            // With it: the speculative loop's prefill, captures handed to the draft chunk by
+            // chunk, then the last chunk's append (what the first round starts with).
+            target.truncate(0)?;
+            target.set_capture(draft.target_layer_ids())?;
             let t = Instant::now();
-            draft.append_captured(&f.captured)?;
+            let (_, pending) = dspark_spec::prefill(target, draft, &prompt)?;
+            draft.append_captured(&pending)?;
             gpu.stream.synchronize()?;
-            let a = t.elapsed().as_secs_f64() * 1e6;
+            let a = t.elapsed().as_secs_f64() * 1e6 - p;
             if it > 0 {
                 prefill.push(p);
                 append.push(a);
             }
         }
+        // One more prefill and append with per-launch events, for the profile.
+        target.truncate(0)?;
+        draft.reset();
+        gpu.set_profiling(true)?;
+        let (_, pending) = dspark_spec::prefill(target, draft, &prompt)?;
+        draft.append_captured(&pending)?;
+        gpu.stream.synchronize()?;
+        profiles.push(super::profile(gpu, "prefill", len, super::report::median(&mut prefill.clone()))?);
+        gpu.set_profiling(false)?;
         // The chunks the prefill runs (all but the last of MAX_PREFILL_ROWS rows).
         let chunks: Vec<usize> = (0..len).step_by(MAX_PREFILL_ROWS).map(|s| (len - s).min(MAX_PREFILL_ROWS)).collect();
         let mut gemm_micros = 0.0;

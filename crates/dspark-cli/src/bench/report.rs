@@ -152,7 +152,8 @@ pub struct PrefillRow {
     pub cublas_tflops: f64,
     /// cublas_gemm_micros / micros: the share of cuBLAS's GEMM throughput the prefill reaches.
     pub gemm_share: f64,
-    /// The draft's context append of the same prompt's captures (fc + every layer's K/V).
+    /// What the draft adds to the first token: the speculative loop's prefill (captures kept
+    /// on the device, the draft's context append of every chunk) less the plain forward.
     pub draft_append_micros: f64,
 }
 

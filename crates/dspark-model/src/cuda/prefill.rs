@@ -23,14 +23,15 @@
 
 use crate::checkpoint::config::Qwen3Config;
 use crate::cuda::layers::{drv, gpu_err, GpuLayer};
+use crate::cuda::qwen3::{Handoff, SharedCapture};
 use crate::error::Result;
-use cudarc::driver::{CudaSlice, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use dspark_kernels::cuda::gemm::{Blas, GemmIn, Half, WORKSPACE_BYTES};
 use dspark_kernels::cuda::kv::LayersKv;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How a forward of more than a decode chunk's rows runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -61,8 +62,9 @@ pub struct Prefill {
     q: CudaSlice<f32>,
     o: CudaSlice<f32>,
     gate_up: CudaSlice<f32>,
-    /// `[rows, T·H]` captured layer outputs of the chunk (planned when a draft attaches).
-    pub captured: CudaSlice<f32>,
+    /// `[rows, T·H]` captured layer outputs of the chunk (planned when a draft attaches), a
+    /// buffer the draft reads its context rows from (generation: prefill chunks).
+    pub captured: SharedCapture,
 }
 
 impl Prefill {
@@ -90,8 +92,33 @@ impl Prefill {
             q: z(q)?,
             o: z(q)?,
             gate_up: z(2 * i)?,
-            captured: arena.zeros::<f32>(1).map_err(drv)?,
+            captured: Arc::new(Mutex::new(Handoff { data: arena.zeros::<f32>(1).map_err(drv)?, generation: 0 })),
         })
+    }
+
+    /// Runs layer `lw`'s four GEMMs at a few chunk sizes on the (scratch) buffers, so cuBLAS
+    /// picks and loads its kernels at load time rather than inside a user's first prefill
+    /// (measured: the first prefill of a fresh process took ~60 ms longer without it).
+    pub fn warm_up(&mut self, gpu: &Gpu, cfg: &Qwen3Config, lw: &GpuLayer) -> Result<()> {
+        let (h, q, kv, i) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let e = gpu_err;
+        for m in [self.rows, self.rows.div_ceil(2), self.rows.min(128)] {
+            let gemms: [(&WeightBuf, usize, usize, &mut CudaSlice<f32>); 4] = [
+                (&lw.qkv_proj, h, q + 2 * kv, &mut self.qkv),
+                (&lw.o_proj, q, h, &mut self.o),
+                (&lw.gate_up, h, 2 * i, &mut self.gate_up),
+                (&lw.down_proj, i, h, &mut self.x),
+            ];
+            for (w, k, n, y) in gemms {
+                let x = match Half::of(w) {
+                    Some(_) => GemmIn::Half(self.half_in.slice(..m * k)),
+                    None if self.f32_in.len() >= m * k => GemmIn::F32(self.f32_in.slice(..m * k)),
+                    None => continue,
+                };
+                gpu.gemm(&self.blas, w, &x, &mut y.slice_mut(..m * n), (m, k, n), false).map_err(e)?;
+            }
+        }
+        Ok(())
     }
 
     /// The cuBLAS handle, shared with a draft loaded for the same target.
@@ -102,8 +129,9 @@ impl Prefill {
     /// Plans the capture buffer for `slots` captured layers.
     pub fn plan_capture(&mut self, arena: &Arena, cfg: &Qwen3Config, slots: usize) -> Result<()> {
         let need = self.rows * slots * cfg.hidden_size;
-        if self.captured.len() < need {
-            self.captured = arena.zeros::<f32>(need).map_err(drv)?;
+        let mut cap = lock(&self.captured)?;
+        if cap.data.len() < need {
+            cap.data = arena.zeros::<f32>(need).map_err(drv)?;
         }
         Ok(())
     }
@@ -125,11 +153,14 @@ impl Prefill {
     ) -> Result<()> {
         let h = cfg.hidden_size;
         let t = capture.len();
+        let shared = self.captured.clone();
+        let mut cap = lock(&shared)?;
+        cap.generation += 1;
         for (l, lw) in layers.iter().enumerate() {
             self.layer_step(gpu, cfg, lw, n, lens, inv_freq, (&mut caches, l))?;
             for (slot, _) in capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
                 let x = self.x.slice(..n * h);
-                gpu.copy_rows(&x, &mut self.captured.slice_mut(slot * h..), n, h, (h, t * h)).map_err(gpu_err)?;
+                gpu.copy_rows(&x, &mut cap.data.slice_mut(slot * h..), n, h, (h, t * h)).map_err(gpu_err)?;
             }
         }
         Ok(())
@@ -254,6 +285,11 @@ pub(crate) fn normed_input<'a>(
     })
 }
 
+/// Locks a shared capture buffer.
+pub(crate) fn lock(c: &SharedCapture) -> Result<MutexGuard<'_, Handoff<f32>>> {
+    c.lock().map_err(|_| crate::error::Error::Request("prefill capture buffer poisoned".into()))
+}
+
 /// Rows of one chunk of a draft's context prefill: 1,024 rows keep its buffers at ~185 MB for
 /// DSpark-8B while every GEMM stays past cuBLAS's plateau (1024 × 20480 × 4096 for fc).
 pub const MAX_DRAFT_PREFILL_ROWS: usize = 1024;
@@ -264,8 +300,8 @@ pub const MAX_DRAFT_PREFILL_ROWS: usize = 1024;
 pub struct DraftPrefill {
     pub rows: usize,
     blas: Arc<Blas>,
-    /// `[rows, T·H]` feature rows uploaded from the host.
-    pub features: CudaSlice<f32>,
+    /// `[rows, T·H]` feature rows uploaded from the host (taken out while they are projected).
+    pub features: Option<CudaSlice<f32>>,
     /// GEMM inputs of 16-bit weights: `[rows, T·H]`.
     half_in: CudaSlice<u16>,
     /// The hidden norm's output for f32 `ctx_kv` weights: `[rows, H]` (else empty).
@@ -291,7 +327,7 @@ impl DraftPrefill {
         Ok(DraftPrefill {
             rows,
             blas,
-            features: z(rows * t * h)?,
+            features: Some(z(rows * t * h)?),
             half_in: arena.zeros::<u16>(if any_half { rows * t * h } else { 1 }).map_err(drv)?,
             f32_in: z(if Half::of(ctx_kv).is_none() { rows * h } else { 1 })?,
             c: z(rows * h)?,
@@ -299,12 +335,13 @@ impl DraftPrefill {
         })
     }
 
-    /// `c = fc · features`, then `ctx_out = ctx_kv · RMSNorm_hidden(c)` for the first `n` rows
-    /// of `self.features`.
+    /// `c = fc · features`, then `ctx_out = ctx_kv · RMSNorm_hidden(c)` for `n` rows of
+    /// `features` (`self.features` for host rows, the target's prefill captures otherwise).
     #[allow(clippy::too_many_arguments)]
     pub fn project(
         &mut self,
         gpu: &Gpu,
+        features: &CudaView<f32>,
         fc: &WeightBuf,
         hidden_norm: &CudaSlice<f32>,
         ctx_kv: &WeightBuf,
@@ -316,11 +353,11 @@ impl DraftPrefill {
         let th = t * h;
         let input = match Half::of(fc) {
             Some(half) => {
-                gpu.cast_to(half, &self.features.slice(..n * th), &mut self.half_in.slice_mut(..n * th), n * th)
+                gpu.cast_to(half, &features.slice(..n * th), &mut self.half_in.slice_mut(..n * th), n * th)
                     .map_err(e)?;
                 GemmIn::Half(self.half_in.slice(..n * th))
             }
-            None => GemmIn::F32(self.features.slice(..n * th)),
+            None => GemmIn::F32(features.slice(..n * th)),
         };
         gpu.gemm(&self.blas, fc, &input, &mut self.c.slice_mut(..n * h), (n, th, h), false).map_err(e)?;
         let c = self.c.slice(..n * h);

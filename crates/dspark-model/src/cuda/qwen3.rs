@@ -20,7 +20,7 @@ use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::graphs::StepGraphs;
 use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
 use crate::cuda::prefill::{Prefill, PrefillMode, MAX_PREFILL_ROWS};
-use crate::cuda::weights::WeightSource;
+use crate::cuda::weights::{CheckpointUpload, WeightSource};
 use crate::error::Result;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu::rope::inv_freq;
@@ -92,7 +92,7 @@ pub struct CudaQwen3 {
     /// Forwards of more than this many tokens take the GEMM prefill ([`CHUNK`] by default).
     prefill_after: usize,
     /// Rows of one prefill chunk (at most the planned [`Prefill::rows`]).
-    prefill_chunk: usize,
+    prefill_cap: usize,
 }
 
 /// What a prefill returns to the host: logits rows or their argmax ids, and the captures.
@@ -115,7 +115,10 @@ impl CudaQwen3 {
     pub fn load_kv(gpu: Arc<Gpu>, dir: &Path, max_len: usize, kv: KvDtype) -> Result<CudaQwen3> {
         let cfg = Qwen3Config::from_dir(dir)?;
         let ck = Checkpoint::open_dir(dir)?;
-        Self::from_source_kv(gpu, cfg, &ck, max_len, kv)
+        let up = CheckpointUpload::new(&ck, &gpu.ctx, Self::planned_bytes(&cfg, max_len, kv))?;
+        let t = Self::from_source_kv(gpu, cfg, &up, max_len, kv)?;
+        up.finish()?;
+        Ok(t)
     }
 
     /// Builds the target from any [`WeightSource`] (a checkpoint, or random bench weights).
@@ -155,7 +158,11 @@ impl CudaQwen3 {
         let next_ids = arena.zeros::<u32>(CHUNK).map_err(drv)?;
         let drafted = Arc::new(Mutex::new(Handoff { data: arena.zeros::<u32>(CHUNK).map_err(drv)?, generation: 0 }));
         let prefill = if max_len > CHUNK {
-            Some(Prefill::new(&gpu, &arena, &cfg, &layers, max_len.min(MAX_PREFILL_ROWS))?)
+            let mut p = Prefill::new(&gpu, &arena, &cfg, &layers, max_len.min(MAX_PREFILL_ROWS))?;
+            if let Some(first) = layers.first() {
+                p.warm_up(&gpu, &cfg, first)?;
+            }
+            Some(p)
         } else {
             None
         };
@@ -185,8 +192,17 @@ impl CudaQwen3 {
             prefill_in,
             prefill_mode: PrefillMode::default(),
             prefill_after: CHUNK,
-            prefill_chunk: MAX_PREFILL_ROWS,
+            prefill_cap: MAX_PREFILL_ROWS,
         })
+    }
+
+    /// The prefill's capture buffer, which a draft on this target reads a prompt chunk's rows
+    /// from (`None` when prompts take the small-M path).
+    pub fn shared_prefill_capture(&self) -> Option<SharedCapture> {
+        match self.prefill_mode {
+            PrefillMode::Gemm => self.prefill.as_ref().map(|p| p.captured.clone()),
+            PrefillMode::Exact => None,
+        }
     }
 
     /// The prefill's cuBLAS handle and mode, for a draft loaded onto this target (`None` when
@@ -208,7 +224,7 @@ impl CudaQwen3 {
     /// prompts and several chunks through the GEMM path.
     pub fn set_prefill_shape(&mut self, after: usize, chunk: usize) {
         self.prefill_after = after.max(1);
-        self.prefill_chunk = chunk.max(1);
+        self.prefill_cap = chunk.max(1);
     }
 
     /// Whether a forward of `n` tokens takes the GEMM prefill.
@@ -219,22 +235,26 @@ impl CudaQwen3 {
     /// A forward of `tokens` on the GEMM path, in chunks of up to the prefill's rows: logits of
     /// `rows` (as ids with `argmax`) and every row's captures, to the host.
     fn forward_prefill(&mut self, tokens: &[u32], rows: LogitRows, argmax: bool) -> Result<PrefillOut> {
-        let step = self.prefill.as_ref().map_or(CHUNK, |p| p.rows).min(self.prefill_chunk);
+        let step = self.prefill.as_ref().map_or(CHUNK, |p| p.rows).min(self.prefill_cap);
         let chunks: Vec<&[u32]> = tokens.chunks(step).collect();
         let last = chunks.len() - 1;
         let mut out = PrefillOut::default();
+        // One chunk's captures stay on the device for the draft (`Captured::Device`); several
+        // chunks' go to the host, since each chunk overwrites the buffer.
+        let to_host = !(argmax && last == 0);
         for (i, chunk) in chunks.into_iter().enumerate() {
-            self.prefill_chunk(chunk, Self::logit_from(rows, i, last, chunk.len()), argmax, &mut out)?;
+            let from = Self::logit_from(rows, i, last, chunk.len());
+            self.run_prefill_chunk(chunk, from, (argmax, to_host), &mut out)?;
         }
         Ok(out)
     }
 
     /// One chunk of the GEMM prefill (see [`crate::cuda::prefill`]).
-    fn prefill_chunk(
+    fn run_prefill_chunk(
         &mut self,
         chunk: &[u32],
         logit_from: Option<usize>,
-        argmax: bool,
+        (argmax, to_host): (bool, bool),
         out: &mut PrefillOut,
     ) -> Result<()> {
         let n = chunk.len();
@@ -298,13 +318,27 @@ impl CudaQwen3 {
             }
         }
         let row = self.capture.len() * h;
-        if row > 0 {
+        if row > 0 && to_host {
             let mut host = vec![0f32; n * row];
-            gpu.stream.memcpy_dtoh(&pf.captured.slice(..n * row), &mut host).map_err(drv)?;
+            let cap = crate::cuda::prefill::lock(&pf.captured)?;
+            gpu.stream.memcpy_dtoh(&cap.data.slice(..n * row), &mut host).map_err(drv)?;
             out.captured.extend_from_slice(&host);
         }
         self.len += n;
         Ok(())
+    }
+
+    /// Device bytes a target of `cfg` plans beyond its weights for `max_len` positions: the KV
+    /// caches, the prefill's buffers and cuBLAS workspace, and the decode step's logits (the
+    /// memory check before a load counts them; small scratch is left out).
+    pub fn planned_bytes(cfg: &Qwen3Config, max_len: usize, kv: KvDtype) -> usize {
+        let max_len = max_len.min(cfg.max_position_embeddings).max(1);
+        let (h, q, kvd, i) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let caches = 2 * cfg.num_hidden_layers * max_len * kvd * kv.bytes();
+        let rows = if max_len > CHUNK { max_len.min(MAX_PREFILL_ROWS) } else { 0 };
+        let prefill = rows * (4 * (2 * h + q + 2 * kvd + 2 * q + 2 * i) + 2 * h.max(q).max(i))
+            + if rows > 0 { dspark_kernels::cuda::gemm::WORKSPACE_BYTES } else { 0 };
+        caches + prefill + CHUNK * cfg.vocab_size * 4
     }
 
     /// The KV caches' element type.
@@ -470,6 +504,13 @@ impl TargetModel for CudaQwen3 {
         self.max_len
     }
 
+    fn prefill_chunk(&self) -> usize {
+        match (&self.prefill, self.prefill_mode) {
+            (Some(p), PrefillMode::Gemm) => p.rows.min(self.prefill_cap),
+            _ => usize::MAX,
+        }
+    }
+
     fn truncate(&mut self, len: usize) -> Result<()> {
         check_truncate(self.len, len)?;
         // Rows past `len` are simply overwritten by the next forward.
@@ -523,7 +564,15 @@ impl TargetModel for CudaQwen3 {
         check_forward(&self.cfg, self.len, self.max_len, tokens)?;
         if self.gemm_prefill(tokens.len()) {
             let p = self.forward_prefill(tokens, rows, true)?;
-            return Ok(Greedy { ids: p.ids, captured: Captured::Host(p.captured) });
+            let step = self.prefill.as_ref().map_or(CHUNK, |p| p.rows).min(self.prefill_cap);
+            let captured = match (&self.prefill, tokens.len() <= step && !self.capture.is_empty()) {
+                (Some(pf), true) => {
+                    let generation = crate::cuda::prefill::lock(&pf.captured)?.generation;
+                    Captured::Device(DeviceRows { buffer: handoff_id(&pf.captured), generation, rows: tokens.len() })
+                }
+                _ => Captured::Host(p.captured),
+            };
+            return Ok(Greedy { ids: p.ids, captured });
         }
         let chunks: Vec<&[u32]> = tokens.chunks(CHUNK).collect();
         let last = chunks.len() - 1;
