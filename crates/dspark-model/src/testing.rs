@@ -15,7 +15,7 @@ use crate::cpu::qwen3::{CpuQwen3, LayerWeights, Qwen3Weights};
 pub use dspark_tensor::DType;
 /// The seeded SplitMix64 generator and the relative-error check, from the bottom crate
 /// `dspark-testkit`, so crates above this one import everything their tests need from here.
-pub use dspark_testkit::{rel_err, Rng};
+pub use dspark_testkit::{rel_err, repo_root, Rng};
 use std::path::PathBuf;
 
 /// A Qwen3 config with the given geometry (rope θ 1e4, eps 1e-6, untied).

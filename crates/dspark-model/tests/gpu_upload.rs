@@ -35,11 +35,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+/// The repository root (`DSPARK_ROOT` on the bundle's machine).
 fn root() -> PathBuf {
-    match std::env::var_os("DSPARK_ROOT") {
-        Some(r) => PathBuf::from(r),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."),
-    }
+    dspark_model::testing::repo_root()
 }
 
 fn gpu() -> Arc<Gpu> {

@@ -36,10 +36,7 @@ use std::sync::{Arc, OnceLock};
 /// The repository root: `DSPARK_ROOT` when the test binary runs from a bundle on another
 /// machine, else the source tree it was built from.
 fn root() -> PathBuf {
-    match std::env::var_os("DSPARK_ROOT") {
-        Some(r) => PathBuf::from(r),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."),
-    }
+    dspark_model::testing::repo_root()
 }
 
 fn gpu() -> Arc<Gpu> {

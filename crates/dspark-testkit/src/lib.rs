@@ -72,6 +72,16 @@ pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
     got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
 }
 
+/// The repository root, for tests that read `fixtures/`: `DSPARK_ROOT` when a test binary runs
+/// from a bundle on another machine (scripts/gpu-tier.sh sets it), else the source tree this
+/// crate was built in.
+pub fn repo_root() -> std::path::PathBuf {
+    match std::env::var_os("DSPARK_ROOT") {
+        Some(r) => std::path::PathBuf::from(r),
+        None => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{rel_err, Rng};

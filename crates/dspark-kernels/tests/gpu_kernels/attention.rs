@@ -27,7 +27,7 @@ impl Cache {
         }
     }
 
-    fn view(&self) -> KvView<'_> {
+    pub(super) fn view(&self) -> KvView<'_> {
         match self {
             Cache::F32(s) => KvView::F32(s.as_view()),
             Cache::Bf16(s) => KvView::Bf16(s.as_view()),

@@ -10,37 +10,13 @@
 //! row past the chunk stays poisoned (no write past `rows`), and the cache rows past kv_len are
 //! NaN (the kernel must not read them; a captured graph's cache is sized for more).
 
+use super::attention::Cache;
 use super::*;
 use dspark_kernels::cpu::round_bf16;
-use dspark_kernels::cuda::kv::{KvDtype, KvView};
+use dspark_kernels::cuda::kv::KvDtype;
 
 const REL_TOL: f32 = 2e-2;
 const ABS_TOL: f32 = 1e-3;
-
-/// A cache as the device holds it.
-enum Cache {
-    F32(CudaSlice<f32>),
-    Bf16(CudaSlice<u16>),
-}
-
-impl Cache {
-    fn up(g: &Gpu, v: &[f32], kv: KvDtype) -> Cache {
-        match kv {
-            KvDtype::F32 => Cache::F32(up(g, v)),
-            KvDtype::Bf16 => {
-                let bits: Vec<u16> = v.iter().map(|x| bf16::from_f32(*x).to_bits()).collect();
-                Cache::Bf16(g.stream.clone_htod(&bits).unwrap())
-            }
-        }
-    }
-
-    fn view(&self) -> KvView<'_> {
-        match self {
-            Cache::F32(s) => KvView::F32(s.as_view()),
-            Cache::Bf16(s) => KvView::Bf16(s.as_view()),
-        }
-    }
-}
 
 /// The largest |got − want| (infinite where got is not finite) and the case's allowed error.
 fn worst_and_tol(got: &[f32], want: &[f32]) -> (f32, f32) {
