@@ -6,11 +6,13 @@
 //! The loops never name a backend; the CLI picks one and hands it in.
 
 pub mod greedy;
+pub mod sampler;
 pub mod speculative;
 pub mod stats;
 pub mod verify_len;
 
 pub use greedy::{greedy, GenerateOptions};
+pub use sampler::SamplingParams;
 pub use speculative::{prefill, speculative};
 pub use stats::{Generation, SpecStats, StopReason};
 pub use verify_len::{CostTable, VerifyLen};
