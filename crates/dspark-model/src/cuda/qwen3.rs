@@ -20,6 +20,8 @@ use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::graphs::StepGraphs;
 use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
 use crate::cuda::prefill::{Prefill, PrefillMode, MAX_PREFILL_ROWS};
+
+mod prefill;
 use crate::cuda::weights::{CheckpointUpload, WeightSource};
 use crate::error::Result;
 use cudarc::driver::CudaSlice;
@@ -93,15 +95,6 @@ pub struct CudaQwen3 {
     prefill_after: usize,
     /// Rows of one prefill chunk (at most the planned [`Prefill::rows`]).
     prefill_cap: usize,
-}
-
-/// What a prefill returns to the host: logits rows or their argmax ids, and the captures.
-#[derive(Default)]
-struct PrefillOut {
-    logits: Vec<f32>,
-    rows: usize,
-    ids: Vec<u32>,
-    captured: Vec<f32>,
 }
 
 impl CudaQwen3 {
@@ -195,152 +188,9 @@ impl CudaQwen3 {
             prefill_cap: MAX_PREFILL_ROWS,
         })
     }
+}
 
-    /// The prefill's capture buffer, which a draft on this target reads a prompt chunk's rows
-    /// from (`None` when prompts take the small-M path).
-    pub fn shared_prefill_capture(&self) -> Option<SharedCapture> {
-        match self.prefill_mode {
-            PrefillMode::Gemm => self.prefill.as_ref().map(|p| p.captured.clone()),
-            PrefillMode::Exact => None,
-        }
-    }
-
-    /// The prefill's cuBLAS handle and mode, for a draft loaded onto this target (`None` when
-    /// prompts take the small-M path).
-    pub fn prefill_blas(&self) -> Option<Arc<dspark_kernels::cuda::gemm::Blas>> {
-        match self.prefill_mode {
-            PrefillMode::Gemm => self.prefill.as_ref().map(Prefill::blas),
-            PrefillMode::Exact => None,
-        }
-    }
-
-    /// Chooses how forwards of more than [`CHUNK`] rows run (`--prefill`).
-    pub fn set_prefill(&mut self, mode: PrefillMode) {
-        self.prefill_mode = mode;
-    }
-
-    /// Sets which forwards take the GEMM prefill (those of more than `after` tokens, at least
-    /// one) and its chunk size (capped at the planned rows); tests use it to send short
-    /// prompts and several chunks through the GEMM path.
-    pub fn set_prefill_shape(&mut self, after: usize, chunk: usize) {
-        self.prefill_after = after.max(1);
-        self.prefill_cap = chunk.max(1);
-    }
-
-    /// Whether a forward of `n` tokens takes the GEMM prefill.
-    fn gemm_prefill(&self, n: usize) -> bool {
-        n > self.prefill_after && self.prefill.is_some() && self.prefill_mode == PrefillMode::Gemm
-    }
-
-    /// A forward of `tokens` on the GEMM path, in chunks of up to the prefill's rows: logits of
-    /// `rows` (as ids with `argmax`) and every row's captures, to the host.
-    fn forward_prefill(&mut self, tokens: &[u32], rows: LogitRows, argmax: bool) -> Result<PrefillOut> {
-        let step = self.prefill.as_ref().map_or(CHUNK, |p| p.rows).min(self.prefill_cap);
-        let chunks: Vec<&[u32]> = tokens.chunks(step).collect();
-        let last = chunks.len() - 1;
-        let mut out = PrefillOut::default();
-        // One chunk's captures stay on the device for the draft (`Captured::Device`); several
-        // chunks' go to the host, since each chunk overwrites the buffer.
-        let to_host = !(argmax && last == 0);
-        for (i, chunk) in chunks.into_iter().enumerate() {
-            let from = Self::logit_from(rows, i, last, chunk.len());
-            self.run_prefill_chunk(chunk, from, (argmax, to_host), &mut out)?;
-        }
-        Ok(out)
-    }
-
-    /// One chunk of the GEMM prefill (see [`crate::cuda::prefill`]).
-    fn run_prefill_chunk(
-        &mut self,
-        chunk: &[u32],
-        logit_from: Option<usize>,
-        (argmax, to_host): (bool, bool),
-        out: &mut PrefillOut,
-    ) -> Result<()> {
-        let n = chunk.len();
-        let gpu = self.gpu.clone();
-        let (h, v, eps) = (self.cfg.hidden_size, self.cfg.vocab_size, self.cfg.rms_norm_eps as f32);
-        let Some(pf) = self.prefill.as_mut() else {
-            return Err(crate::error::Error::Request("the GEMM prefill was not planned for this model".into()));
-        };
-        if n > pf.rows {
-            return Err(crate::error::Error::Request(format!("prefill chunk of {n} rows, planned for {}", pf.rows)));
-        }
-        let (first_pos, kv_len) = (self.len, self.len + n);
-        let mut up = Vec::with_capacity(2 + n);
-        up.extend_from_slice(&[first_pos as u32, kv_len as u32]);
-        up.extend_from_slice(chunk);
-        gpu.stream.memcpy_htod(&up, &mut self.prefill_in.slice_mut(..2 + n)).map_err(drv)?;
-        let lens = StepLens { dev: self.prefill_in.slice(..2), first_pos, kv_cap: kv_len };
-        gpu.embedding(&self.embed_tokens, h, &self.prefill_in.slice(2..2 + n), n, &mut pf.x.slice_mut(..n * h))
-            .map_err(gpu_err)?;
-        pf.run_layers(
-            &gpu,
-            &self.cfg,
-            &self.layers,
-            n,
-            &lens,
-            &self.inv_freq,
-            self.caches.layers_mut(),
-            &self.capture,
-        )?;
-        if let Some(from) = logit_from {
-            let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-            let s = &mut self.scratch;
-            // The final norm and the output head, CHUNK rows at a time into the decode buffers.
-            for start in (from..n).step_by(CHUNK) {
-                let rows = (n - start).min(CHUNK);
-                let x = pf.x.slice(start * h..(start + rows) * h);
-                gpu.rmsnorm(&x, &self.norm.as_view(), eps, rows, &mut s.u.slice_mut(..rows * h)).map_err(gpu_err)?;
-                gpu.matvec_normed(
-                    head,
-                    &mut s.u.slice_mut(..rows * h),
-                    Normed::Done,
-                    &s.ss.slice(..0),
-                    &mut self.logits.slice_mut(..rows * v),
-                    (rows, h, v),
-                    false,
-                )
-                .map_err(gpu_err)?;
-                if argmax {
-                    let logits = self.logits.slice(..rows * v);
-                    gpu.argmax_split(&logits, v, v, rows, &mut self.next_ids.slice_mut(..rows), &mut s.ops)
-                        .map_err(gpu_err)?;
-                    let mut ids = vec![0u32; rows];
-                    gpu.stream.memcpy_dtoh(&self.next_ids.slice(..rows), &mut ids).map_err(drv)?;
-                    out.ids.extend_from_slice(&ids);
-                } else {
-                    let mut host = vec![0f32; rows * v];
-                    gpu.stream.memcpy_dtoh(&self.logits.slice(..rows * v), &mut host).map_err(drv)?;
-                    out.logits.extend_from_slice(&host);
-                }
-                out.rows += rows;
-            }
-        }
-        let row = self.capture.len() * h;
-        if row > 0 && to_host {
-            let mut host = vec![0f32; n * row];
-            let cap = crate::cuda::prefill::lock(&pf.captured)?;
-            gpu.stream.memcpy_dtoh(&cap.data.slice(..n * row), &mut host).map_err(drv)?;
-            out.captured.extend_from_slice(&host);
-        }
-        self.len += n;
-        Ok(())
-    }
-
-    /// Device bytes a target of `cfg` plans beyond its weights for `max_len` positions: the KV
-    /// caches, the prefill's buffers and cuBLAS workspace, and the decode step's logits (the
-    /// memory check before a load counts them; small scratch is left out).
-    pub fn planned_bytes(cfg: &Qwen3Config, max_len: usize, kv: KvDtype) -> usize {
-        let max_len = max_len.min(cfg.max_position_embeddings).max(1);
-        let (h, q, kvd, i) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
-        let caches = 2 * cfg.num_hidden_layers * max_len * kvd * kv.bytes();
-        let rows = if max_len > CHUNK { max_len.min(MAX_PREFILL_ROWS) } else { 0 };
-        let prefill = rows * (4 * (2 * h + q + 2 * kvd + 2 * q + 2 * i) + 2 * h.max(q).max(i))
-            + if rows > 0 { dspark_kernels::cuda::gemm::WORKSPACE_BYTES } else { 0 };
-        caches + prefill + CHUNK * cfg.vocab_size * 4
-    }
-
+impl CudaQwen3 {
     /// The KV caches' element type.
     pub fn kv_dtype(&self) -> KvDtype {
         self.caches.dtype()
