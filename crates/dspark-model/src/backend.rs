@@ -170,6 +170,29 @@ pub struct Proposal {
     pub survival: Option<Vec<f32>>,
 }
 
+/// A block drawn along the draft's Markov chain rather than taken greedily (see
+/// [`Drafter::propose_sampled`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SampledProposal {
+    /// Draft tokens `d_1 .. d_B`, `d_s` drawn from `q[s - 1]`.
+    pub tokens: Vec<u32>,
+    /// `q[s]`: the distribution slot `s` was drawn from — exactly the row the sampler returned
+    /// for that slot's logits (the request's transform of `U_s + bias(d_{s-1})`), kept for the
+    /// acceptance ratio.
+    pub q: Vec<Vec<f64>>,
+    /// Prefix survival along the sampled chain (the confidence head fed `W1[d_{s-1}]`), when the
+    /// draft has a confidence head; entry `s` depends on `anchor, d_1 .. d_s` only.
+    pub survival: Option<Vec<f32>>,
+    /// `[B, V]`: the backbone's logits `U_s` before the Markov bias, when the draft reports them
+    /// (diagnostics; the loop's fault tests build a wrong `q` from them).
+    pub base_logits: Option<Vec<f32>>,
+}
+
+/// Draws one slot's token: given the slot's final logits (Markov bias included), returns the
+/// token and the distribution it was drawn from. Built by the decoding loop from its sampler,
+/// so this crate needs none.
+pub type SampleRow<'a> = dyn FnMut(&[f32]) -> (u32, Vec<f64>) + 'a;
+
 /// A block drafter fed by the target's tapped hidden states (DSPARK.md §2, §4).
 ///
 /// The drafter keeps its own context of committed positions `0 .. context_len()`; the loop
@@ -204,6 +227,16 @@ pub trait Drafter {
     /// host synchronisation is reading the verify's result. Other drafts propose now.
     fn propose_deferred(&mut self, anchor: u32) -> Result<Deferred> {
         Ok(Deferred::Ready(self.propose(anchor)?))
+    }
+
+    /// Proposes `B` tokens following `anchor` by drawing each slot along the Markov chain:
+    /// slot `s`'s logits are computed exactly as the greedy chain computes them before its
+    /// argmax, with the previous slot's *drawn* token as the Markov input (`d_0` = the anchor),
+    /// and `sample_row` picks the token (called once per slot, in slot order). Drafts that
+    /// cannot sample their block refuse.
+    fn propose_sampled(&mut self, anchor: u32, sample_row: &mut SampleRow<'_>) -> Result<SampledProposal> {
+        let _ = (anchor, sample_row);
+        Err(Error::Request("this drafter cannot sample its block; use the greedy draft law".into()))
     }
 
     /// The host copy of a [`Drafter::propose_deferred`] proposal (read after the verify).

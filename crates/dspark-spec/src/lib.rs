@@ -3,15 +3,19 @@
 //! [`greedy`] is plain greedy decoding: the baseline every speculative result must equal token
 //! for token (Architecture Invariant: speculative output == plain greedy output).
 //! [`speculative`] is the DSpark loop, with [`verify_len`] choosing how many drafts to check.
+//! [`sampled`] holds their sampling twins, [`sample`] and [`speculative_sampled`] (lossless
+//! speculative sampling), over the [`sampler`]'s transform and uniforms.
 //! The loops never name a backend; the CLI picks one and hands it in.
 
 pub mod greedy;
+pub mod sampled;
 pub mod sampler;
 pub mod speculative;
 pub mod stats;
 pub mod verify_len;
 
 pub use greedy::{greedy, GenerateOptions};
+pub use sampled::{sample, speculative_sampled, DraftLaw};
 pub use sampler::SamplingParams;
 pub use speculative::{prefill, speculative};
 pub use stats::{Generation, SpecStats, StopReason};

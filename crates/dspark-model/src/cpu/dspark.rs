@@ -17,11 +17,11 @@
 //! of `lm_head(RMSNorm_norm(x))` predicts the token at position `p + s + 1`; the Markov chain
 //! in [`crate::cpu::markov`] then picks the tokens left to right.
 
-use crate::backend::{Drafter, Proposal};
+use crate::backend::{Drafter, Proposal, SampleRow, SampledProposal};
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::draft_config::{DraftConfig, MarkovKind, Packaging};
 use crate::checkpoint::safetensors::Checkpoint;
-use crate::cpu::markov::{greedy_chain, prefix_survival, Chain, ConfidenceHead, MarkovHead, MarkovVariant};
+use crate::cpu::markov::{chain_with, greedy_chain, prefix_survival, Chain, ConfidenceHead, MarkovHead, MarkovVariant};
 use crate::cpu::qwen3::{layer_tensors, LayerWeights, Qwen3Weights};
 use crate::error::{Error, Result};
 use dspark_kernels::cpu::attention::{attention, AttnShape, Mask};
@@ -360,5 +360,29 @@ impl Drafter for CpuDraft {
         let survival =
             if chain.confidence_logits.is_empty() { None } else { Some(prefix_survival(&chain.confidence_logits)) };
         Ok(Proposal { tokens: chain.tokens, survival })
+    }
+
+    /// The sampled chain: slot s's logits `lm_head(h_s) + bias(d_{s-1})` (what the greedy
+    /// chain computes before its argmax, `d_0` = the anchor) go to `sample_row`, whose token
+    /// feeds the next slot and whose distribution is kept as `q_s`.
+    fn propose_sampled(&mut self, anchor: u32, sample_row: &mut SampleRow<'_>) -> Result<SampledProposal> {
+        let out = self.block(anchor)?;
+        let mut q = Vec::with_capacity(self.cfg.block_size);
+        let chain = chain_with(
+            &out.base_logits,
+            &out.hidden,
+            self.cfg.block_size,
+            anchor,
+            self.w.markov.as_ref(),
+            self.w.confidence.as_ref(),
+            &mut |z| {
+                let (d, row) = sample_row(z);
+                q.push(row);
+                d
+            },
+        );
+        let survival =
+            if chain.confidence_logits.is_empty() { None } else { Some(prefix_survival(&chain.confidence_logits)) };
+        Ok(SampledProposal { tokens: chain.tokens, q, survival, base_logits: Some(out.base_logits) })
     }
 }

@@ -96,6 +96,22 @@ pub fn greedy_chain(
     markov: Option<&MarkovHead>,
     confidence: Option<&ConfidenceHead>,
 ) -> Chain {
+    chain_with(base_logits, hidden, rows, anchor, markov, confidence, &mut |z| argmax(z) as u32)
+}
+
+/// The chain of [`greedy_chain`] with the token of each slot picked by `pick` from the slot's
+/// final logits `Z_s` (Markov bias included), left to right: `pick` = argmax is the greedy
+/// chain; a draw from the sampler's transform of `Z_s` is DeepSpec's sampled chain
+/// (`sample_block_tokens`). The picked token feeds the next slot's bias and confidence.
+pub fn chain_with(
+    base_logits: &[f32],
+    hidden: &[f32],
+    rows: usize,
+    anchor: u32,
+    markov: Option<&MarkovHead>,
+    confidence: Option<&ConfidenceHead>,
+    pick: &mut dyn FnMut(&[f32]) -> u32,
+) -> Chain {
     assert!(
         rows > 0 && base_logits.len().is_multiple_of(rows) && hidden.len().is_multiple_of(rows),
         "greedy_chain: ragged input"
@@ -145,7 +161,7 @@ pub fn greedy_chain(
             }
             out.confidence_logits.push(logit);
         }
-        let d = argmax(z) as u32;
+        let d = pick(z);
         out.tokens.push(d);
         prev = d;
     }

@@ -1,0 +1,117 @@
+//! Distributional losslessness of speculative sampling on a toy DSpark-shaped pair (issue 27,
+//! Tests (a); SAMPLING.md §2.3 L2): the joint law of the first 3 generated tokens, computed
+//! exactly from the target's tables, against many seeded runs by Pearson's chi-square at
+//! α = 1e-4 (~400 expected per cell). Both draft laws, filters off and on, `auto` verify length,
+//! an eos inside blocks; and each deliberate fault of `dspark_spec::sampled::Fault` must fail
+//! the same test (the test's power, kept as tests). Seeds are fixed: CI is deterministic.
+
+mod sampled_law;
+
+use dspark_spec::sampled::Fault;
+use dspark_spec::sampler::SamplingParams;
+use dspark_spec::{CostTable, DraftLaw, VerifyLen};
+use sampled_law::{exact_law, observe, runs_for, ChiSquare, Mode, ToyDraft, ToyTarget};
+
+const V: usize = 5;
+const B: usize = 3;
+const LEN: usize = 3;
+const PROMPT: [u32; 2] = [1, 3];
+
+fn params(top_k: usize, top_p: f32) -> SamplingParams {
+    SamplingParams { temperature: 0.9, top_k, top_p, min_p: 0.0, seed: 0 }
+}
+
+fn off() -> SamplingParams {
+    params(0, 1.0)
+}
+
+fn on() -> SamplingParams {
+    params(4, 0.9)
+}
+
+fn run(mode: Mode, params: SamplingParams, verify: VerifyLen, eos: &[u32], seed0: u64) -> ChiSquare {
+    let mut target = ToyTarget::new(11, V, 1.3);
+    let mut draft = ToyDraft::new(12, V, B, 1.3, 2.0);
+    let law = exact_law(&mut target, &PROMPT, LEN, &params, eos);
+    let n = runs_for(&law, 400, 10_000, 50_000);
+    let seen = observe(&mut target, &mut draft, &PROMPT, LEN, &params, &verify, eos, mode, n, seed0);
+    let chi = ChiSquare::new(&law, &seen);
+    eprintln!("{mode:?} {params:?}: {chi:?}");
+    chi
+}
+
+fn lossless(mode: Mode, params: SamplingParams) {
+    let chi = run(mode, params, VerifyLen::Fixed(B), &[], 1_000_000);
+    assert!(chi.passes(), "{mode:?} {params:?}: {chi:?}");
+}
+
+fn caught(fault: Fault, law: DraftLaw, params: SamplingParams) {
+    let chi = run(Mode::Spec(law, fault), params, VerifyLen::Fixed(B), &[], 2_000_000);
+    assert!(!chi.passes(), "{fault:?} went undetected: {chi:?}");
+}
+
+#[test]
+fn plain_sampling_control() {
+    lossless(Mode::Plain, off());
+    lossless(Mode::Plain, on());
+}
+
+#[test]
+fn sampled_draft_filters_off() {
+    lossless(Mode::Spec(DraftLaw::Sampled, Fault::None), off());
+}
+
+#[test]
+fn sampled_draft_filters_on() {
+    lossless(Mode::Spec(DraftLaw::Sampled, Fault::None), on());
+}
+
+#[test]
+fn greedy_draft_filters_off() {
+    lossless(Mode::Spec(DraftLaw::Greedy, Fault::None), off());
+}
+
+#[test]
+fn greedy_draft_filters_on() {
+    lossless(Mode::Spec(DraftLaw::Greedy, Fault::None), on());
+}
+
+/// `auto` picks k from survival computed along the sampled chain (the toy's confidence is a
+/// table of the previous token): admission of d_j reads only d_{<j}, so the law holds.
+#[test]
+fn auto_verify_length_stays_lossless() {
+    let costs = VerifyLen::Auto(CostTable { seconds: (0..=B).map(|n| 1.0 + 0.3 * n as f64).collect() });
+    for law in [DraftLaw::Sampled, DraftLaw::Greedy] {
+        let chi = run(Mode::Spec(law, Fault::None), off(), costs.clone(), &[], 3_000_000);
+        assert!(chi.passes(), "auto, {law:?}: {chi:?}");
+    }
+}
+
+/// Token 2 ends generation: an accepted eos inside a block ends the output with no bonus.
+#[test]
+fn eos_inside_blocks() {
+    let chi = run(Mode::Spec(DraftLaw::Sampled, Fault::None), off(), VerifyLen::Fixed(B), &[2], 4_000_000);
+    assert!(chi.passes(), "{chi:?}");
+}
+
+#[test]
+fn fault_q_without_markov_bias_is_caught() {
+    caught(Fault::QWithoutMarkovBias, DraftLaw::Sampled, off());
+}
+
+#[test]
+fn fault_residual_as_target_is_caught() {
+    caught(Fault::ResidualIsTarget, DraftLaw::Sampled, off());
+    caught(Fault::ResidualIsTarget, DraftLaw::Greedy, off());
+}
+
+#[test]
+fn fault_off_by_one_row_is_caught() {
+    caught(Fault::OffByOneRow, DraftLaw::Sampled, off());
+    caught(Fault::OffByOneRow, DraftLaw::Greedy, on());
+}
+
+#[test]
+fn fault_peeking_verify_length_is_caught() {
+    caught(Fault::PeekingVerifyLen, DraftLaw::Sampled, off());
+}
