@@ -3,17 +3,22 @@
 //! ```text
 //! dspark generate [--target DIR [--draft DIR]] (--prompt TEXT | --prompt-ids 1,2,3) [--chat]
 //!                 [--max-tokens N] [--device cpu|cuda] [--json]
+//!                 [--temperature F] [--top-k N] [--top-p F] [--min-p F] [--seed N]
+//!                 [--sampling flags|model]
 //! ```
 //!
 //! Text mode streams decoded text as tokens are chosen and ends with a stats line on stderr;
 //! `--json` prints exactly one JSON object on stdout: `{"tokens", "text", "stats"}`. Without
-//! `--target` it runs the demo pair compiled into the binary ([`crate::demo`]).
+//! `--target` it runs the demo pair compiled into the binary ([`crate::demo`]). Decoding is
+//! greedy unless the temperature (from `--temperature`, or with `--sampling model` from the
+//! target's `generation_config.json`) is > 0; the stats record the settings and the seed.
 
 use crate::demo::{self, EmbeddedModel};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dspark_kernels::KvDtype;
 use dspark_model::checkpoint::draft_config::DraftConfig;
+use dspark_model::checkpoint::generation_config::{GenerationConfig, SamplingDefaults};
 use dspark_model::checkpoint::safetensors::Checkpoint;
 use dspark_model::checkpoint::tokenizer::{chat_prompt, eos_ids, eos_ids_from, Tokenizer};
 use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
@@ -23,7 +28,7 @@ use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::cuda::weights::CheckpointUpload;
 use dspark_model::{Drafter, Qwen3Config, TargetModel};
-use dspark_spec::{greedy, speculative, CostTable, GenerateOptions, Generation, VerifyLen};
+use dspark_spec::{greedy, speculative, CostTable, GenerateOptions, Generation, SamplingParams, VerifyLen};
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -81,9 +86,51 @@ pub struct GenerateArgs {
     /// small-M kernels, ~30× slower). Decoding is lossless either way.
     #[arg(long, default_value = "gemm", value_parser = parse_prefill)]
     prefill: PrefillMode,
+    /// Sampling temperature, finite and ≥ 0. 0 is greedy decoding, bit for bit; with
+    /// `--sampling flags` (the default) decoding is greedy unless this is given and > 0.
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    temperature: Option<f32>,
+    /// Keep the N most likely tokens (ties with the N-th kept); 0: off (the default).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    top_k: Option<i64>,
+    /// Keep the smallest set of most likely tokens whose probability mass is ≥ F, in (0, 1];
+    /// 1: off (the default).
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    top_p: Option<f32>,
+    /// Drop tokens less likely than F times the most likely one, in [0, 1]; 0: off (the
+    /// default).
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    min_p: Option<f32>,
+    /// Seed of the sampling draws: the same seed, prompt and settings give the same tokens.
+    /// Default: a random seed (from the clock), like llama.cpp's; the seed used is printed in the
+    /// stats (`sampling.seed` in --json) so the run can be repeated.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    seed: Option<u64>,
+    /// Where settings not given as flags come from: `flags` (greedy, every filter off) or
+    /// `model` (the target folder's generation_config.json: do_sample, temperature, top_k,
+    /// top_p, min_p; do_sample false or absent, or no file, is greedy). Flags given override the
+    /// file's values.
+    #[arg(long, value_enum, default_value = "flags")]
+    sampling: SamplingSource,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
+}
+
+/// `--sampling flags|model`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SamplingSource {
+    Flags,
+    Model,
+}
+
+impl SamplingSource {
+    fn name(self) -> &'static str {
+        match self {
+            SamplingSource::Flags => "flags",
+            SamplingSource::Model => "model",
+        }
+    }
 }
 
 /// Where a model's files come from: a folder, or the demo pair compiled into the binary. Both
@@ -133,6 +180,14 @@ impl Source<'_> {
         }
     }
 
+    /// `generation_config.json`, parsed, if the model has one.
+    fn generation_config(self) -> dspark_model::Result<Option<GenerationConfig>> {
+        match self {
+            Source::Dir(d) => GenerationConfig::from_dir(d),
+            Source::Embedded(m) => m.generation_config_json()?.map(|j| GenerationConfig::from_json(&j)).transpose(),
+        }
+    }
+
     /// Stop ids from `generation_config.json` (if any) and `config.json`'s.
     fn eos_ids(self, config_eos: &[u32]) -> dspark_model::Result<Vec<u32>> {
         match self {
@@ -157,6 +212,21 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     };
     if args.verify_len.is_some() && draft_src.is_none() {
         bail!("--verify-len needs --draft");
+    }
+    // The sampling settings, checked before anything else is read: the flags first (an error
+    // names the flag), then generation_config.json's for `--sampling model` (naming the file).
+    let model_sampling = match args.sampling {
+        SamplingSource::Flags => None,
+        SamplingSource::Model => {
+            Some(target_src.generation_config()?.map(|g| g.sampling()).unwrap_or(SamplingDefaults::GREEDY))
+        }
+    };
+    let params = sampling_params(&args, model_sampling)?;
+    if !params.is_greedy() {
+        bail!(
+            "sampling is not available in this build yet (temperature {}); use --temperature 0 for greedy decoding",
+            num(params.temperature)
+        );
     }
     let tokenizer = target_src.tokenizer()?;
     let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
@@ -275,12 +345,14 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         Device::Cpu => "cpu",
         Device::Cuda => "cuda",
     };
+    let sampling = Sampling { source: args.sampling, params, law: draft.as_ref().map(|_| "greedy") };
     if args.json {
-        let stats = stats_json(&gen, load, dev);
+        let mut stats = stats_json(&gen, load, dev);
+        stats["sampling"] = sampling.json();
         let _ = writeln!(out, "{}", json!({ "tokens": gen.tokens, "text": text, "stats": stats }));
     } else {
         let _ = writeln!(out);
-        eprintln!("{}", stats_line(&gen, load, dev));
+        eprintln!("{}", stats_line(&gen, load, dev, &sampling));
     }
     Ok(())
 }
@@ -336,13 +408,14 @@ fn stats_json(g: &Generation, load: Duration, device: &str) -> serde_json::Value
     v
 }
 
-fn stats_line(g: &Generation, load: Duration, device: &str) -> String {
+fn stats_line(g: &Generation, load: Duration, device: &str, sampling: &Sampling) -> String {
     let spec = match &g.spec {
         Some(s) => format!("; {} rounds, mean accepted length {:.2}", s.rounds(), s.mean_accepted_length()),
         None => String::new(),
     };
+    let sampled = sampling.line();
     format!(
-        "[{} prompt tokens, {} generated, stop: {:?}; load {:.1} ms, prefill {:.1} ms, decode {:.1} tok/s on {device}{spec}]",
+        "[{} prompt tokens, {} generated, stop: {:?}; load {:.1} ms, prefill {:.1} ms, decode {:.1} tok/s on {device}{spec}{sampled}]",
         g.prompt_tokens,
         g.tokens.len(),
         g.stop,
@@ -358,5 +431,106 @@ fn parse_prefill(s: &str) -> std::result::Result<PrefillMode, String> {
         "gemm" => Ok(PrefillMode::Gemm),
         "exact" => Ok(PrefillMode::Exact),
         _ => Err(format!("--prefill takes gemm or exact, not {s:?}")),
+    }
+}
+
+/// The sampling settings of a run, flags over (with `--sampling model`) the model's
+/// `generation_config.json` values over greedy. Each flag is checked first, so an error names
+/// the flag and the value it was given ("--top-p must be in (0, 1], got 1.5"); the file's
+/// values were checked as it was read, naming the file and the field. The seed is `--seed`, else
+/// random from the clock.
+fn sampling_params(args: &GenerateArgs, model: Option<SamplingDefaults>) -> Result<SamplingParams> {
+    let top_k = match args.top_k {
+        Some(k) if k < 0 => bail!("--top-k must be ≥ 0 (0: off), got {k}"),
+        Some(k) => Some(usize::try_from(k).context("--top-k is too large")?),
+        None => None,
+    };
+    let base = model.unwrap_or(SamplingDefaults::GREEDY);
+    let flags = SamplingParams {
+        temperature: args.temperature.unwrap_or(SamplingDefaults::GREEDY.temperature),
+        top_k: top_k.unwrap_or(SamplingDefaults::GREEDY.top_k),
+        top_p: args.top_p.unwrap_or(SamplingDefaults::GREEDY.top_p),
+        min_p: args.min_p.unwrap_or(SamplingDefaults::GREEDY.min_p),
+        seed: 0,
+    };
+    flags.validate().map_err(|e| anyhow::anyhow!("{}", flag_message(&e)))?;
+    let params = SamplingParams {
+        temperature: args.temperature.unwrap_or(base.temperature),
+        top_k: top_k.unwrap_or(base.top_k),
+        top_p: args.top_p.unwrap_or(base.top_p),
+        min_p: args.min_p.unwrap_or(base.min_p),
+        seed: args.seed.unwrap_or_else(clock_seed),
+    };
+    params.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(params)
+}
+
+/// `SamplingParams::validate`'s message with its field named as the CLI spells the flag.
+fn flag_message(e: &str) -> String {
+    for (field, flag) in [("temperature", "--temperature"), ("top_p", "--top-p"), ("min_p", "--min-p")] {
+        if let Some(rest) = e.strip_prefix(field) {
+            return format!("{flag}{rest}");
+        }
+    }
+    e.to_string()
+}
+
+/// A seed for a run given none: the clock's nanoseconds, mixed (splitmix64) and kept below 2³²
+/// so that it prints short and survives any JSON reader's doubles.
+fn clock_seed() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut z = nanos.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) & 0xFFFF_FFFF
+}
+
+/// An f32 setting as the shortest decimal that reads back as it (0.8, not 0.800000011920929).
+fn num(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(x as f64)
+}
+
+/// What the stats say about how a run chose its tokens.
+struct Sampling {
+    source: SamplingSource,
+    params: SamplingParams,
+    /// The draft's law on speculative runs (`greedy`: its argmax; `sampled`: drawn from q).
+    law: Option<&'static str>,
+}
+
+impl Sampling {
+    /// `stats.sampling`: the settings and the seed used (null for greedy decoding, which draws
+    /// nothing), and the draft law on speculative runs.
+    fn json(&self) -> serde_json::Value {
+        let p = &self.params;
+        let mut v = json!({
+            "source": self.source.name(),
+            "temperature": num(p.temperature),
+            "top_k": p.top_k,
+            "top_p": num(p.top_p),
+            "min_p": num(p.min_p),
+            "seed": if p.is_greedy() { None } else { Some(p.seed) },
+        });
+        if let Some(law) = self.law {
+            v["law"] = json!(law);
+        }
+        v
+    }
+
+    /// The stats line's mention of the settings, when sampling.
+    fn line(&self) -> String {
+        let p = &self.params;
+        if p.is_greedy() {
+            return String::new();
+        }
+        let law = self.law.map(|l| format!(", draft law {l}")).unwrap_or_default();
+        format!(
+            "; sampled at temperature {}, top-k {}, top-p {}, min-p {}, seed {}{law}",
+            num(p.temperature),
+            p.top_k,
+            num(p.top_p),
+            num(p.min_p),
+            p.seed
+        )
     }
 }

@@ -413,3 +413,129 @@ fn generate_with_a_mismatched_draft_fails_cleanly() {
     ]);
     assert!(e.contains("architectures"), "{e}");
 }
+
+/// `generate --json` on qwen3-tiny-f32 (or `dir`) with `extra` flags; the parsed object.
+fn generate_json(dir: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["generate", "--target", dir.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-tokens", "24"];
+    args.extend(["--device", "cpu", "--json"]);
+    args.extend(extra);
+    let out = dspark(&args);
+    assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
+#[test]
+fn bad_sampling_flags_name_the_flag_and_the_value() {
+    // The weights are truncated: every refusal comes before they are read.
+    let tmp = broken_copy("qwen3-tiny-f32");
+    let p = tmp.path().join("model.safetensors");
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(10).unwrap();
+    let t = tmp.path().to_str().unwrap();
+    for (flag, value, wants) in [
+        ("--temperature", "-0.5", "--temperature must be a finite number ≥ 0, got -0.5"),
+        ("--temperature", "nan", "--temperature must be a finite number ≥ 0, got NaN"),
+        ("--temperature", "inf", "--temperature must be a finite number ≥ 0, got inf"),
+        ("--top-p", "1.5", "--top-p must be in (0, 1], got 1.5"),
+        ("--top-p", "0", "--top-p must be in (0, 1], got 0"),
+        ("--top-p", "-0.2", "--top-p must be in (0, 1], got -0.2"),
+        ("--min-p", "1.01", "--min-p must be in [0, 1], got 1.01"),
+        ("--min-p", "-1", "--min-p must be in [0, 1], got -1"),
+        ("--top-k", "-1", "--top-k must be ≥ 0 (0: off), got -1"),
+    ] {
+        for sampling in ["flags", "model"] {
+            let e = expect_error(&[
+                "generate",
+                "--target",
+                t,
+                "--prompt-ids",
+                "1,2",
+                "--device",
+                "cpu",
+                "--sampling",
+                sampling,
+                flag,
+                value,
+            ]);
+            assert!(e.contains(wants) && !e.contains("safetensors"), "{flag} {value}: {e}");
+        }
+    }
+    // Values that are not numbers at all: clap's error (with its --help hint), naming both.
+    for (flag, value) in [("--temperature", "hot"), ("--top-k", "2.5"), ("--seed", "-3"), ("--top-p", "")] {
+        let out = dspark(&["generate", "--target", t, "--prompt-ids", "1", flag, value]);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.starts_with("error: "), "{e}");
+        assert!(e.contains(flag) && e.contains(&format!("'{value}'")), "{flag} {value}: {e}");
+    }
+    let out = dspark(&["generate", "--target", t, "--prompt-ids", "1", "--sampling", "file"]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("--sampling") && e.contains("'file'"), "{e}");
+}
+
+#[test]
+fn sampling_settings_come_from_flags_or_generation_config() {
+    let dir = fixture("qwen3-tiny-f32");
+    // Greedy by default: the settings are recorded, the seed is not (nothing is drawn).
+    let v = generate_json(&dir, &[]);
+    let greedy_tokens = v["tokens"].clone();
+    let s = &v["stats"]["sampling"];
+    assert_eq!(s["source"], "flags");
+    assert_eq!((s["temperature"].as_f64(), s["top_k"].as_u64()), (Some(0.0), Some(0)));
+    assert_eq!((s["top_p"].as_f64(), s["min_p"].as_f64()), (Some(1.0), Some(0.0)));
+    assert!(s["seed"].is_null() && s.get("law").is_none(), "{s}");
+    // Filters without a temperature stay greedy; --temperature 0 is the greedy run.
+    let v = generate_json(&dir, &["--top-k", "3", "--top-p", "0.5", "--seed", "9"]);
+    assert_eq!(v["tokens"], greedy_tokens);
+    assert_eq!(v["stats"]["sampling"]["top_k"], 3);
+    assert_eq!(v["stats"]["sampling"]["top_p"], 0.5);
+    assert_eq!(generate_json(&dir, &["--temperature", "0"])["tokens"], greedy_tokens);
+    // A speculative run records the draft's law.
+    let draft = fixture("dspark-tiny-vanilla");
+    let v = generate_json(&dir, &["--draft", draft.to_str().unwrap()]);
+    assert_eq!(v["tokens"], greedy_tokens);
+    assert_eq!(v["stats"]["sampling"]["law"], "greedy");
+
+    // --sampling model on a folder whose generation_config.json does not sample (the fixture's):
+    // greedy, as transformers reads it.
+    let v = generate_json(&dir, &["--sampling", "model"]);
+    assert_eq!(v["tokens"], greedy_tokens);
+    assert_eq!(v["stats"]["sampling"]["source"], "model");
+    assert_eq!(v["stats"]["sampling"]["temperature"], 0.0);
+    // A file that samples: its filters are taken; do_sample false keeps it greedy, and flags
+    // override the file's values.
+    let tmp = broken_copy("qwen3-tiny-f32");
+    let gc = tmp.path().join("generation_config.json");
+    std::fs::write(
+        &gc,
+        r#"{"eos_token_id": [2, 0], "do_sample": false, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.05}"#,
+    )
+    .unwrap();
+    let v = generate_json(tmp.path(), &["--sampling", "model"]);
+    assert_eq!(v["tokens"], greedy_tokens);
+    let s = &v["stats"]["sampling"];
+    assert_eq!((s["temperature"].as_f64(), s["top_k"].as_u64()), (Some(0.0), Some(20)), "{s}");
+    assert_eq!((s["top_p"].as_f64(), s["min_p"].as_f64()), (Some(0.95), Some(0.05)), "{s}");
+    let v = generate_json(tmp.path(), &["--sampling", "model", "--top-k", "7", "--min-p", "0"]);
+    let s = &v["stats"]["sampling"];
+    assert_eq!((s["top_k"].as_u64(), s["top_p"].as_f64(), s["min_p"].as_f64()), (Some(7), Some(0.95), Some(0.0)));
+    // With --sampling flags the file's settings are not read.
+    assert_eq!(generate_json(tmp.path(), &[])["stats"]["sampling"]["top_k"], 0);
+
+    // Sampling itself is not in this build: a one-line refusal, before the weights are read.
+    let t = tmp.path().to_str().unwrap();
+    for extra in [&["--temperature", "0.8"][..], &["--sampling", "model", "--temperature", "1"]] {
+        let mut args = vec!["generate", "--target", t, "--prompt-ids", "1", "--device", "cpu"];
+        args.extend(extra);
+        let e = expect_error(&args);
+        assert!(e.contains("sampling is not available in this build yet"), "{e}");
+    }
+
+    // A bad field: the error names the file and the field, before the weights are read; with
+    // --sampling flags only the file's eos ids are read, so it runs.
+    std::fs::write(&gc, r#"{"eos_token_id": [2, 0], "do_sample": true, "top_p": 1.5}"#).unwrap();
+    let e = expect_error(&["generate", "--target", t, "--prompt-ids", "1", "--device", "cpu", "--sampling", "model"]);
+    assert!(e.contains("generation_config.json") && e.contains("`top_p`") && e.contains("1.5"), "{e}");
+    generate_json(tmp.path(), &[]);
+    std::fs::write(&gc, r#"{"do_sample": "yes"}"#).unwrap();
+    let e = expect_error(&["generate", "--target", t, "--prompt-ids", "1", "--device", "cpu", "--sampling", "model"]);
+    assert!(e.contains("generation_config.json") && e.contains("`do_sample`"), "{e}");
+}

@@ -5,11 +5,13 @@
 //!   DSpark draft's, in the DeepSpec native and the vLLM speculators packagings.
 //! * [`safetensors`] — the weights, one file or a sharded index, memory-mapped.
 //! * [`tokenizer`] — `tokenizer.json`, Qwen3's chat format and the ids that end a generation.
+//! * [`generation_config`] — `generation_config.json`'s sampling settings (`--sampling model`).
 //! * [`info`] — `dspark info DIR`: a folder summarised without loading its weights.
 //! * [`json`] — typed reads from a config object, each failure naming its field.
 
 pub mod config;
 pub mod draft_config;
+pub mod generation_config;
 pub mod info;
 pub mod json;
 pub mod safetensors;
