@@ -229,6 +229,12 @@ pub trait Drafter {
         Ok(Deferred::Ready(self.propose(anchor)?))
     }
 
+    /// Whether [`Drafter::propose_sampled`] is implemented (a caller picking a draft law asks
+    /// this; the CUDA draft samples on the host only once its sampling kernels exist).
+    fn can_sample_block(&self) -> bool {
+        false
+    }
+
     /// Proposes `B` tokens following `anchor` by drawing each slot along the Markov chain:
     /// slot `s`'s logits are computed exactly as the greedy chain computes them before its
     /// argmax, with the previous slot's *drawn* token as the Markov input (`d_0` = the anchor),

@@ -115,3 +115,40 @@ fn fault_off_by_one_row_is_caught() {
 fn fault_peeking_verify_length_is_caught() {
     caught(Fault::PeekingVerifyLen, DraftLaw::Sampled, off());
 }
+
+/// The law tests are not vacuous: on the toy pair, rounds with zero, partial and full
+/// acceptance all occur under both laws (so the residual and the bonus paths are both taken).
+#[test]
+fn toy_rounds_cover_every_acceptance_kind() {
+    let mut target = ToyTarget::new(11, V, 1.3);
+    let mut draft = ToyDraft::new(12, V, B, 1.3, 2.0);
+    let opts = dspark_spec::GenerateOptions { max_tokens: 12, eos_token_ids: vec![] };
+    for law in [DraftLaw::Sampled, DraftLaw::Greedy] {
+        let (mut zero, mut partial, mut full) = (0, 0, 0);
+        for seed in 0..300 {
+            let p = SamplingParams { seed, ..off() };
+            let g = dspark_spec::speculative_sampled(
+                &mut target,
+                &mut draft,
+                &PROMPT,
+                &opts,
+                &VerifyLen::Fixed(B),
+                &p,
+                law,
+                |_| {},
+            )
+            .unwrap();
+            let s = g.spec.unwrap();
+            for (&m, &k) in s.accepted.iter().zip(&s.verified) {
+                match m {
+                    _ if k == 0 => {}
+                    0 => zero += 1,
+                    m if m == k => full += 1,
+                    _ => partial += 1,
+                }
+            }
+        }
+        eprintln!("{law:?}: zero {zero}, partial {partial}, full {full}");
+        assert!(zero > 0 && partial > 0 && full > 0, "{law:?}: zero {zero}, partial {partial}, full {full}");
+    }
+}

@@ -362,6 +362,10 @@ impl Drafter for CpuDraft {
         Ok(Proposal { tokens: chain.tokens, survival })
     }
 
+    fn can_sample_block(&self) -> bool {
+        true
+    }
+
     /// The sampled chain: slot s's logits `lm_head(h_s) + bias(d_{s-1})` (what the greedy
     /// chain computes before its argmax, `d_0` = the anchor) go to `sample_row`, whose token
     /// feeds the next slot and whose distribution is kept as `q_s`.

@@ -155,6 +155,9 @@ impl Drafter for ToyDraft {
         let (tokens, survival, _) = self.chain(anchor, &mut |z| dspark_kernels::cpu::argmax::argmax(z) as u32);
         Ok(Proposal { tokens, survival: Some(survival) })
     }
+    fn can_sample_block(&self) -> bool {
+        true
+    }
     fn propose_sampled(&mut self, anchor: u32, sample_row: &mut SampleRow<'_>) -> Result<SampledProposal> {
         let mut q = Vec::new();
         let (tokens, survival, base) = self.chain(anchor, &mut |z| {
