@@ -2,7 +2,7 @@
 //! §2.3 L3): a random Qwen3 target with a random DSpark draft (CPU reference models, vocabulary
 //! of 6, block of 3), the exact law of the first 2 generated tokens computed from the target
 //! alone (1 + V forwards), against seeded speculative runs by chi-square at α = 1e-4, for both
-//! draft laws with filters off and on, plain sampling as the control; and two faults that must
+//! draft laws with filters off and on, plain sampling as the control; and the four faults must
 //! fail it here too. Plus seeded reproducibility (Tests (e)).
 
 mod sampled_law;
@@ -77,7 +77,7 @@ fn greedy_draft_filters_off_and_on() {
 
 #[test]
 fn faults_are_caught_on_real_models() {
-    for fault in [Fault::QWithoutMarkovBias, Fault::OffByOneRow] {
+    for fault in [Fault::QWithoutMarkovBias, Fault::ResidualIsTarget, Fault::OffByOneRow, Fault::PeekingVerifyLen] {
         let chi = run(Mode::Spec(DraftLaw::Sampled, fault), MarkovKind::Vanilla, params(0, 1.0), 13_000_000);
         assert!(!chi.passes(), "{fault:?} went undetected: {chi:?}");
     }

@@ -66,6 +66,14 @@ fn sampled_draft_filters_on() {
     lossless(Mode::Spec(DraftLaw::Sampled, Fault::None), on());
 }
 
+/// min-p on top of top-k (and a temperature above 1, so the filters cut a spread law).
+#[test]
+fn sampled_and_greedy_drafts_with_min_p() {
+    let p = SamplingParams { temperature: 1.4, top_k: 4, top_p: 1.0, min_p: 0.15, seed: 0 };
+    lossless(Mode::Spec(DraftLaw::Sampled, Fault::None), p);
+    lossless(Mode::Spec(DraftLaw::Greedy, Fault::None), p);
+}
+
 #[test]
 fn greedy_draft_filters_off() {
     lossless(Mode::Spec(DraftLaw::Greedy, Fault::None), off());
