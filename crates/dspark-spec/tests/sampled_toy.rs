@@ -160,3 +160,70 @@ fn toy_rounds_cover_every_acceptance_kind() {
         assert!(zero > 0 && partial > 0 && full > 0, "{law:?}: zero {zero}, partial {partial}, full {full}");
     }
 }
+
+/// The documented uniform order, replayed by hand for the first round (SAMPLING's L1 check with
+/// the stream's own uniforms): U(0) the prompt's token; U(1..=B) the draft's chain;
+/// U(B+1..=2B) the accept tests of rows 0..B; U(2B+1) the residual or bonus draw.
+#[test]
+fn first_round_follows_the_documented_uniform_order() {
+    use dspark_model::Drafter;
+    use dspark_spec::sampler::{draw, transform, Uniforms};
+    let (mut paths_rejected, mut paths_full) = (0, 0);
+    for seed in 0..200u64 {
+        let p = SamplingParams { seed, ..off() };
+        let u = |i: u64| Uniforms::at(seed, i);
+        let target = ToyTarget::new(11, V, 1.3);
+        let mut draft = ToyDraft::new(12, V, B, 1.3, 2.0);
+        let mut prefix: Vec<u32> = PROMPT.to_vec();
+        let t0 = draw(&transform(&p, target.logits_after(&prefix)), u(0));
+        prefix.push(t0);
+        draft.append_context(&PROMPT.map(|t| t as f32)).unwrap();
+        let mut slot = 0;
+        let sp = draft
+            .propose_sampled(t0, &mut |z: &[f32]| {
+                let q = transform(&p, z);
+                slot += 1;
+                (draw(&q, u(slot)), q)
+            })
+            .unwrap();
+        let mut want = vec![t0];
+        let mut m = 0;
+        let mut next = None;
+        for i in 0..B {
+            let pp = transform(&p, target.logits_after(&prefix));
+            let d = sp.tokens[i] as usize;
+            if u(1 + B as u64 + i as u64) < pp[d] / sp.q[i][d] {
+                m += 1;
+                want.push(d as u32);
+                prefix.push(d as u32);
+                continue;
+            }
+            let residual: Vec<f64> = pp.iter().zip(&sp.q[i]).map(|(a, b)| (a - b).max(0.0)).collect();
+            next = Some(draw(&residual, u(1 + 2 * B as u64)));
+            break;
+        }
+        let next = next.unwrap_or_else(|| draw(&transform(&p, target.logits_after(&prefix)), u(1 + 2 * B as u64)));
+        want.push(next);
+        if m == B {
+            paths_full += 1;
+        } else {
+            paths_rejected += 1;
+        }
+        let (mut t, mut d) = (ToyTarget::new(11, V, 1.3), ToyDraft::new(12, V, B, 1.3, 2.0));
+        let opts = dspark_spec::GenerateOptions { max_tokens: 2 * B + 2, eos_token_ids: vec![] };
+        let g = dspark_spec::speculative_sampled(
+            &mut t,
+            &mut d,
+            &PROMPT,
+            &opts,
+            &VerifyLen::Fixed(B),
+            &p,
+            DraftLaw::Sampled,
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(&g.tokens[..want.len()], &want[..], "seed {seed}");
+        assert_eq!(g.spec.unwrap().accepted[0], m, "seed {seed}");
+    }
+    assert!(paths_rejected > 0 && paths_full > 0, "rejected {paths_rejected}, full {paths_full}");
+}
