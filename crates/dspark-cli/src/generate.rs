@@ -28,7 +28,10 @@ use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::cuda::weights::CheckpointUpload;
 use dspark_model::{Drafter, Qwen3Config, TargetModel};
-use dspark_spec::{greedy, speculative, CostTable, GenerateOptions, Generation, SamplingParams, VerifyLen};
+use dspark_spec::{
+    greedy, sample, speculative, speculative_sampled, CostTable, DraftLaw, GenerateOptions, Generation, SamplingParams,
+    VerifyLen,
+};
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -112,6 +115,13 @@ pub struct GenerateArgs {
     /// file's values.
     #[arg(long, value_enum, default_value = "flags")]
     sampling: SamplingSource,
+    /// How the draft proposes its block when sampling with a draft: `sampled` (each draft drawn
+    /// from the draft's own distribution, kept for the acceptance ratio; the default, measured
+    /// the better of the two on the demo coder) or `greedy` (the draft's argmax chain). Either
+    /// way the output follows the target's distribution. On CUDA, whose draft cannot sample its
+    /// block yet, the default is `greedy`.
+    #[arg(long, value_enum)]
+    draft_law: Option<DraftLawArg>,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -122,6 +132,29 @@ pub struct GenerateArgs {
 pub enum SamplingSource {
     Flags,
     Model,
+}
+
+/// `--draft-law greedy|sampled`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DraftLawArg {
+    Greedy,
+    Sampled,
+}
+
+impl From<DraftLawArg> for DraftLaw {
+    fn from(a: DraftLawArg) -> DraftLaw {
+        match a {
+            DraftLawArg::Greedy => DraftLaw::Greedy,
+            DraftLawArg::Sampled => DraftLaw::Sampled,
+        }
+    }
+}
+
+fn law_name(law: DraftLaw) -> &'static str {
+    match law {
+        DraftLaw::Greedy => "greedy",
+        DraftLaw::Sampled => "sampled",
+    }
 }
 
 impl SamplingSource {
@@ -213,6 +246,9 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     if args.verify_len.is_some() && draft_src.is_none() {
         bail!("--verify-len needs --draft");
     }
+    if args.draft_law.is_some() && draft_src.is_none() {
+        bail!("--draft-law needs --draft");
+    }
     // The sampling settings, checked before anything else is read: the flags first (an error
     // names the flag), then generation_config.json's for `--sampling model` (naming the file).
     let model_sampling = match args.sampling {
@@ -222,12 +258,6 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         }
     };
     let params = sampling_params(&args, model_sampling)?;
-    if !params.is_greedy() {
-        bail!(
-            "sampling is not available in this build yet (temperature {}); use --temperature 0 for greedy decoding",
-            num(params.temperature)
-        );
-    }
     let tokenizer = target_src.tokenizer()?;
     let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
@@ -251,6 +281,13 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     if device == Device::Cuda && !dspark_kernels::cuda::available() {
         bail!("--device cuda: no NVIDIA driver (libcuda) or no CUDA device found on this machine; use --device cpu");
     }
+    // The draft's law when sampling: dspark_spec's default, but the CUDA draft has no sampled
+    // proposals yet (`Drafter::propose_sampled`), so it drafts its argmax chain unless told.
+    let law = match (args.draft_law, device) {
+        (Some(l), _) => l.into(),
+        (None, Device::Cuda) => DraftLaw::Greedy,
+        (None, Device::Cpu) => DraftLaw::default(),
+    };
 
     let load_start = Instant::now();
     let cfg = target_src.target_config()?;
@@ -327,9 +364,16 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
             Err(e) => failure = failure.take().or(Some(e)),
         }
     };
+    // Temperature 0 takes the greedy loops, as before; > 0 their sampling twins.
     let gen = match (&mut draft, &verify_len) {
-        (Some(d), Some(v)) => speculative(target.as_mut(), d.as_mut(), &prompt, &opts, v, on_token)?,
-        _ => greedy(target.as_mut(), &prompt, &opts, on_token)?,
+        (Some(d), Some(v)) if params.is_greedy() => {
+            speculative(target.as_mut(), d.as_mut(), &prompt, &opts, v, on_token)?
+        }
+        (Some(d), Some(v)) => {
+            speculative_sampled(target.as_mut(), d.as_mut(), &prompt, &opts, v, &params, law, on_token)?
+        }
+        _ if params.is_greedy() => greedy(target.as_mut(), &prompt, &opts, on_token)?,
+        _ => sample(target.as_mut(), &prompt, &opts, &params, on_token)?,
     };
     if let Some(e) = failure {
         return Err(e);
@@ -345,7 +389,9 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         Device::Cpu => "cpu",
         Device::Cuda => "cuda",
     };
-    let sampling = Sampling { source: args.sampling, params, law: draft.as_ref().map(|_| "greedy") };
+    // Greedy decoding's draft proposes its argmax chain whatever --draft-law says.
+    let law = if params.is_greedy() { DraftLaw::Greedy } else { law };
+    let sampling = Sampling { source: args.sampling, params, law: draft.as_ref().map(|_| law_name(law)) };
     if args.json {
         let mut stats = stats_json(&gen, load, dev);
         stats["sampling"] = sampling.json();

@@ -1,7 +1,7 @@
 //! `dspark`: fast exact decoding of Qwen3 models with DSpark speculative drafts.
 //!
-//! Subcommands: `generate` (greedy decoding, streaming text or one JSON object), `info`
-//! (what a checkpoint folder holds) and `bench` (every phase against the HBM floor on
+//! Subcommands: `generate` (greedy or sampled decoding, streaming text or one JSON object),
+//! `info` (what a checkpoint folder holds) and `bench` (every phase against the HBM floor on
 //! Qwen3-8B shapes, on a CUDA GPU). Errors print as one line and exit non-zero; nothing here
 //! panics on user input. `generate` without `--target` runs the demo pair compiled into the
 //! binary (`demo`), so a copied binary needs no other files.
@@ -18,7 +18,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "dspark", version, about = "Qwen3 inference with DSpark speculative decoding (greedy, lossless)")]
+#[command(
+    name = "dspark",
+    version,
+    about = "Qwen3 inference with DSpark speculative decoding (greedy or sampled, lossless)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -26,7 +30,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Greedy generation from a prompt.
+    /// Generation from a prompt: greedy, or sampled with --temperature or --sampling model.
     Generate(generate::GenerateArgs),
     /// Summarise and check a checkpoint folder without loading its weights.
     Info {

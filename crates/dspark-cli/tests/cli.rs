@@ -520,14 +520,27 @@ fn sampling_settings_come_from_flags_or_generation_config() {
     // With --sampling flags the file's settings are not read.
     assert_eq!(generate_json(tmp.path(), &[])["stats"]["sampling"]["top_k"], 0);
 
-    // Sampling itself is not in this build: a one-line refusal, before the weights are read.
+    // A file that samples: its temperature and filters are used, and the seed is recorded.
+    std::fs::write(
+        &gc,
+        r#"{"eos_token_id": [2, 0], "do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95}"#,
+    )
+    .unwrap();
+    let v = generate_json(tmp.path(), &["--sampling", "model", "--seed", "11"]);
+    let s = &v["stats"]["sampling"];
+    assert_eq!(
+        (s["source"].as_str(), s["temperature"].as_f64(), s["top_k"].as_u64()),
+        (Some("model"), Some(0.6), Some(20))
+    );
+    assert_eq!(
+        (s["top_p"].as_f64(), s["min_p"].as_f64(), s["seed"].as_u64()),
+        (Some(0.95), Some(0.0), Some(11)),
+        "{s}"
+    );
+    assert_eq!(generate_json(tmp.path(), &["--sampling", "model", "--seed", "11"])["tokens"], v["tokens"]);
+    // --temperature 0 overrides the file's: greedy.
+    assert_eq!(generate_json(tmp.path(), &["--sampling", "model", "--temperature", "0"])["tokens"], greedy_tokens);
     let t = tmp.path().to_str().unwrap();
-    for extra in [&["--temperature", "0.8"][..], &["--sampling", "model", "--temperature", "1"]] {
-        let mut args = vec!["generate", "--target", t, "--prompt-ids", "1", "--device", "cpu"];
-        args.extend(extra);
-        let e = expect_error(&args);
-        assert!(e.contains("sampling is not available in this build yet"), "{e}");
-    }
 
     // A bad field: the error names the file and the field, before the weights are read; with
     // --sampling flags only the file's eos ids are read, so it runs.
@@ -538,4 +551,76 @@ fn sampling_settings_come_from_flags_or_generation_config() {
     std::fs::write(&gc, r#"{"do_sample": "yes"}"#).unwrap();
     let e = expect_error(&["generate", "--target", t, "--prompt-ids", "1", "--device", "cpu", "--sampling", "model"]);
     assert!(e.contains("generation_config.json") && e.contains("`do_sample`"), "{e}");
+}
+
+#[test]
+fn sampled_generation_is_reproducible_from_its_seed() {
+    let dir = fixture("qwen3-tiny-f32");
+    let draft = fixture("dspark-tiny-vanilla");
+    let dr = draft.to_str().unwrap();
+    let greedy = generate_json(&dir, &[])["tokens"].clone();
+    for with_draft in [false, true] {
+        let run = |extra: &[&str]| {
+            let mut args = vec![];
+            if with_draft {
+                args.extend(["--draft", dr]);
+            }
+            args.extend(extra);
+            generate_json(&dir, &args)
+        };
+        let a = run(&["--temperature", "0.8", "--seed", "5"]);
+        let b = run(&["--temperature", "0.8", "--seed", "5"]);
+        assert_eq!(a["tokens"], b["tokens"], "draft {with_draft}: same seed, same tokens");
+        assert!(!a["tokens"].as_array().unwrap().is_empty());
+        let c = run(&["--temperature", "0.8", "--seed", "6"]);
+        assert_ne!(a["tokens"], c["tokens"], "draft {with_draft}: another seed, (very likely) other tokens");
+        assert_ne!(a["tokens"], run(&[])["tokens"], "draft {with_draft}: sampling differs from greedy");
+        let s = &a["stats"]["sampling"];
+        assert_eq!((s["temperature"].as_f64(), s["seed"].as_u64()), (Some(0.8), Some(5)), "{s}");
+        // --temperature 0 is the greedy run, whatever the seed.
+        assert_eq!(run(&["--temperature", "0", "--seed", "5"])["tokens"], greedy);
+        // No --seed: a random one, recorded so the run can be repeated.
+        let r = run(&["--temperature", "0.8", "--top-k", "8"]);
+        let seed = r["stats"]["sampling"]["seed"].as_u64().expect("the seed used is recorded");
+        let again = run(&["--temperature", "0.8", "--top-k", "8", "--seed", &seed.to_string()]);
+        assert_eq!(again["tokens"], r["tokens"]);
+        if with_draft {
+            // The default draft law is the sampled one; --draft-law greedy overrides it.
+            assert_eq!(s["law"], "sampled");
+            let g = run(&["--temperature", "0.8", "--seed", "5", "--draft-law", "greedy"]);
+            assert_eq!(g["stats"]["sampling"]["law"], "greedy");
+            assert!(g["stats"]["speculative"]["rounds"].as_u64().unwrap() > 0);
+            assert_eq!(
+                run(&["--draft-law", "sampled"])["stats"]["sampling"]["law"],
+                "greedy",
+                "greedy decoding's draft"
+            );
+        } else {
+            assert!(s.get("law").is_none(), "{s}");
+        }
+    }
+    // The text stats line names the settings and the seed.
+    let d = dir.to_str().unwrap();
+    let out = dspark(&[
+        "generate",
+        "--target",
+        d,
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "4",
+        "--device",
+        "cpu",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "5",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("sampled at temperature 0.8, top-k 0, top-p 0.9, min-p 0, seed 5"), "{stderr}");
+    let e = expect_error(&["generate", "--target", d, "--prompt-ids", "1", "--draft-law", "greedy"]);
+    assert!(e.contains("--draft-law needs --draft"), "{e}");
 }
