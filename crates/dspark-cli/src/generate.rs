@@ -43,6 +43,15 @@ pub enum Device {
     Cuda,
 }
 
+impl Device {
+    fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     /// Target model folder (HF Qwen3 layout: config.json, safetensors, optional tokenizer.json).
@@ -118,8 +127,8 @@ pub struct GenerateArgs {
     /// How the draft proposes its block when sampling with a draft: `sampled` (each draft drawn
     /// from the draft's own distribution, kept for the acceptance ratio; the default, measured
     /// the better of the two on the demo coder) or `greedy` (the draft's argmax chain). Either
-    /// way the output follows the target's distribution. On CUDA, whose draft cannot sample its
-    /// block yet, the default is `greedy`.
+    /// way the output follows the target's distribution. A draft that cannot sample its block
+    /// (the CUDA draft, for now) defaults to `greedy`.
     #[arg(long, value_enum)]
     draft_law: Option<DraftLawArg>,
     /// Print one JSON object instead of streaming text.
@@ -281,13 +290,6 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     if device == Device::Cuda && !dspark_kernels::cuda::available() {
         bail!("--device cuda: no NVIDIA driver (libcuda) or no CUDA device found on this machine; use --device cpu");
     }
-    // The draft's law when sampling: dspark_spec's default, but the CUDA draft has no sampled
-    // proposals yet (`Drafter::propose_sampled`), so it drafts its argmax chain unless told.
-    let law = match (args.draft_law, device) {
-        (Some(l), _) => l.into(),
-        (None, Device::Cuda) => DraftLaw::Greedy,
-        (None, Device::Cpu) => DraftLaw::default(),
-    };
 
     let load_start = Instant::now();
     let cfg = target_src.target_config()?;
@@ -342,6 +344,19 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         Some(d) => Some(parse_verify_len(args.verify_len.as_deref(), d.block_size(), target.as_mut())?),
         None => None,
     };
+    // The draft's law when sampling: dspark_spec's default where the draft can sample its block;
+    // one that cannot (the CUDA draft, until its sampling kernels exist) drafts its argmax chain.
+    let law = match (&draft, args.draft_law) {
+        (Some(d), Some(DraftLawArg::Sampled)) if !params.is_greedy() && !d.can_sample_block() => {
+            bail!(
+                "--draft-law sampled: the draft on {} cannot sample its block yet; use --draft-law greedy",
+                device.name()
+            )
+        }
+        (_, Some(l)) => l.into(),
+        (Some(d), None) if !d.can_sample_block() => DraftLaw::Greedy,
+        _ => DraftLaw::default(),
+    };
     let eos = target_src.eos_ids(&target.config().eos_token_ids)?;
     let opts = GenerateOptions { max_tokens: args.max_tokens, eos_token_ids: eos };
 
@@ -385,10 +400,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         Some(t) => Some(t.decode(&gen.tokens)?),
         None => None,
     };
-    let dev = match device {
-        Device::Cpu => "cpu",
-        Device::Cuda => "cuda",
-    };
+    let dev = device.name();
     // Greedy decoding's draft proposes its argmax chain whatever --draft-law says.
     let law = if params.is_greedy() { DraftLaw::Greedy } else { law };
     let sampling = Sampling { source: args.sampling, params, law: draft.as_ref().map(|_| law_name(law)) };
