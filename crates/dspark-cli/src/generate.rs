@@ -17,10 +17,11 @@ use crate::demo::{self, EmbeddedModel};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dspark_kernels::KvDtype;
+use dspark_model::checkpoint::chat_template::{ChatMessage, ChatTemplate};
 use dspark_model::checkpoint::draft_config::DraftConfig;
 use dspark_model::checkpoint::generation_config::{GenerationConfig, SamplingDefaults};
 use dspark_model::checkpoint::safetensors::Checkpoint;
-use dspark_model::checkpoint::tokenizer::{chat_prompt, eos_ids, eos_ids_from, Tokenizer};
+use dspark_model::checkpoint::tokenizer::{eos_ids, eos_ids_from, Tokenizer};
 use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
 use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
 use dspark_model::cuda::dspark::CudaDraft;
@@ -69,7 +70,8 @@ pub struct GenerateArgs {
     /// Prompt as comma-separated token ids, e.g. 1,2,3.
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
-    /// Wrap the prompt text in Qwen3's chat template (non-thinking mode).
+    /// Wrap the prompt text in the target's chat template (`tokenizer_config.json`; Qwen3's
+    /// built-in format without one), non-thinking mode.
     #[arg(long, requires = "prompt")]
     chat: bool,
     /// Most tokens to generate.
@@ -277,7 +279,15 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
                     target_src.file("tokenizer.json").display()
                 )
             })?;
-            let text = if args.chat { chat_prompt(text) } else { text.clone() };
+            let text = if args.chat {
+                let template = match target_src {
+                    Source::Dir(d) => ChatTemplate::from_dir(d)?,
+                    Source::Embedded(_) => ChatTemplate::builtin(),
+                };
+                template.render(&[ChatMessage::user(text.as_str())], true, false)?
+            } else {
+                text.clone()
+            };
             tok.encode(&text)?
         }
         (None, None) => bail!("give --prompt or --prompt-ids"),

@@ -4,12 +4,16 @@
 //! * [`config`] — a Qwen3 target's `config.json`; [`draft_config`] and [`speculators`] — a
 //!   DSpark draft's, in the DeepSpec native and the vLLM speculators packagings.
 //! * [`safetensors`] — the weights, one file or a sharded index, memory-mapped.
-//! * [`tokenizer`] — `tokenizer.json`, Qwen3's chat format and the ids that end a generation.
+//! * [`tokenizer`] — `tokenizer.json`, Qwen3's chat format and the ids that end a generation;
+//!   [`chat_template`] — the folder's own Jinja chat template (`tokenizer_config.json`);
+//!   [`detok`] — streaming text out, whole characters only.
 //! * [`generation_config`] — `generation_config.json`'s sampling settings (`--sampling model`).
 //! * [`info`] — `dspark info DIR`: a folder summarised without loading its weights.
 //! * [`json`] — typed reads from a config object, each failure naming its field.
 
+pub mod chat_template;
 pub mod config;
+pub mod detok;
 pub mod draft_config;
 pub mod generation_config;
 pub mod info;

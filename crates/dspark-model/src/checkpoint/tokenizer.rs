@@ -9,20 +9,23 @@
 //! the file the tokenizer came from.
 //!
 //! Encoding never adds BOS or other post-processing tokens, because the prompt the engine feeds
-//! is already fully formatted by [`chat_prompt`]; special tokens written literally in the text
+//! is already fully formatted by the chat template
+//! ([`chat_template`](crate::checkpoint::chat_template); [`chat_prompt`] for one user turn); special tokens written literally in the text
 //! (such as `<|im_start|>`) are still recognised as their single ids. Decoding keeps special
 //! tokens, so what the user sees is exactly what the model produced.
 //!
 //! Streaming needs its own decoder because one token is not one piece of text: Qwen3's
 //! byte-level BPE splits many characters (CJK, emoji) across tokens, and decoding such a token on
-//! its own yields a replacement character. [`TextStream`] holds text back until the bytes seen so
-//! far form complete characters, so concatenating its output equals decoding all ids at once.
+//! its own yields a replacement character. [`Tokenizer::stream`]'s [`IncrementalDecoder`]
+//! (in [`detok`](crate::checkpoint::detok)) holds text back until the bytes seen so far form
+//! complete characters, so concatenating its output equals decoding all ids at once.
 //!
 //! Stop ids come from two places that disagree in practice: `config.json` names one
 //! `eos_token_id`, while `generation_config.json` often lists the chat end marker as well
 //! (Qwen3: `<|im_end|>` and `<|endoftext|>`). Stopping on the union is what `transformers`'
 //! `generate` does, so [`eos_ids`] takes both.
 
+pub use crate::checkpoint::detok::IncrementalDecoder;
 use crate::checkpoint::json::JsonObject;
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -71,7 +74,7 @@ impl Tokenizer {
         &self.path
     }
 
-    fn err(&self, what: &str, e: impl std::fmt::Display) -> Error {
+    pub(crate) fn err(&self, what: &str, e: impl std::fmt::Display) -> Error {
         Error::Tokenizer { path: self.path.clone(), msg: format!("{what}: {e}") }
     }
 
@@ -99,78 +102,18 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
-    /// An incremental decoder for streaming output; see [`TextStream`].
+    /// An incremental decoder for streaming output; see [`IncrementalDecoder`].
     pub fn stream(&self) -> TextStream<'_> {
-        TextStream { tokenizer: self, ids: Vec::new(), context: 0, context_text: String::new() }
+        IncrementalDecoder::new(self)
     }
 }
 
-/// Incremental decoder: feed ids one at a time and get back the text that became complete.
-///
-/// The concatenation of every [`push`](TextStream::push) result and the final
-/// [`finish`](TextStream::finish) equals [`Tokenizer::decode`] of all the ids. Text is held back
-/// while it ends in an incomplete UTF-8 sequence. Each step decodes the ids of the last emitted
-/// chunk again as left context (decoders may depend on it) and returns only what lies past that
-/// context, so the work per step stays small however long the output grows.
-pub struct TextStream<'a> {
-    tokenizer: &'a Tokenizer,
-    /// `ids[..context]` were already emitted and are kept only as left context;
-    /// `ids[context..]` are pending.
-    ids: Vec<u32>,
-    context: usize,
-    /// `decode(ids[..context])`.
-    context_text: String,
-}
+/// The streaming decoder of [`Tokenizer::stream`]; see [`IncrementalDecoder`].
+pub type TextStream<'a> = IncrementalDecoder<&'a Tokenizer>;
 
-impl TextStream<'_> {
-    /// Adds one id; returns the newly completed text (often empty while a multi-byte character
-    /// is split across tokens).
-    pub fn push(&mut self, id: u32) -> Result<String> {
-        self.ids.push(id);
-        let text = self.tokenizer.decode(&self.ids)?;
-        if text.len() <= self.context_text.len() || text.ends_with('\u{FFFD}') {
-            return Ok(String::new());
-        }
-        let new = self.after_context(&text)?;
-        // The pending ids become the context of the next step.
-        self.ids.drain(..self.context);
-        self.context = self.ids.len();
-        self.context_text = self.tokenizer.decode(&self.ids)?;
-        Ok(new)
-    }
-
-    /// Flushes whatever is still pending (an incomplete character comes out as U+FFFD) and
-    /// resets the stream.
-    pub fn finish(&mut self) -> Result<String> {
-        let rest = if self.ids.len() > self.context {
-            let text = self.tokenizer.decode(&self.ids)?;
-            self.after_context(&text)?
-        } else {
-            String::new()
-        };
-        self.ids.clear();
-        self.context = 0;
-        self.context_text.clear();
-        Ok(rest)
-    }
-
-    /// The part of `text` (the decode of context + pending ids) past the context's text.
-    fn after_context(&self, text: &str) -> Result<String> {
-        match text.strip_prefix(self.context_text.as_str()) {
-            Some(new) => Ok(new.to_string()),
-            None => Err(self.tokenizer.err(
-                "stream decode",
-                format!(
-                    "decoding ids {:?} gave {text:?}, which does not extend the text already \
-                     emitted ({:?})",
-                    self.ids, self.context_text
-                ),
-            )),
-        }
-    }
-}
-
-/// Qwen3 chat formatting, non-thinking mode, one user turn.
+/// Qwen3 chat formatting, non-thinking mode, one user turn: the built-in format of
+/// [`ChatTemplate::builtin`](crate::checkpoint::chat_template::ChatTemplate::builtin) for one
+/// user message.
 ///
 /// This is what Qwen3's chat template renders for a single user message with
 /// `add_generation_prompt=True, enable_thinking=False`: the empty think block tells the model to
