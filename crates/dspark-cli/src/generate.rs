@@ -45,7 +45,7 @@ pub enum Device {
 }
 
 impl Device {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Device::Cpu => "cpu",
             Device::Cuda => "cuda",
@@ -182,42 +182,42 @@ impl SamplingSource {
 /// `CpuQwen3::load`, `CpuDraft::load`, `CudaQwen3::load_kv` and `CudaDraft::load` do on a
 /// folder.
 #[derive(Clone, Copy)]
-enum Source<'a> {
+pub(crate) enum Source<'a> {
     Dir(&'a Path),
     Embedded(&'static EmbeddedModel),
 }
 
 impl Source<'_> {
     /// The path of one of the model's files, for messages (virtual for the embedded demo).
-    fn file(self, name: &str) -> PathBuf {
+    pub(crate) fn file(self, name: &str) -> PathBuf {
         match self {
             Source::Dir(d) => d.join(name),
             Source::Embedded(m) => m.file(name),
         }
     }
 
-    fn tokenizer(self) -> dspark_model::Result<Option<Tokenizer>> {
+    pub(crate) fn tokenizer(self) -> dspark_model::Result<Option<Tokenizer>> {
         match self {
             Source::Dir(d) => Tokenizer::from_dir(d),
             Source::Embedded(m) => m.tokenizer(),
         }
     }
 
-    fn target_config(self) -> dspark_model::Result<Qwen3Config> {
+    pub(crate) fn target_config(self) -> dspark_model::Result<Qwen3Config> {
         match self {
             Source::Dir(d) => Qwen3Config::from_dir(d),
             Source::Embedded(m) => Qwen3Config::from_json(&m.config_json()?),
         }
     }
 
-    fn draft_config(self) -> dspark_model::Result<DraftConfig> {
+    pub(crate) fn draft_config(self) -> dspark_model::Result<DraftConfig> {
         match self {
             Source::Dir(d) => DraftConfig::from_dir(d),
             Source::Embedded(m) => DraftConfig::from_json(&m.config_json()?),
         }
     }
 
-    fn checkpoint(self) -> dspark_model::Result<Checkpoint> {
+    pub(crate) fn checkpoint(self) -> dspark_model::Result<Checkpoint> {
         match self {
             Source::Dir(d) => Checkpoint::open_dir(d),
             Source::Embedded(m) => m.checkpoint(),
@@ -225,7 +225,7 @@ impl Source<'_> {
     }
 
     /// `generation_config.json`, parsed, if the model has one.
-    fn generation_config(self) -> dspark_model::Result<Option<GenerationConfig>> {
+    pub(crate) fn generation_config(self) -> dspark_model::Result<Option<GenerationConfig>> {
         match self {
             Source::Dir(d) => GenerationConfig::from_dir(d),
             Source::Embedded(m) => m.generation_config_json()?.map(|j| GenerationConfig::from_json(&j)).transpose(),
@@ -233,7 +233,7 @@ impl Source<'_> {
     }
 
     /// Stop ids from `generation_config.json` (if any) and `config.json`'s.
-    fn eos_ids(self, config_eos: &[u32]) -> dspark_model::Result<Vec<u32>> {
+    pub(crate) fn eos_ids(self, config_eos: &[u32]) -> dspark_model::Result<Vec<u32>> {
         match self {
             Source::Dir(d) => eos_ids(d, config_eos),
             Source::Embedded(m) => eos_ids_from(m.generation_config_json()?.as_ref(), config_eos),
@@ -304,51 +304,8 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     let load_start = Instant::now();
     let cfg = target_src.target_config()?;
     check_context(prompt.len(), args.max_context, cfg.max_position_embeddings)?;
-    let (mut target, mut draft): (Box<dyn TargetModel>, Option<Box<dyn Drafter>>) = match device {
-        Device::Cpu => {
-            let ck = target_src.checkpoint()?;
-            let w = Qwen3Weights::load(&cfg, &ck)?;
-            drop(ck);
-            let t = CpuQwen3::new(cfg, w).with_kv_dtype(args.kv_cache);
-            let d = match draft_src {
-                Some(src) => {
-                    let dcfg = src.draft_config()?;
-                    dcfg.validate_against(t.config())?;
-                    let ck = src.checkpoint()?;
-                    let w = DraftWeights::load(&dcfg, &ck, t.weights())?;
-                    Some(Box::new(CpuDraft::new(dcfg, w).with_kv_dtype(args.kv_cache)) as Box<dyn Drafter>)
-                }
-                None => None,
-            };
-            (Box::new(t), d)
-        }
-        Device::Cuda => {
-            let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
-            let ck = target_src.checkpoint()?;
-            // Weights through pinned staging buffers, after a check that they and the caches fit.
-            let reserve = CudaQwen3::planned_bytes(&cfg, args.max_context, args.kv_cache);
-            let up =
-                CheckpointUpload::new(&ck, &gpu.ctx, reserve)?.with_progress(crate::progress::load_bar(), "target");
-            let mut t = CudaQwen3::from_source_kv(gpu, cfg, &up, args.max_context, args.kv_cache)?;
-            up.finish()?;
-            drop(ck);
-            t.set_prefill(args.prefill);
-            let d = match draft_src {
-                Some(src) => {
-                    let dcfg = src.draft_config()?;
-                    let ck = src.checkpoint()?;
-                    check_tensors(&dcfg, &ck)?;
-                    let up =
-                        CheckpointUpload::new(&ck, &t.gpu.ctx, 0)?.with_progress(crate::progress::load_bar(), "draft");
-                    let d = CudaDraft::from_source(dcfg, &up, &t)?;
-                    up.finish()?;
-                    Some(Box::new(d) as Box<dyn Drafter>)
-                }
-                None => None,
-            };
-            (Box::new(t), d)
-        }
-    };
+    let (mut target, mut draft) =
+        load_models(target_src, draft_src, cfg, device, args.max_context, args.kv_cache, args.prefill)?;
     let load = load_start.elapsed();
     let verify_len = match &draft {
         Some(d) => Some(parse_verify_len(args.verify_len.as_deref(), d.block_size(), target.as_mut())?),
@@ -425,6 +382,68 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+/// A loaded target and its draft, if any.
+pub(crate) type Models = (Box<dyn TargetModel>, Option<Box<dyn Drafter>>);
+
+/// The target (and the draft, when given) built from their folders or the embedded demo on
+/// `device`: the loading `generate` and `serve` share. `cfg` is the target's config, read by
+/// the caller (which checks the prompt against it first).
+pub(crate) fn load_models(
+    target_src: Source<'_>,
+    draft_src: Option<Source<'_>>,
+    cfg: Qwen3Config,
+    device: Device,
+    max_context: usize,
+    kv_cache: KvDtype,
+    prefill: PrefillMode,
+) -> Result<Models> {
+    Ok(match device {
+        Device::Cpu => {
+            let ck = target_src.checkpoint()?;
+            let w = Qwen3Weights::load(&cfg, &ck)?;
+            drop(ck);
+            let t = CpuQwen3::new(cfg, w).with_kv_dtype(kv_cache);
+            let d = match draft_src {
+                Some(src) => {
+                    let dcfg = src.draft_config()?;
+                    dcfg.validate_against(t.config())?;
+                    let ck = src.checkpoint()?;
+                    let w = DraftWeights::load(&dcfg, &ck, t.weights())?;
+                    Some(Box::new(CpuDraft::new(dcfg, w).with_kv_dtype(kv_cache)) as Box<dyn Drafter>)
+                }
+                None => None,
+            };
+            (Box::new(t), d)
+        }
+        Device::Cuda => {
+            let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
+            let ck = target_src.checkpoint()?;
+            // Weights through pinned staging buffers, after a check that they and the caches fit.
+            let reserve = CudaQwen3::planned_bytes(&cfg, max_context, kv_cache);
+            let up =
+                CheckpointUpload::new(&ck, &gpu.ctx, reserve)?.with_progress(crate::progress::load_bar(), "target");
+            let mut t = CudaQwen3::from_source_kv(gpu, cfg, &up, max_context, kv_cache)?;
+            up.finish()?;
+            drop(ck);
+            t.set_prefill(prefill);
+            let d = match draft_src {
+                Some(src) => {
+                    let dcfg = src.draft_config()?;
+                    let ck = src.checkpoint()?;
+                    check_tensors(&dcfg, &ck)?;
+                    let up =
+                        CheckpointUpload::new(&ck, &t.gpu.ctx, 0)?.with_progress(crate::progress::load_bar(), "draft");
+                    let d = CudaDraft::from_source(dcfg, &up, &t)?;
+                    up.finish()?;
+                    Some(Box::new(d) as Box<dyn Drafter>)
+                }
+                None => None,
+            };
+            (Box::new(t), d)
+        }
+    })
+}
+
 /// The prompt and at least one generated token must fit in the context: `--max-context` and the
 /// target's `max_position_embeddings`, whichever is smaller. Checked before any weights load.
 fn check_context(prompt: usize, max_context: usize, max_positions: usize) -> Result<()> {
@@ -494,7 +513,7 @@ fn stats_line(g: &Generation, load: Duration, device: &str, sampling: &Sampling)
 }
 
 /// `--prefill gemm|exact`.
-fn parse_prefill(s: &str) -> std::result::Result<PrefillMode, String> {
+pub(crate) fn parse_prefill(s: &str) -> std::result::Result<PrefillMode, String> {
     match s {
         "gemm" => Ok(PrefillMode::Gemm),
         "exact" => Ok(PrefillMode::Exact),

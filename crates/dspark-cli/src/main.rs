@@ -1,7 +1,7 @@
 //! `dspark`: fast exact decoding of Qwen3 models with DSpark speculative drafts.
 //!
 //! Subcommands: `generate` (greedy or sampled decoding, streaming text or one JSON object),
-//! `info` (what a checkpoint folder holds) and `bench` (every phase against the HBM floor on
+//! `serve` (an OpenAI-compatible HTTP server, `dspark_serve`), `info` (what a checkpoint folder holds) and `bench` (every phase against the HBM floor on
 //! Qwen3-8B shapes, on a CUDA GPU). Errors print as one line and exit non-zero; nothing here
 //! panics on user input. `generate` without `--target` runs the demo pair compiled into the
 //! binary (`demo`), so a copied binary needs no other files.
@@ -11,6 +11,7 @@ mod demo;
 mod generate;
 // `generate` hands `progress::load_bar()` to `CheckpointUpload::with_progress`.
 mod progress;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use dspark_kernels::KvDtype;
@@ -39,6 +40,9 @@ enum Command {
     },
     /// Benchmark every decoding phase on Qwen3-8B / DSpark-8B shapes against the HBM floor.
     Bench(bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, models, health,
+    /// metrics).
+    Serve(serve::ServeArgs),
 }
 
 /// `--kv-cache f32|bf16`.
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Info { dir } => {
             dspark_model::checkpoint::info::Info::of_dir(&dir).map(|i| print!("{i}")).map_err(Into::into)
         }

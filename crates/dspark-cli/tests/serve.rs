@@ -1,0 +1,408 @@
+//! End-to-end tests of `dspark serve` on the embedded demo pair (CPU): the server runs as the
+//! real binary on 127.0.0.1:0 and is driven by a real HTTP client (reqwest). Outputs at
+//! temperature 0 must equal `dspark generate --json`'s for the same prompt, streamed deltas
+//! must concatenate to the non-streamed text, and every bad request must be a 4xx in OpenAI's
+//! error shape.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dspark"))
+            .args(["serve", "--device", "cpu", "--port", "0"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start dspark serve");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines.next().expect("server exited before listening").unwrap();
+            if let Some(a) = line.strip_prefix("dspark serve: listening on ") {
+                break a.to_string();
+            }
+        };
+        // Keep draining stderr so the server never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        let server = Server { child, base: addr };
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = client().get(server.url("/health")).send() {
+                if r.status() == 200 {
+                    assert_eq!(r.json_value(), json!({"status": "ok"}));
+                    break;
+                }
+                assert_eq!(r.status(), 503, "health while loading");
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "server not ready after 30 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> reqwest::blocking::Response {
+        client()
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .expect("POST")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+}
+
+trait JsonValue {
+    fn json_value(self) -> Value;
+}
+
+impl JsonValue for reqwest::blocking::Response {
+    fn json_value(self) -> Value {
+        let text = self.text().unwrap();
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+    }
+}
+
+fn generate(args: &[&str]) -> Value {
+    let out: Output = Command::new(env!("CARGO_BIN_EXE_dspark"))
+        .args(["generate", "--device", "cpu", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The `data:` payloads of an SSE body, checking the framing; `[DONE]` must be last.
+fn sse_events(body: &str) -> Vec<Value> {
+    assert!(body.ends_with("data: [DONE]\n\n"), "stream must end with [DONE]: {body:?}");
+    let frames: Vec<&str> = body.split("\n\n").filter(|f| !f.is_empty()).collect();
+    let (last, events) = frames.split_last().unwrap();
+    assert_eq!(*last, "data: [DONE]");
+    events
+        .iter()
+        .map(|f| serde_json::from_str(f.strip_prefix("data: ").expect("data: frame")).expect("JSON chunk"))
+        .collect()
+}
+
+/// (concatenated text, finish_reason, the dspark tokens) of a streamed response.
+fn stream_text(events: &[Value], chat: bool) -> (String, String, Vec<u64>) {
+    let mut text = String::new();
+    let mut finish = String::new();
+    let mut tokens = Vec::new();
+    for e in events {
+        let Some(c) = e["choices"].as_array().and_then(|c| c.first()) else { continue };
+        let piece = if chat { &c["delta"]["content"] } else { &c["text"] };
+        text.push_str(piece.as_str().unwrap_or(""));
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = f.to_string();
+            tokens = ids(&e["dspark"]["tokens"]);
+        }
+    }
+    (text, finish, tokens)
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+const PROMPT: &str = "def fibonacci(n):\n";
+
+#[test]
+fn completions_and_chat_match_generate() {
+    let t0 = Instant::now();
+    let s = Server::start(&[]);
+    let want = generate(&["--prompt", PROMPT, "--max-tokens", "24"]);
+
+    let r = s.post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0}));
+    assert_eq!(r.status(), 200);
+    let v = r.json_value();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], want["text"]);
+    assert_eq!(ids(&v["dspark"]["tokens"]), ids(&want["tokens"]));
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 24);
+    assert_eq!(v["usage"]["prompt_tokens"], want["stats"]["prompt_tokens"]);
+    assert!(v["dspark"]["rounds"].as_u64().unwrap() >= 1);
+    assert!(v["dspark"]["mean_accepted_length"].as_f64().unwrap() >= 1.0);
+
+    // Streamed, without the /v1 prefix: the deltas concatenate to the same text.
+    let body = s
+        .post("/completions", &json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stream": true}))
+        .text()
+        .unwrap();
+    let (text, finish, tokens) = stream_text(&sse_events(&body), false);
+    assert_eq!(text, want["text"].as_str().unwrap());
+    assert_eq!(finish, "length");
+    assert_eq!(tokens, ids(&want["tokens"]));
+
+    // Token ids as the prompt.
+    let prompt_ids = generate(&["--prompt", PROMPT, "--max-tokens", "1"])["stats"]["prompt_tokens"].clone();
+    assert!(prompt_ids.as_u64().unwrap() > 0);
+    let want_ids = generate(&["--prompt-ids", "202,479,361,414", "--max-tokens", "12"]);
+    let v = s.post("/v1/completions", &json!({"prompt": [202, 479, 361, 414], "max_tokens": 12})).json_value();
+    assert_eq!(ids(&v["dspark"]["tokens"]), ids(&want_ids["tokens"]));
+
+    // Chat: one user message is `generate --chat`'s prompt.
+    let want = generate(&["--prompt", "Write a sort function", "--chat", "--max-tokens", "20"]);
+    let msgs = json!([{"role": "user", "content": "Write a sort function"}]);
+    let v = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "anything", "messages": msgs, "max_tokens": 20, "temperature": 0}),
+        )
+        .json_value();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "anything");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(ids(&v["dspark"]["tokens"]), ids(&want["tokens"]));
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(want["text"].as_str().unwrap().starts_with(&text));
+    // Text-part content, max_completion_tokens, streamed: same tokens, deltas == text.
+    let msgs = json!([{"role": "user", "content": [{"type": "text", "text": "Write a sort"}, {"type": "text", "text": " function"}]}]);
+    let body = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "max_completion_tokens": 20, "stream": true, "unknown_field": [1, 2]}),
+        )
+        .text()
+        .unwrap();
+    let events = sse_events(&body);
+    assert_eq!(events[0]["object"], "chat.completion.chunk");
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    let (stext, _, tokens) = stream_text(&events, true);
+    assert_eq!(stext, text);
+    assert_eq!(tokens, ids(&want["tokens"]));
+    assert!(events.iter().all(|e| e["id"] == events[0]["id"] && e["created"] == events[0]["created"]));
+
+    // Models, health, metrics.
+    let v = client().get(s.url("/v1/models")).send().unwrap().json_value();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "dspark-demo-coder");
+    let v = client().get(s.url("/models/dspark-demo-coder")).send().unwrap().json_value();
+    assert_eq!(v["object"], "model");
+    let r = client().get(s.url("/v1/models/other")).send().unwrap();
+    assert_eq!(r.status(), 404);
+    let m = client().get(s.url("/metrics")).send().unwrap().text().unwrap();
+    for name in [
+        "dspark_requests_total",
+        "dspark_queue_depth",
+        "dspark_generated_tokens_total",
+        "dspark_tokens_per_second",
+        "dspark_speculative_rounds_total",
+        "dspark_mean_accepted_length",
+    ] {
+        assert!(m.contains(name), "{name} missing from /metrics:\n{m}");
+    }
+    eprintln!("completions_and_chat_match_generate: {:.2} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn stop_strings_and_include_usage() {
+    let t0 = Instant::now();
+    let s = Server::start(&[]);
+    let full = s.post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 32})).json_value();
+    let full = full["choices"][0]["text"].as_str().unwrap().to_string();
+    // A stop string from the middle of the text: the answer ends right before its first match.
+    let mid = full.char_indices().map(|(i, _)| i).nth(full.chars().count() / 2).unwrap();
+    let stop: String = full[mid..].chars().take(3).collect();
+    let cut = full.find(&stop).unwrap();
+    let req = json!({"prompt": PROMPT, "max_tokens": 32, "stop": ["\u{1}never", stop]});
+    let v = s.post("/v1/completions", &req).json_value();
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), &full[..cut]);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let mut sreq = req.clone();
+    sreq["stream"] = json!(true);
+    sreq["stream_options"] = json!({"include_usage": true});
+    let events = sse_events(&s.post("/v1/completions", &sreq).text().unwrap());
+    let (text, finish, _) = stream_text(&events, false);
+    assert_eq!(text, &full[..cut]);
+    assert_eq!(finish, "stop");
+    let last = events.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    let u = &last["usage"];
+    assert!(u["completion_tokens"].as_u64().unwrap() >= 1);
+    assert_eq!(
+        u["total_tokens"].as_u64().unwrap(),
+        u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()
+    );
+    // A single stop string (not a list) in chat, streamed with usage.
+    let msgs = json!([{"role": "system", "content": "You write code."}, {"role": "user", "content": "sort"}]);
+    let full = s.post("/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 16})).json_value();
+    let full = full["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let body = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "max_tokens": 16, "stream": true, "stream_options": {"include_usage": true}}),
+        )
+        .text()
+        .unwrap();
+    let events = sse_events(&body);
+    assert_eq!(stream_text(&events, true).0, full);
+    assert_eq!(events.last().unwrap()["usage"]["completion_tokens"], 16);
+    eprintln!("stop_strings_and_include_usage: {:.2} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn concurrent_streams_match_solo_runs() {
+    let t0 = Instant::now();
+    let s = Server::start(&[]);
+    let prompts: Vec<String> = (0..12).map(|i| format!("def f{i}(x):\n    return x")).collect();
+    let solo: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let v = s.post("/v1/completions", &json!({"prompt": p, "max_tokens": 12})).json_value();
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let base = s.base.clone();
+    let handles: Vec<_> = prompts
+        .into_iter()
+        .map(|p| {
+            let base = base.clone();
+            std::thread::spawn(move || {
+                let body = client()
+                    .post(format!("{base}/v1/completions"))
+                    .body(json!({"prompt": p, "max_tokens": 12, "stream": true}).to_string())
+                    .send()
+                    .unwrap()
+                    .text()
+                    .unwrap();
+                stream_text(&sse_events(&body), false).0
+            })
+        })
+        .collect();
+    let got: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(got, solo);
+    eprintln!("concurrent_streams_match_solo_runs (12 clients): {:.2} s", t0.elapsed().as_secs_f64());
+}
+
+fn generated_tokens(s: &Server) -> u64 {
+    let m = client().get(s.url("/metrics")).send().unwrap().text().unwrap();
+    let line = m.lines().find(|l| l.starts_with("dspark_generated_tokens_total ")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() as u64
+}
+
+#[test]
+fn disconnect_frees_the_engine_and_full_queue_is_429() {
+    let t0 = Instant::now();
+    // --max-queue 0: a request is taken only while the engine waits for one.
+    let s = Server::start(&["--max-queue", "0"]);
+    let mut r = s.post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 1500, "stream": true}));
+    assert_eq!(r.status(), 200);
+    let mut first = [0u8; 64];
+    r.read_exact(&mut first).unwrap();
+    // The engine is busy with the long stream: another request is refused.
+    let busy = s.post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 4}));
+    assert_eq!(busy.status(), 429);
+    assert_eq!(busy.headers()["retry-after"], "1");
+    assert_eq!(busy.json_value()["error"]["type"], "rate_limit_error");
+    drop(r);
+    // The engine notices at its next token and takes the next request.
+    let start = Instant::now();
+    let v = loop {
+        let r = s.post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 8}));
+        if r.status() == 200 {
+            break r.json_value();
+        }
+        assert_eq!(r.status(), 429);
+        assert!(start.elapsed() < Duration::from_secs(20), "engine still busy after the client left");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    let total = generated_tokens(&s);
+    assert!(total < 1000, "the dropped stream ran on: {total} tokens generated");
+    eprintln!(
+        "disconnect: next request served {:.0} ms after the drop, {total} tokens generated in all; {:.2} s",
+        start.elapsed().as_secs_f64() * 1e3,
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+fn assert_error(r: reqwest::blocking::Response, status: u16, what: &str) -> Value {
+    assert_eq!(r.status().as_u16(), status, "{what}");
+    let v = r.json_value();
+    let e = &v["error"];
+    assert!(e["message"].is_string(), "{what}: {v}");
+    assert!(e["type"].is_string(), "{what}: {v}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{what}: {v}");
+    v
+}
+
+#[test]
+fn bad_requests_are_4xx_in_the_error_shape() {
+    let t0 = Instant::now();
+    let s = Server::start(&["--api-key", "sekret", "--strict-model", "--model-name", "coder"]);
+    let send = |path: &str, body: String| {
+        client()
+            .post(s.url(path))
+            .header("authorization", "Bearer sekret")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .unwrap()
+    };
+    let chat = |body: Value| send("/v1/chat/completions", body.to_string());
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    assert_error(send("/v1/chat/completions", "{not json".into()), 400, "malformed JSON");
+    assert_error(send("/v1/completions", "[1, 2]".into()), 400, "not an object");
+    assert_error(chat(json!({"messages": "hi"})), 400, "messages wrong type");
+    assert_error(chat(json!({"messages": msgs, "max_tokens": "many"})), 400, "max_tokens wrong type");
+    assert_error(chat(json!({"messages": msgs, "temperature": -1})), 400, "negative temperature");
+    assert_error(chat(json!({"messages": msgs, "temperature": 3})), 400, "temperature > 2");
+    assert_error(chat(json!({"messages": msgs, "top_p": 1.5})), 400, "top_p > 1");
+    assert_error(chat(json!({"messages": msgs, "min_p": -0.5})), 400, "min_p < 0");
+    assert_error(chat(json!({"messages": msgs, "top_k": -7})), 400, "top_k < -1");
+    assert_error(chat(json!({"messages": []})), 400, "empty messages");
+    assert_error(chat(json!({"messages": [{"role": "wizard", "content": "hi"}]})), 400, "unknown role");
+    assert_error(chat(json!({})), 400, "no messages");
+    assert_error(chat(json!({"messages": msgs, "n": 2})), 400, "n > 1");
+    assert_error(chat(json!({"messages": msgs, "logprobs": true})), 400, "logprobs");
+    assert_error(chat(json!({"messages": msgs, "stop": ["a", "b", "c", "d", "e"]})), 400, "5 stops");
+    assert_error(chat(json!({"messages": msgs, "max_tokens": 0})), 400, "max_tokens 0");
+    let v = assert_error(chat(json!({"messages": msgs, "max_tokens": 100000})), 400, "beyond the context");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("100000") && m.contains("2048"), "names the numbers: {m}");
+    assert_error(send("/v1/completions", json!({"prompt": ""}).to_string()), 400, "empty prompt");
+    assert_error(send("/v1/completions", json!({"prompt": [999999]}).to_string()), 400, "id outside vocab");
+    assert_error(send("/v1/completions", json!({"prompt": {"x": 1}}).to_string()), 400, "prompt wrong type");
+    assert_error(chat(json!({"model": "gpt-4", "messages": msgs})), 404, "--strict-model");
+    let huge = format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "a".repeat(5 << 20));
+    assert_error(send("/v1/chat/completions", huge), 413, "5 MiB body");
+    let post = |key: Option<&str>| {
+        let mut b = client().post(s.url("/v1/chat/completions")).body(json!({"messages": msgs}).to_string());
+        if let Some(k) = key {
+            b = b.header("authorization", k);
+        }
+        b.send().unwrap()
+    };
+    assert_error(post(None), 401, "missing key");
+    assert_error(post(Some("Bearer wrong")), 401, "wrong key");
+    assert_error(client().get(s.url("/v1/models")).send().unwrap(), 401, "models without key");
+    // The good request still works, with the right model name.
+    let r = chat(json!({"model": "coder", "messages": msgs, "max_tokens": 4}));
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json_value()["usage"]["completion_tokens"], 4);
+    eprintln!("bad_requests_are_4xx_in_the_error_shape: {:.2} s", t0.elapsed().as_secs_f64());
+}

@@ -1,0 +1,287 @@
+//! The engine thread: owns the models and runs one request at a time from a bounded FIFO.
+
+use crate::metrics::Metrics;
+use dspark_model::checkpoint::generation_config::SamplingDefaults;
+use dspark_model::checkpoint::tokenizer::Tokenizer;
+use dspark_model::{Drafter, TargetModel};
+use dspark_spec::{
+    sample, speculative, speculative_sampled, DraftLaw, GenerateOptions, Generation, SamplingParams, StopReason,
+    VerifyLen,
+};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+/// What the server runs: the models and what it needs to read and write text.
+pub struct Engine {
+    pub target: Box<dyn TargetModel>,
+    pub draft: Option<Box<dyn Drafter>>,
+    pub tokenizer: Arc<Tokenizer>,
+    /// Ids that end a generation (generation_config.json's, then config.json's).
+    pub eos_token_ids: Vec<u32>,
+    /// generation_config.json's settings for the fields a request omits (greedy when none).
+    pub defaults: SamplingDefaults,
+    /// How many drafts a round verifies (with a draft).
+    pub verify_len: VerifyLen,
+    /// The draft's law when sampling.
+    pub law: DraftLaw,
+}
+
+/// Builds the [`Engine`] on the engine thread; the server answers 503 on `/health` meanwhile.
+pub type Loader = Box<dyn FnOnce() -> anyhow::Result<Engine> + Send>;
+
+/// What the request side needs once the models are loaded.
+pub struct Ready {
+    pub tokenizer: Arc<Tokenizer>,
+    /// The prompt + max tokens must fit in this many positions.
+    pub context: usize,
+    pub defaults: SamplingDefaults,
+}
+
+/// One request for the engine.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub params: SamplingParams,
+    pub stop: Vec<String>,
+    pub tx: UnboundedSender<Event>,
+}
+
+/// What the engine sends back on a request's channel.
+#[derive(Debug)]
+pub enum Event {
+    /// New complete text.
+    Text(String),
+    Done(Done),
+    Error(String),
+}
+
+#[derive(Debug)]
+pub struct Done {
+    /// `stop` (an eos id or a stop string) or `length`.
+    pub finish_reason: &'static str,
+    pub prompt_tokens: usize,
+    pub tokens: Vec<u32>,
+    /// Speculative rounds and mean committed tokens per round (`None` without a draft, or when
+    /// a stop string ended the loop early).
+    pub spec: Option<(usize, f64)>,
+}
+
+/// The request side's handle on the engine.
+pub struct Handle {
+    queue: SyncSender<Job>,
+    pub ready: Arc<OnceLock<Ready>>,
+    /// Set when loading failed; `/health` reports it.
+    pub failed: Arc<OnceLock<String>>,
+    metrics: Arc<Metrics>,
+}
+
+pub enum SubmitError {
+    Full,
+    Gone,
+}
+
+impl Handle {
+    /// Queues a job; the receiver gets its events.
+    pub fn submit(
+        &self,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        params: SamplingParams,
+        stop: Vec<String>,
+    ) -> Result<UnboundedReceiver<Event>, SubmitError> {
+        let (tx, rx) = unbounded_channel();
+        self.metrics.queue_depth.inc();
+        match self.queue.try_send(Job { prompt, max_tokens, params, stop, tx }) {
+            Ok(()) => Ok(rx),
+            Err(e) => {
+                self.metrics.queue_depth.dec();
+                Err(match e {
+                    TrySendError::Full(_) => SubmitError::Full,
+                    TrySendError::Disconnected(_) => SubmitError::Gone,
+                })
+            }
+        }
+    }
+}
+
+/// Starts the engine thread: it loads the models, publishes [`Ready`], then serves the queue.
+pub fn start(max_queue: usize, max_context: usize, load: Loader, metrics: Arc<Metrics>) -> anyhow::Result<Handle> {
+    let (queue, rx) = sync_channel::<Job>(max_queue);
+    let ready = Arc::new(OnceLock::new());
+    let failed = Arc::new(OnceLock::new());
+    let (r, f, m) = (ready.clone(), failed.clone(), metrics.clone());
+    std::thread::Builder::new().name("dspark-engine".into()).spawn(move || match load() {
+        Ok(engine) => {
+            let context = max_context.min(engine.target.max_len());
+            let _ = r.set(Ready { tokenizer: Arc::clone(&engine.tokenizer), context, defaults: engine.defaults });
+            eprintln!("dspark serve: models loaded, ready");
+            serve_queue(engine, rx, &m);
+        }
+        Err(e) => {
+            eprintln!("dspark serve: loading failed: {e:#}");
+            let _ = f.set(format!("{e:#}"));
+        }
+    })?;
+    Ok(Handle { queue, ready, failed, metrics })
+}
+
+fn serve_queue(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
+    for job in rx {
+        metrics.queue_depth.dec();
+        if job.tx.is_closed() {
+            continue;
+        }
+        run_job(&mut engine, job, metrics);
+    }
+}
+
+/// The payload a token callback unwinds with to end a generation early.
+struct Abort;
+
+/// Per-request text state: the generated ids, how much of their text was sent, stop strings.
+struct TextState<'a> {
+    tokenizer: &'a Tokenizer,
+    eos: &'a [u32],
+    stop: &'a [String],
+    tx: &'a UnboundedSender<Event>,
+    ids: Vec<u32>,
+    /// Bytes of the decoded text already sent.
+    sent: usize,
+    /// A stop string matched: generation ended there.
+    stopped: bool,
+    failure: Option<String>,
+}
+
+impl TextState<'_> {
+    /// The text of the generated ids, an ending eos id left out.
+    fn decode(&self) -> Result<String, String> {
+        let ids = match self.ids.last() {
+            Some(l) if self.eos.contains(l) => &self.ids[..self.ids.len() - 1],
+            _ => &self.ids[..],
+        };
+        self.tokenizer.decode(ids).map_err(|e| e.to_string())
+    }
+
+    /// Sends what became final; returns false when generation must end (stop string, client
+    /// gone, decode failure).
+    fn advance(&mut self, last: bool) -> bool {
+        let text = match self.decode() {
+            Ok(t) => t,
+            Err(e) => {
+                self.failure = Some(e);
+                return false;
+            }
+        };
+        if !last && text.ends_with('\u{FFFD}') {
+            return !self.tx.is_closed();
+        }
+        // Text already sent never changes; if a decoder rewrote it, send only from the boundary.
+        let from = if text.is_char_boundary(self.sent) { self.sent } else { text.len() };
+        // A complete stop string anywhere past what was sent (it may start before `from` only
+        // inside held-back text, which was never sent, so searching from `from` suffices).
+        let hit = self.stop.iter().filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i)).min();
+        let end = match hit {
+            Some(i) => {
+                self.stopped = true;
+                i
+            }
+            None if last => text.len(),
+            None => hold_back(&text, from, self.stop),
+        };
+        if end > from {
+            let _ = self.tx.send(Event::Text(text[from..end].to_string()));
+            self.sent = end;
+        }
+        !self.stopped && !self.tx.is_closed()
+    }
+}
+
+/// Where the text can be sent up to: before the longest suffix that begins some stop string.
+fn hold_back(text: &str, from: usize, stop: &[String]) -> usize {
+    let mut end = text.len();
+    for s in stop {
+        for (i, _) in s.char_indices().skip(1) {
+            if text.ends_with(&s[..i]) {
+                end = end.min(text.len() - i);
+            }
+        }
+    }
+    end.max(from)
+}
+
+fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
+    let mut st = TextState {
+        tokenizer: &engine.tokenizer,
+        eos: &engine.eos_token_ids,
+        stop: &job.stop,
+        tx: &job.tx,
+        ids: Vec::new(),
+        sent: 0,
+        stopped: false,
+        failure: None,
+    };
+    let opts = GenerateOptions { max_tokens: job.max_tokens, eos_token_ids: engine.eos_token_ids.clone() };
+    let params = job.params;
+    let on_token = |id: u32| {
+        st.ids.push(id);
+        if !st.advance(false) {
+            resume_unwind(Box::new(Abort));
+        }
+    };
+    let (target, draft) = (&mut engine.target, &mut engine.draft);
+    let (verify_len, law) = (&engine.verify_len, engine.law);
+    let result = catch_unwind(AssertUnwindSafe(|| -> dspark_model::Result<Generation> {
+        match draft {
+            Some(d) if params.is_greedy() => {
+                speculative(target.as_mut(), d.as_mut(), &job.prompt, &opts, verify_len, on_token)
+            }
+            Some(d) => {
+                speculative_sampled(target.as_mut(), d.as_mut(), &job.prompt, &opts, verify_len, &params, law, on_token)
+            }
+            None => sample(target.as_mut(), &job.prompt, &opts, &params, on_token),
+        }
+    }));
+    let (finish_reason, spec, gen) = match result {
+        Ok(Ok(g)) => {
+            if !st.advance(true) && st.failure.is_none() && !st.stopped {
+                return; // the client went away at the very end
+            }
+            let reason = if st.stopped || g.stop == StopReason::Eos { "stop" } else { "length" };
+            let spec = g.spec.as_ref().map(|s| (s.rounds(), s.mean_accepted_length()));
+            (reason, spec, Some(g))
+        }
+        Ok(Err(e)) => {
+            let _ = job.tx.send(Event::Error(e.to_string()));
+            return;
+        }
+        Err(payload) if payload.is::<Abort>() => {
+            if let Some(e) = st.failure.take() {
+                let _ = job.tx.send(Event::Error(e));
+                return;
+            }
+            if !st.stopped {
+                metrics.generated_tokens.inc_by(st.ids.len() as u64);
+                return; // cancelled: the client is gone, or decoding failed (below)
+            }
+            ("stop", None, None)
+        }
+        Err(_) => {
+            let _ = job.tx.send(Event::Error("internal error: the engine panicked on this request".into()));
+            return;
+        }
+    };
+    if let Some(e) = st.failure.take() {
+        let _ = job.tx.send(Event::Error(e));
+        return;
+    }
+    metrics.generated_tokens.inc_by(st.ids.len() as u64);
+    if let Some(g) = &gen {
+        metrics.tokens_per_second.set(g.decode_tokens_per_second());
+    }
+    if let Some((rounds, mean)) = spec {
+        metrics.record_rounds(rounds, mean);
+    }
+    let _ = job.tx.send(Event::Done(Done { finish_reason, prompt_tokens: job.prompt.len(), tokens: st.ids, spec }));
+}

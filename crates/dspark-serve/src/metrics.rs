@@ -1,0 +1,73 @@
+//! `/metrics`: Prometheus text through the `prometheus` crate's registry and encoder.
+
+use prometheus::{Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use std::sync::Mutex;
+
+pub struct Metrics {
+    registry: Registry,
+    /// Requests answered, by endpoint and HTTP status.
+    pub requests: IntCounterVec,
+    /// Requests waiting for the engine (not the one it runs).
+    pub queue_depth: IntGauge,
+    pub generated_tokens: IntCounter,
+    /// Decode tokens/s of the last finished generation.
+    pub tokens_per_second: Gauge,
+    pub rounds: IntCounter,
+    /// Tokens committed per speculative round over every round served.
+    pub mean_accepted_length: Gauge,
+    /// (Σ rounds × mean accepted length, Σ rounds) behind `mean_accepted_length`.
+    accepted: Mutex<(f64, f64)>,
+}
+
+impl Metrics {
+    pub fn new() -> prometheus::Result<Metrics> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new("dspark_requests_total", "HTTP requests answered, by endpoint and status"),
+            &["endpoint", "status"],
+        )?;
+        let queue_depth = IntGauge::new("dspark_queue_depth", "Requests waiting for the engine")?;
+        let generated_tokens = IntCounter::new("dspark_generated_tokens_total", "Tokens generated")?;
+        let tokens_per_second =
+            Gauge::new("dspark_tokens_per_second", "Decode tokens per second of the last finished generation")?;
+        let rounds = IntCounter::new("dspark_speculative_rounds_total", "Speculative rounds (target verifies)")?;
+        let mean_accepted_length = Gauge::new(
+            "dspark_mean_accepted_length",
+            "Tokens committed per speculative round, over every round served",
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(queue_depth.clone()))?;
+        registry.register(Box::new(generated_tokens.clone()))?;
+        registry.register(Box::new(tokens_per_second.clone()))?;
+        registry.register(Box::new(rounds.clone()))?;
+        registry.register(Box::new(mean_accepted_length.clone()))?;
+        Ok(Metrics {
+            registry,
+            requests,
+            queue_depth,
+            generated_tokens,
+            tokens_per_second,
+            rounds,
+            mean_accepted_length,
+            accepted: Mutex::new((0.0, 0.0)),
+        })
+    }
+
+    /// Records one speculative generation's rounds.
+    pub fn record_rounds(&self, rounds: usize, mean: f64) {
+        if rounds == 0 {
+            return;
+        }
+        self.rounds.inc_by(rounds as u64);
+        let mut a = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
+        a.0 += mean * rounds as f64;
+        a.1 += rounds as f64;
+        self.mean_accepted_length.set(a.0 / a.1);
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
