@@ -11,6 +11,7 @@ use crate::demo;
 use crate::generate::{load_models, Device, Source};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use dspark_model::checkpoint::chat_template::ChatTemplate;
 use dspark_model::checkpoint::generation_config::SamplingDefaults;
 use dspark_serve::{Engine, ServeOptions};
 use dspark_spec::{DraftLaw, VerifyLen};
@@ -81,6 +82,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let tokenizer = target_src
             .tokenizer()?
             .with_context(|| format!("serving needs {}", target_src.file("tokenizer.json").display()))?;
+        let chat_template = match target_src {
+            Source::Dir(d) => ChatTemplate::from_dir(d)?,
+            Source::Embedded(_) => ChatTemplate::builtin(),
+        };
         let cfg = target_src.target_config()?;
         let defaults = target_src.generation_config()?.map(|g| g.sampling()).unwrap_or(SamplingDefaults::GREEDY);
         let (target, draft) = load_models(
@@ -102,6 +107,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             target,
             draft,
             tokenizer: std::sync::Arc::new(tokenizer),
+            chat_template: std::sync::Arc::new(chat_template),
             eos_token_ids,
             defaults,
             verify_len,

@@ -11,6 +11,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use dspark_model::checkpoint::chat_template::{ChatMessage, ChatTemplate};
 use dspark_spec::SamplingParams;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -201,8 +202,14 @@ struct Message {
 }
 
 #[derive(Deserialize)]
+struct ChatKwargs {
+    enable_thinking: Option<bool>,
+}
+
+#[derive(Deserialize)]
 struct ChatRequest {
     messages: Vec<Message>,
+    chat_template_kwargs: Option<ChatKwargs>,
     logprobs: Option<bool>,
     #[serde(flatten)]
     common: Common,
@@ -367,13 +374,14 @@ fn random_seed() -> u64 {
     (z ^ (z >> 31)) & 0xFFFF_FFFF
 }
 
-/// Qwen3's chat template (non-thinking), every turn: what its Jinja template renders for plain
-/// system/user/assistant messages with `add_generation_prompt=True, enable_thinking=False`.
-fn render_chat(messages: &[Message]) -> Result<String, ApiError> {
+/// The conversation through the model's chat template (its folder's, or Qwen3's built-in
+/// format), with the assistant's turn opened; non-thinking unless
+/// `chat_template_kwargs.enable_thinking` is true.
+fn render_chat(template: &ChatTemplate, messages: &[Message], enable_thinking: bool) -> Result<String, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad("messages must not be empty").param("messages"));
     }
-    let mut out = String::new();
+    let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         match m.role.as_str() {
             "system" | "developer" | "user" | "assistant" => {}
@@ -404,10 +412,11 @@ fn render_chat(messages: &[Message]) -> Result<String, ApiError> {
             }
         };
         let role = if m.role == "developer" { "system" } else { m.role.as_str() };
-        out.push_str(&format!("<|im_start|>{role}\n{text}<|im_end|>\n"));
+        out.push(ChatMessage::new(role, text));
     }
-    out.push_str("<|im_start|>assistant\n<think>\n\n</think>\n\n");
-    Ok(out)
+    template
+        .render(&out, true, enable_thinking)
+        .map_err(|e| ApiError::bad(format!("could not render the chat template: {e}")).param("messages"))
 }
 
 fn encode(s: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -421,7 +430,9 @@ async fn chat(State(s): St, body: Result<Bytes, BytesRejection>) -> Response {
         if req.logprobs == Some(true) {
             return Err(ApiError::bad("logprobs are not supported yet").param("logprobs"));
         }
-        let text = render_chat(&req.messages)?;
+        let ready = s.engine.ready.get().ok_or_else(not_ready)?;
+        let thinking = req.chat_template_kwargs.as_ref().and_then(|k| k.enable_thinking).unwrap_or(false);
+        let text = render_chat(&ready.chat_template, &req.messages, thinking)?;
         let prompt = encode(&s, &text)?;
         let p = prepare(&s, &req.common, prompt)?;
         let model = req.common.model.clone().unwrap_or_else(|| s.opts.model_name.clone());

@@ -1,6 +1,7 @@
 //! The engine thread: owns the models and runs one request at a time from a bounded FIFO.
 
 use crate::metrics::Metrics;
+use dspark_model::checkpoint::chat_template::ChatTemplate;
 use dspark_model::checkpoint::generation_config::SamplingDefaults;
 use dspark_model::checkpoint::tokenizer::Tokenizer;
 use dspark_model::{Drafter, TargetModel};
@@ -18,6 +19,8 @@ pub struct Engine {
     pub target: Box<dyn TargetModel>,
     pub draft: Option<Box<dyn Drafter>>,
     pub tokenizer: Arc<Tokenizer>,
+    /// The model folder's chat template (Qwen3's built-in format without one).
+    pub chat_template: Arc<ChatTemplate>,
     /// Ids that end a generation (generation_config.json's, then config.json's).
     pub eos_token_ids: Vec<u32>,
     /// generation_config.json's settings for the fields a request omits (greedy when none).
@@ -34,6 +37,7 @@ pub type Loader = Box<dyn FnOnce() -> anyhow::Result<Engine> + Send>;
 /// What the request side needs once the models are loaded.
 pub struct Ready {
     pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Arc<ChatTemplate>,
     /// The prompt + max tokens must fit in this many positions.
     pub context: usize,
     pub defaults: SamplingDefaults,
@@ -115,7 +119,12 @@ pub fn start(max_queue: usize, max_context: usize, load: Loader, metrics: Arc<Me
     std::thread::Builder::new().name("dspark-engine".into()).spawn(move || match load() {
         Ok(engine) => {
             let context = max_context.min(engine.target.max_len());
-            let _ = r.set(Ready { tokenizer: Arc::clone(&engine.tokenizer), context, defaults: engine.defaults });
+            let _ = r.set(Ready {
+                tokenizer: Arc::clone(&engine.tokenizer),
+                chat_template: Arc::clone(&engine.chat_template),
+                context,
+                defaults: engine.defaults,
+            });
             eprintln!("dspark serve: models loaded, ready");
             serve_queue(engine, rx, &m);
         }
