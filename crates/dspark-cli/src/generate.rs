@@ -292,14 +292,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         }
         (None, None) => bail!("give --prompt or --prompt-ids"),
     };
-    let device = match args.device {
-        Some(d) => d,
-        None if dspark_kernels::cuda::available() => Device::Cuda,
-        None => Device::Cpu,
-    };
-    if device == Device::Cuda && !dspark_kernels::cuda::available() {
-        bail!("--device cuda: no NVIDIA driver (libcuda) or no CUDA device found on this machine; use --device cpu");
-    }
+    let device = resolve_device(args.device)?;
 
     let load_start = Instant::now();
     let cfg = target_src.target_config()?;
@@ -620,4 +613,18 @@ impl Sampling {
             p.seed
         )
     }
+}
+
+/// The device a run takes: the one asked for, else CUDA when a GPU is present, else the CPU;
+/// asking for CUDA without one is a one-line error (`generate` and `serve`).
+pub(crate) fn resolve_device(asked: Option<Device>) -> Result<Device> {
+    let device = match asked {
+        Some(d) => d,
+        None if dspark_kernels::cuda::available() => Device::Cuda,
+        None => Device::Cpu,
+    };
+    if device == Device::Cuda && !dspark_kernels::cuda::available() {
+        bail!("--device cuda: no NVIDIA driver (libcuda) or no CUDA device found on this machine; use --device cpu");
+    }
+    Ok(device)
 }

@@ -9,7 +9,7 @@
 
 use crate::demo;
 use crate::generate::{load_models, Device, Source};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use dspark_model::checkpoint::chat_template::ChatTemplate;
 use dspark_model::checkpoint::generation_config::SamplingDefaults;
@@ -53,14 +53,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let device = match args.device {
-        Some(d) => d,
-        None if dspark_kernels::cuda::available() => Device::Cuda,
-        None => Device::Cpu,
-    };
-    if device == Device::Cuda && !dspark_kernels::cuda::available() {
-        bail!("--device cuda: no NVIDIA driver (libcuda) or no CUDA device found on this machine; use --device cpu");
-    }
+    let device = crate::generate::resolve_device(args.device)?;
     let model_name = match (&args.model_name, &args.target) {
         (Some(n), _) => n.clone(),
         (None, Some(t)) => t.file_name().map_or("dspark".into(), |n| n.to_string_lossy().into_owned()),
