@@ -2,6 +2,7 @@
 
 use crate::metrics::Metrics;
 use dspark_model::checkpoint::chat_template::ChatTemplate;
+use dspark_model::checkpoint::detok::IncrementalDecoder;
 use dspark_model::checkpoint::generation_config::SamplingDefaults;
 use dspark_model::checkpoint::tokenizer::Tokenizer;
 use dspark_model::{Drafter, TargetModel};
@@ -149,9 +150,13 @@ fn serve_queue(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
 /// The payload a token callback unwinds with to end a generation early.
 struct Abort;
 
-/// Per-request text state: the generated ids, how much of their text was sent, stop strings.
+/// Per-request text state: the generated ids, their text so far (decoded incrementally: each
+/// token costs a decode of the few ids since the last complete character, not of them all), how
+/// much of it was sent, stop strings.
 struct TextState<'a> {
-    tokenizer: &'a Tokenizer,
+    decoder: IncrementalDecoder<&'a Tokenizer>,
+    /// The text of `ids` as far as it is complete (an eos id contributes none).
+    text: String,
     eos: &'a [u32],
     stop: &'a [String],
     tx: &'a UnboundedSender<Event>,
@@ -164,41 +169,40 @@ struct TextState<'a> {
 }
 
 impl TextState<'_> {
-    /// The text of the generated ids, an ending eos id left out.
-    fn decode(&self) -> Result<String, String> {
-        let ids = match self.ids.last() {
-            Some(l) if self.eos.contains(l) => &self.ids[..self.ids.len() - 1],
-            _ => &self.ids[..],
-        };
-        self.tokenizer.decode(ids).map_err(|e| e.to_string())
+    /// Takes a generated id into the text (an eos id adds none; the decoder holds back an
+    /// incomplete character until it completes, and `last` flushes it).
+    fn take(&mut self, id: Option<u32>, last: bool) -> Result<(), String> {
+        if let Some(id) = id {
+            self.ids.push(id);
+            if !self.eos.contains(&id) {
+                self.text += &self.decoder.push(id).map_err(|e| e.to_string())?;
+            }
+        }
+        if last {
+            self.text += &self.decoder.finish().map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
-    /// Sends what became final; returns false when generation must end (stop string, client
-    /// gone, decode failure).
-    fn advance(&mut self, last: bool) -> bool {
-        let text = match self.decode() {
-            Ok(t) => t,
-            Err(e) => {
-                self.failure = Some(e);
-                return false;
-            }
-        };
-        if !last && text.ends_with('\u{FFFD}') {
-            return !self.tx.is_closed();
+    /// Takes `id` (none at the end) and sends what became final; returns false when generation
+    /// must end (stop string, client gone, decode failure).
+    fn advance(&mut self, id: Option<u32>, last: bool) -> bool {
+        if let Err(e) = self.take(id, last) {
+            self.failure = Some(e);
+            return false;
         }
+        let text = &self.text;
         // Text already sent never changes; if a decoder rewrote it, send only from the boundary.
         let from = if text.is_char_boundary(self.sent) { self.sent } else { text.len() };
         // A complete stop string anywhere past what was sent (it may start before `from` only
         // inside held-back text, which was never sent, so searching from `from` suffices).
         let hit = self.stop.iter().filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i)).min();
         let end = match hit {
-            Some(i) => {
-                self.stopped = true;
-                i
-            }
+            Some(i) => i,
             None if last => text.len(),
-            None => hold_back(&text, from, self.stop),
+            None => hold_back(text, from, self.stop),
         };
+        self.stopped = hit.is_some();
         if end > from {
             let _ = self.tx.send(Event::Text(text[from..end].to_string()));
             self.sent = end;
@@ -222,7 +226,8 @@ fn hold_back(text: &str, from: usize, stop: &[String]) -> usize {
 
 fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
     let mut st = TextState {
-        tokenizer: &engine.tokenizer,
+        decoder: IncrementalDecoder::new(&engine.tokenizer),
+        text: String::new(),
         eos: &engine.eos_token_ids,
         stop: &job.stop,
         tx: &job.tx,
@@ -234,8 +239,7 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
     let opts = GenerateOptions { max_tokens: job.max_tokens, eos_token_ids: engine.eos_token_ids.clone() };
     let params = job.params;
     let on_token = |id: u32| {
-        st.ids.push(id);
-        if !st.advance(false) {
+        if !st.advance(Some(id), false) {
             resume_unwind(Box::new(Abort));
         }
     };
@@ -254,7 +258,7 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
     }));
     let (finish_reason, spec, gen) = match result {
         Ok(Ok(g)) => {
-            if !st.advance(true) && st.failure.is_none() && !st.stopped {
+            if !st.advance(None, true) && st.failure.is_none() && !st.stopped {
                 return; // the client went away at the very end
             }
             let reason = if st.stopped || g.stop == StopReason::Eos { "stop" } else { "length" };
