@@ -88,8 +88,14 @@ pub enum Fault {
     PeekingVerifyLen,
 }
 
-/// Emits one token; returns the stop reason if generation must end after it.
-fn emit(t: u32, tokens: &mut Vec<u32>, opts: &GenerateOptions, on_token: &mut impl FnMut(u32)) -> Option<StopReason> {
+/// Emits one token; returns the stop reason if generation must end after it (shared with
+/// the greedy speculative loop).
+pub(crate) fn emit(
+    t: u32,
+    tokens: &mut Vec<u32>,
+    opts: &GenerateOptions,
+    on_token: &mut impl FnMut(u32),
+) -> Option<StopReason> {
     tokens.push(t);
     on_token(t);
     if opts.eos_token_ids.contains(&t) {

@@ -16,6 +16,7 @@
 //! equals plain greedy decoding whatever the draft proposes — the draft only changes how many
 //! tokens one target forward yields.
 
+use crate::sampled::emit;
 use crate::stats::{Generation, SpecStats, StopReason};
 use crate::verify_len::VerifyLen;
 use crate::GenerateOptions;
@@ -67,24 +68,12 @@ pub fn speculative<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
 
     let mut tokens: Vec<u32> = Vec::new();
     let mut stats = SpecStats::new(block);
-    // Emits one token; returns the stop reason if generation must end after it.
-    let mut emit = |t: u32, tokens: &mut Vec<u32>| -> Option<StopReason> {
-        tokens.push(t);
-        on_token(t);
-        if opts.eos_token_ids.contains(&t) {
-            Some(StopReason::Eos)
-        } else if tokens.len() >= opts.max_tokens {
-            Some(StopReason::MaxTokens)
-        } else {
-            None
-        }
-    };
 
     let stop = 'gen: {
         if opts.max_tokens == 0 {
             break 'gen StopReason::MaxTokens;
         }
-        if let Some(stop) = emit(anchor, &mut tokens) {
+        if let Some(stop) = emit(anchor, &mut tokens, opts, &mut on_token) {
             break 'gen stop;
         }
         loop {
@@ -120,7 +109,7 @@ pub fn speculative<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
             pending = f.captured.prefix(m + 1, row);
             for &t in g[..=m].iter() {
                 // g_i == d_{i+1} for i < m, so the accepted drafts and the correction are g_0..g_m.
-                if let Some(stop) = emit(t, &mut tokens) {
+                if let Some(stop) = emit(t, &mut tokens, opts, &mut on_token) {
                     break 'gen stop;
                 }
             }
