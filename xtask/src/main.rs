@@ -134,6 +134,46 @@ fn fetch_test_data() -> Result<()> {
         }
         Ok(archive)
     })?;
+
+    openai_venv(&data)?;
+    Ok(())
+}
+
+/// Requirements of the Python OpenAI-client test (`crates/dspark-cli/tests/serve_openai.rs`):
+/// the real `openai` package and its dependencies, every version pinned.
+const OPENAI_REQUIREMENTS: &str = "crates/dspark-cli/tests/python/requirements.txt";
+/// The virtual environment they are installed into.
+const OPENAI_VENV: &str = "openai-venv";
+
+/// A venv under `.test-data/` with the pinned `openai` client, for the test that drives
+/// `dspark serve` with it. Installed with `--no-deps` from a list that pins every package, so
+/// the environment is exactly the list (a dependency missing from it fails the import check
+/// below instead of being resolved to whatever is newest). Rebuilt when the list changes: the
+/// list is copied into the venv as its stamp once the install has succeeded.
+fn openai_venv(data: &Path) -> Result<()> {
+    let root = workspace_root();
+    let wanted = std::fs::read_to_string(root.join(OPENAI_REQUIREMENTS))
+        .with_context(|| format!("reading {OPENAI_REQUIREMENTS}"))?;
+    let venv = data.join(OPENAI_VENV);
+    let stamp = venv.join("dspark-requirements.txt");
+    let python = venv.join("bin/python");
+    if python.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        println!("openai client: {} present, requirements unchanged", display(&venv));
+        return Ok(());
+    }
+    println!("openai client: installing {OPENAI_REQUIREMENTS} into {} ...", display(&venv));
+    if venv.exists() {
+        std::fs::remove_dir_all(&venv).with_context(|| format!("clearing {}", venv.display()))?;
+    }
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+        .context("creating the openai venv failed (python3 with the venv module is needed)")?;
+    run(Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--only-binary", ":all:", "-r"])
+        .arg(root.join(OPENAI_REQUIREMENTS)))
+    .context("installing the openai client from PyPI failed (is PyPI reachable?)")?;
+    run(Command::new(&python).args(["-c", "import openai; print('openai client: openai', openai.__version__)"]))
+        .context("the openai venv cannot import openai (a dependency missing from the requirements?)")?;
+    std::fs::write(&stamp, &wanted).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(())
 }
 

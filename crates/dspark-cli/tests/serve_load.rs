@@ -1,0 +1,220 @@
+//! Load on `dspark serve` (demo pair, CPU): 32 concurrent streaming clients send 200 greedy
+//! requests in all, mixed prompts, chat and completions, and max_tokens. None may be lost (each
+//! stream ends with `[DONE]` after a chunk with a finish_reason) and each output must equal its
+//! solo run (the same request, non-streamed, with nothing else in flight). Request latency,
+//! time to first token, inter-token latency and throughput are printed, not asserted: the CPU
+//! engine runs one request at a time, so they measure the queue as much as the engine.
+
+mod common;
+
+use common::{client, ids, json_of, request, Server};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const CLIENTS: usize = 32;
+const REQUESTS: usize = 200;
+/// The whole concurrent phase must finish in this time (it takes ~22 s on 2 cores).
+const DEADLINE: Duration = Duration::from_secs(300);
+
+const PROMPTS: [&str; 8] = [
+    "def fibonacci(n):\n",
+    "import os\n\ndef list_files(path):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "# sort a list of numbers\ndef sort(xs):\n",
+    "def is_prime(n):\n    if n < 2:\n",
+    "for i in range(10):\n",
+    "Write a sort function",
+    "What does a hash map do?",
+];
+const MAX_TOKENS: [u64; 5] = [1, 3, 8, 17, 32];
+
+/// (prompt index, chat, max_tokens) of request `i`: every combination of the prompts and the
+/// lengths appears; the last two prompts go through chat.
+fn job(i: usize) -> Job {
+    let p = i % PROMPTS.len();
+    let m = MAX_TOKENS[(i / PROMPTS.len() + i) % MAX_TOKENS.len()];
+    (p, p >= 6, m)
+}
+
+/// A request: (prompt index, chat, max_tokens).
+type Job = (usize, bool, u64);
+/// A solo run's (text, tokens, finish_reason).
+type Solo = (String, Vec<u64>, String);
+/// Each request's index and what its stream gave.
+type Results = Arc<Mutex<Vec<(usize, Result<Streamed, String>)>>>;
+
+/// What one streamed request saw.
+struct Streamed {
+    text: String,
+    tokens: Vec<u64>,
+    finish: String,
+    latency: Duration,
+    first_token: Option<Duration>,
+    /// Gaps between consecutive chunks that carried text.
+    gaps: Vec<Duration>,
+}
+
+fn stream_one(base: &str, chat: bool, prompt: &str, max_tokens: u64) -> Result<Streamed, String> {
+    let path = if chat { "/v1/chat/completions" } else { "/v1/completions" };
+    let t0 = Instant::now();
+    let r = client()
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(request(chat, prompt, max_tokens, true).to_string())
+        .send()
+        .map_err(|e| format!("send: {e}"))?;
+    if r.status() != 200 {
+        return Err(format!("status {}: {}", r.status(), r.text().unwrap_or_default()));
+    }
+    let mut out = Streamed {
+        text: String::new(),
+        tokens: Vec::new(),
+        finish: String::new(),
+        latency: Duration::ZERO,
+        first_token: None,
+        gaps: Vec::new(),
+    };
+    let mut last_piece: Option<Instant> = None;
+    let mut done = false;
+    for line in BufReader::new(r).lines() {
+        let line = line.map_err(|e| format!("read: {e}"))?;
+        if line.is_empty() || line.starts_with(':') {
+            continue;
+        }
+        let data = line.strip_prefix("data: ").ok_or_else(|| format!("not an SSE data line: {line:?}"))?;
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        if done {
+            return Err("data after [DONE]".into());
+        }
+        let now = Instant::now();
+        let e: serde_json::Value = serde_json::from_str(data).map_err(|e| format!("chunk {data:?}: {e}"))?;
+        let Some(c) = e["choices"].as_array().and_then(|c| c.first()) else { continue };
+        let piece = if chat { &c["delta"]["content"] } else { &c["text"] };
+        let piece = piece.as_str().unwrap_or("");
+        if !piece.is_empty() {
+            out.first_token.get_or_insert(now - t0);
+            if let Some(prev) = last_piece {
+                out.gaps.push(now - prev);
+            }
+            last_piece = Some(now);
+            out.text.push_str(piece);
+        }
+        if let Some(f) = c["finish_reason"].as_str() {
+            out.finish = f.to_string();
+            out.tokens = ids(&e["dspark"]["tokens"]);
+        }
+    }
+    if !done {
+        return Err("stream ended without [DONE]".into());
+    }
+    if out.finish.is_empty() {
+        return Err("no finish_reason".into());
+    }
+    out.latency = t0.elapsed();
+    Ok(out)
+}
+
+fn pct(v: &mut [Duration], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i].as_secs_f64() * 1e3
+}
+
+#[test]
+fn load_32_streaming_clients_200_requests() {
+    let t0 = Instant::now();
+    let s = Server::start(&["--max-queue", "256"]);
+
+    // Solo runs: each distinct request once, non-streamed, nothing else in flight.
+    let mut solo: HashMap<Job, Solo> = HashMap::new();
+    for i in 0..REQUESTS {
+        let (p, chat, m) = job(i);
+        if solo.contains_key(&(p, chat, m)) {
+            continue;
+        }
+        let path = if chat { "/v1/chat/completions" } else { "/v1/completions" };
+        let r = s.post(path, &request(chat, PROMPTS[p], m, false));
+        assert_eq!(r.status(), 200);
+        let v = json_of(r);
+        let c = &v["choices"][0];
+        let text = if chat { &c["message"]["content"] } else { &c["text"] };
+        solo.insert(
+            (p, chat, m),
+            (
+                text.as_str().unwrap().to_string(),
+                ids(&v["dspark"]["tokens"]),
+                c["finish_reason"].as_str().unwrap().into(),
+            ),
+        );
+    }
+    let solo_s = t0.elapsed().as_secs_f64();
+
+    let next = Arc::new(AtomicUsize::new(0));
+    let results: Results = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (next, results, base) = (next.clone(), results.clone(), s.base.clone());
+            std::thread::spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= REQUESTS || start.elapsed() > DEADLINE {
+                    break;
+                }
+                let (p, chat, m) = job(i);
+                let r = stream_one(&base, chat, PROMPTS[p], m);
+                results.lock().unwrap().push((i, r));
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let wall = start.elapsed();
+    assert!(wall < DEADLINE + Duration::from_secs(120), "the load ran {wall:?}, past its deadline");
+    let mut results = std::mem::take(&mut *results.lock().unwrap());
+    results.sort_by_key(|(i, _)| *i);
+    assert_eq!(results.len(), REQUESTS, "{} of {REQUESTS} requests ran before the deadline", results.len());
+
+    let (mut latency, mut ttft, mut gaps) = (Vec::new(), Vec::new(), Vec::new());
+    let mut tokens = 0usize;
+    for (i, r) in results {
+        let (p, chat, m) = job(i);
+        let got = r.unwrap_or_else(|e| panic!("request {i} (prompt {p}, chat {chat}, max_tokens {m}) lost: {e}"));
+        let (text, toks, finish) = &solo[&(p, chat, m)];
+        assert_eq!(&got.tokens, toks, "request {i}: tokens differ from the solo run");
+        assert_eq!(&got.text, text, "request {i}: text differs from the solo run");
+        assert_eq!(&got.finish, finish, "request {i}: finish_reason differs from the solo run");
+        tokens += got.tokens.len();
+        latency.push(got.latency);
+        ttft.extend(got.first_token);
+        gaps.extend(got.gaps);
+    }
+    assert!(s.post("/v1/completions", &request(false, PROMPTS[0], 2, false)).status() == 200);
+    eprintln!(
+        "load: {CLIENTS} clients, {REQUESTS} streamed requests, {tokens} tokens in {:.2} s = {:.1} tok/s, {:.1} req/s; \
+         request latency p50 {:.0} ms p99 {:.0} ms; first token p50 {:.0} ms p99 {:.0} ms; \
+         inter-token p50 {:.1} ms p99 {:.1} ms; solo runs {solo_s:.2} s; total {:.2} s",
+        wall.as_secs_f64(),
+        tokens as f64 / wall.as_secs_f64(),
+        REQUESTS as f64 / wall.as_secs_f64(),
+        pct(&mut latency, 0.5),
+        pct(&mut latency, 0.99),
+        pct(&mut ttft, 0.5),
+        pct(&mut ttft, 0.99),
+        pct(&mut gaps, 0.5),
+        pct(&mut gaps, 0.99),
+        t0.elapsed().as_secs_f64()
+    );
+    // The metrics agree that nothing was lost.
+    let m = client().get(s.url("/metrics")).send().unwrap().text().unwrap();
+    assert!(m.contains("dspark_queue_depth 0"), "queue not empty after the load:\n{m}");
+}
