@@ -472,3 +472,6 @@ mod markov_step;
 
 #[path = "gpu_kernels/rope_fold.rs"]
 mod rope_fold;
+
+#[path = "gpu_kernels/sample.rs"]
+mod sample;

@@ -4,21 +4,24 @@
 //! ```text
 //! p = softmax(logits / T)                          temperature T > 0 (T = 0: greedy, no draw)
 //! keep the k largest logits, ties at the k-th kept  top-k (0: off)
-//! renormalise; keep the smallest prefix of p sorted descending with mass ≥ top_p (the largest
+//! keep the shortest prefix of the order with mass ≥ top_p of what top-k kept (the largest
 //!   token always kept)                              top-p (1: off)
 //! drop tokens with p < min_p · max p                min-p (0: off)
-//! renormalise; token = the first i with Σ_{j≤i} p_j > u · Σ p    u from the request's stream
+//! renormalise; draw with u from the request's stream (inverse CDF, by a sum-tree descent)
 //! ```
 //!
 //! The order is the one vLLM and transformers apply (temperature, top-k, top-p, min-p). Sorting
-//! is by (probability descending, token id ascending), so ties resolve the same way everywhere.
-//! Probabilities are computed in f64 from f32 logits (exp of `(l − max) / T`), which a GPU kernel
-//! can reproduce: every step is an elementwise op or an ordered sum.
+//! is by (logit descending, token id ascending), so ties resolve the same way everywhere. The
+//! arithmetic lives in `dspark_kernels::cpu::sample`: probabilities in f64 from f32 logits, with
+//! every sum a fixed pairwise tree and the exponential a fixed polynomial, so the GPU sampler
+//! (kernels/sample.cu) gets the same bits and, given the same uniforms, the same tokens.
 //!
 //! Uniforms come from Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
 //! 3", SC'11) keyed by the request's seed, with the draw's index as the counter: draw `i` of a
 //! request is a pure function of `(seed, i)`, so a CUDA graph can replay it, and a plain and a
 //! speculative run consume the same stream in the same order.
+
+use dspark_kernels::cpu::sample;
 
 /// How one request samples. `temperature == 0` is greedy decoding, bit for bit.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -49,6 +52,11 @@ impl SamplingParams {
         self.temperature == 0.0
     }
 
+    /// The filters the sampler applies (everything but the seed).
+    pub fn filters(&self) -> sample::Filters {
+        sample::Filters { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p, min_p: self.min_p }
+    }
+
     /// Checks every field, naming the offending one and its value (the CLI's flags and the
     /// server's fields share these names).
     pub fn validate(&self) -> Result<(), String> {
@@ -66,76 +74,25 @@ impl SamplingParams {
 }
 
 /// The distribution a row is drawn from: `probs[i]` ≥ 0, zero outside the kept set, summing to
-/// 1 (in f64). For greedy parameters it is one-hot on the argmax (lowest index on ties).
+/// 1 (up to rounding). For greedy parameters it is one-hot on the argmax (lowest index on ties).
+/// The arithmetic is `dspark_kernels::cpu::sample`'s, which the GPU sampler reproduces bit for
+/// bit.
 pub fn transform(params: &SamplingParams, logits: &[f32]) -> Vec<f64> {
-    let n = logits.len();
-    let mut p = vec![0f64; n];
-    if n == 0 {
-        return p;
-    }
     if params.is_greedy() {
-        p[dspark_kernels::cpu::argmax::argmax(logits)] = 1.0;
+        let mut p = vec![0f64; logits.len()];
+        if !logits.is_empty() {
+            p[dspark_kernels::cpu::argmax::argmax(logits)] = 1.0;
+        }
         return p;
     }
-    let t = params.temperature as f64;
-    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l)) as f64;
-    for (pi, &l) in p.iter_mut().zip(logits) {
-        *pi = ((l as f64 - max) / t).exp();
-    }
-    // Sorted by (probability descending, id ascending): the order top-k and top-p cut in.
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-    let mut keep = n;
-    if params.top_k > 0 && params.top_k < n {
-        // Ties with the k-th largest are kept.
-        let kth = p[order[params.top_k - 1]];
-        keep = order.iter().take_while(|&&i| p[i] >= kth).count();
-    }
-    if params.top_p < 1.0 {
-        let total: f64 = order[..keep].iter().map(|&i| p[i]).sum();
-        let mut cum = 0.0;
-        let mut cut = keep;
-        for (r, &i) in order[..keep].iter().enumerate() {
-            cum += p[i];
-            if cum >= params.top_p as f64 * total {
-                cut = r + 1;
-                break;
-            }
-        }
-        keep = cut.max(1);
-    }
-    if params.min_p > 0.0 {
-        let floor = params.min_p as f64 * p[order[0]];
-        keep = order[..keep].iter().take_while(|&&i| p[i] >= floor).count().max(1);
-    }
-    for &i in &order[keep..] {
-        p[i] = 0.0;
-    }
-    let total: f64 = p.iter().sum();
-    for pi in p.iter_mut() {
-        *pi /= total;
-    }
-    p
+    sample::transform(&params.filters(), logits)
 }
 
 /// The token of a draw with uniform `u` ∈ (0, 1) from `probs` (not necessarily normalised):
-/// the first index whose running sum passes `u · Σ probs`; never a zero-probability token.
+/// the descent of their sum tree (`dspark_kernels::cpu::sample::draw`); never a zero-probability
+/// token.
 pub fn draw(probs: &[f64], u: f64) -> u32 {
-    let total: f64 = probs.iter().sum();
-    let target = u * total;
-    let mut cum = 0.0;
-    let mut last = 0;
-    for (i, &q) in probs.iter().enumerate() {
-        if q > 0.0 {
-            cum += q;
-            last = i;
-            if cum > target {
-                return i as u32;
-            }
-        }
-    }
-    // Rounding left u · Σ at the very top: the last token with mass.
-    last as u32
+    sample::draw(probs, u)
 }
 
 /// Philox4x32-10: 4 × 32 counter bits, a 64-bit key, ten rounds.

@@ -9,6 +9,7 @@ pub mod attention;
 pub mod matmul;
 pub mod rmsnorm;
 pub mod rope;
+pub mod sample;
 
 /// `x` rounded to the nearest bf16 (ties to even) and widened back: what a bf16 KV cache keeps
 /// of a key or value (`cuda::kv`; the GPU kernels store with `__float2bfloat16_rn`, the same

@@ -19,6 +19,7 @@ mod matvec;
 pub mod norm_fold;
 pub mod ops;
 mod pdl;
+pub mod sample;
 pub mod ptx;
 pub mod rope_fold;
 

@@ -1,0 +1,243 @@
+//! The sampler's arithmetic, defined so that a GPU kernel (kernels/sample.cu) reproduces it bit
+//! for bit: a request's transform of a logits row into the distribution it draws from, and the
+//! draw with a given uniform.
+//!
+//! ```text
+//! M = max logit (NaN counts as −∞)
+//! p_i = dexp((l_i − M) / T)                     f64; dexp is this file's exp (below), p_max = 1
+//! order: (logit descending, id ascending)      the order top-k and top-p cut in
+//! top-k: v = the k-th logit of that order; keep l_i ≥ v (ties with the k-th kept)
+//! top-p: W = tree_sum(kept p); walk the order summing kept p one by one; keep the shortest
+//!        prefix whose sum ≥ top_p · W (the first token always kept)
+//! min-p: keep p_i ≥ min_p (= min_p · p_max)
+//! pp_i = p_i / tree_sum(kept p)                 zero outside the kept set
+//! draw(pp, u): descend the sum tree of pp: go left iff the left sum is > 0 and either the right
+//!        one is 0 or acc + left > u · root; else acc += left and go right
+//! ```
+//!
+//! Why these definitions and not the textbook ones: every quantity that a parallel kernel would
+//! otherwise sum in its own order is fixed here. Sums over a row are the pairwise *tree* over
+//! the row padded with zeros to a power of two (node j of a level is the sum of nodes 2j and
+//! 2j+1 below), which thread blocks compute independently and which zero padding does not change
+//! (x + 0 = x exactly). The inverse-CDF draw descends that same tree instead of running a
+//! sequential cumulative sum, so the kernel finds the token from a few stored partial sums. The
+//! exponential is a fixed Cody–Waite reduction and a degree-13 Taylor polynomial evaluated with
+//! fused multiply-adds: IEEE defines every step (`mul_add` is correctly rounded here, `__fma_rn`
+//! there), so both sides get the same bits where two `exp` libraries could differ by an ulp.
+//! The only sequential sum left is top-p's walk, which runs over the few tokens it keeps.
+//!
+//! Every rule keeps at least the most likely token (p = 1), so a transform never leaves an empty
+//! distribution, and the descent never enters a zero-sum subtree, so a draw never returns a token
+//! of probability 0.
+
+/// A request's filters (the sampler's part of its parameters; the seed lives with the caller).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Filters {
+    /// `> 0`; 0 is greedy, handled by the caller (argmax, no draw).
+    pub temperature: f32,
+    /// Keep the `top_k` largest logits (0: off).
+    pub top_k: usize,
+    /// Keep the smallest prefix of mass ≥ `top_p` (1: off).
+    pub top_p: f32,
+    /// Drop tokens below `min_p` times the largest probability (0: off).
+    pub min_p: f32,
+}
+
+const LOG2E: f64 = f64::from_bits(0x3ff7_1547_652b_82fe);
+const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+/// 1/k! for k = 13 down to 2 (Python's correctly rounded `1 / math.factorial(k)`).
+const INV_FACT: [u64; 12] = [
+    0x3de6_1246_13a8_6d09,
+    0x3e21_eed8_eff8_d898,
+    0x3e5a_e645_67f5_44e4,
+    0x3e92_7e4f_b778_9f5c,
+    0x3ec7_1de3_a556_c734,
+    0x3efa_01a0_1a01_a01a,
+    0x3f2a_01a0_1a01_a01a,
+    0x3f56_c16c_16c1_6c17,
+    0x3f81_1111_1111_1111,
+    0x3fa5_5555_5555_5555,
+    0x3fc5_5555_5555_5555,
+    0x3fe0_0000_0000_0000,
+];
+
+/// e^x for x ≤ 0 (what the sampler needs), a few ulp from the true value and the same bits as
+/// `dexp` in kernels/sample.cu. NaN and x < −745.2 give 0.
+pub fn dexp(x: f64) -> f64 {
+    if !(x > -745.2) {
+        return 0.0;
+    }
+    let n = (x * LOG2E + 0.5).floor();
+    let r = (-n).mul_add(LN2_HI, x);
+    let r = (-n).mul_add(LN2_LO, r);
+    let mut p = f64::from_bits(INV_FACT[0]);
+    for &c in &INV_FACT[1..] {
+        p = p.mul_add(r, f64::from_bits(c));
+    }
+    p = p.mul_add(r, 1.0);
+    p = p.mul_add(r, 1.0);
+    // p · 2ⁿ: one exact exponent change while normal, then (deep below) one rounding.
+    let n = n as i64;
+    if n >= -1022 {
+        p * f64::from_bits(((n + 1023) as u64) << 52)
+    } else {
+        p * f64::from_bits(((n + 1022 + 1023) as u64) << 52) * f64::from_bits(1 << 52)
+    }
+}
+
+/// The logit's place in the order as an unsigned key (larger logit, larger key); NaN is 0, below
+/// every number.
+pub fn order_key(l: f32) -> u32 {
+    if l.is_nan() {
+        return 0;
+    }
+    let b = l.to_bits();
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// The pairwise tree sum of `v` padded with zeros to a power of two.
+pub fn tree_sum(v: &[f64]) -> f64 {
+    tree(v)[1]
+}
+
+/// The sum tree in heap order: `t[1]` the root, `t[j] = t[2j] + t[2j+1]`, leaves `t[P + i]`.
+fn tree(v: &[f64]) -> Vec<f64> {
+    let p = v.len().next_power_of_two().max(1);
+    let mut t = vec![0f64; 2 * p];
+    t[p..p + v.len()].copy_from_slice(v);
+    for j in (1..p).rev() {
+        t[j] = t[2 * j] + t[2 * j + 1];
+    }
+    t
+}
+
+/// The unnormalised probabilities `p_i` (before any filter) and the largest logit.
+fn weights(f: &Filters, logits: &[f32]) -> Vec<f64> {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+    let t = f.temperature as f64;
+    logits.iter().map(|&l| if l.is_nan() { 0.0 } else { dexp((l as f64 - m as f64) / t) }).collect()
+}
+
+/// The distribution a row is drawn from (see the module header): zero outside the kept set,
+/// the kept entries `p_i / Σ`.
+pub fn transform(f: &Filters, logits: &[f32]) -> Vec<f64> {
+    let n = logits.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut p = weights(f, logits);
+    let keys: Vec<u32> = logits.iter().map(|&l| order_key(l)).collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| keys[b].cmp(&keys[a]).then(a.cmp(&b)));
+    let mut keep = n;
+    if f.top_k > 0 && f.top_k < n {
+        let kth = keys[order[f.top_k - 1]];
+        keep = order.iter().take_while(|&&i| keys[i] >= kth).count();
+    }
+    if f.top_p < 1.0 {
+        let kept: Vec<f64> = (0..n).map(|i| if keys[i] >= keys[order[keep - 1]] { p[i] } else { 0.0 }).collect();
+        let goal = f.top_p as f64 * tree_sum(&kept);
+        let mut cum = 0.0;
+        let mut cut = keep;
+        for (r, &i) in order[..keep].iter().enumerate() {
+            cum += p[i];
+            if cum >= goal {
+                cut = r + 1;
+                break;
+            }
+        }
+        keep = cut.max(1);
+    }
+    for &i in &order[keep..] {
+        p[i] = 0.0;
+    }
+    if f.min_p > 0.0 {
+        // Elementwise (the most likely token has p = 1 ≥ min_p, so it stays).
+        let floor = f.min_p as f64;
+        for pi in p.iter_mut().filter(|pi| **pi < floor) {
+            *pi = 0.0;
+        }
+    }
+    let total = tree_sum(&p);
+    for pi in p.iter_mut() {
+        *pi /= total;
+    }
+    p
+}
+
+/// The token of a draw with uniform `u` ∈ (0, 1) from `probs` (≥ 0, not necessarily
+/// normalised, some entry > 0): the descent of the sum tree (module header). Never a token of
+/// probability 0.
+pub fn draw(probs: &[f64], u: f64) -> u32 {
+    let t = tree(probs);
+    let p = t.len() / 2;
+    let target = u * t[1];
+    let (mut j, mut acc) = (1usize, 0f64);
+    while j < p {
+        let (l, r) = (t[2 * j], t[2 * j + 1]);
+        if l > 0.0 && (r == 0.0 || acc + l > target) {
+            j *= 2;
+        } else {
+            acc += l;
+            j = 2 * j + 1;
+        }
+    }
+    (j - p) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dexp_is_within_a_few_ulp_of_exp() {
+        let mut worst = 0f64;
+        for i in 0..200_000 {
+            let x = -(i as f64) * 7.45e-3 - (i % 7) as f64 * 1e-7;
+            let (a, b) = (dexp(x), x.exp());
+            if b > 1e-300 {
+                worst = worst.max(((a - b) / b).abs());
+            }
+        }
+        assert!(worst < 1e-15, "worst relative error {worst}");
+        assert_eq!(dexp(0.0), 1.0);
+        assert_eq!(dexp(f64::NEG_INFINITY), 0.0);
+        assert_eq!(dexp(f64::NAN), 0.0);
+        assert!(dexp(-745.0) > 0.0 && dexp(-745.0) < 1e-320);
+    }
+
+    #[test]
+    fn order_key_is_monotone() {
+        let xs = [f32::NEG_INFINITY, -3.0e38, -1.0, -1e-40, -0.0, 0.0, 1e-40, 2.0, f32::INFINITY];
+        for w in xs.windows(2) {
+            assert!(order_key(w[0]) <= order_key(w[1]), "{w:?}");
+        }
+        assert!(order_key(f32::NAN) < order_key(f32::NEG_INFINITY));
+    }
+
+    #[test]
+    fn tree_sum_pairs_neighbours_and_ignores_padding() {
+        let v = [1e16, 1.0, -1e16, 1.0, 3.0];
+        // ((1e16 + 1) + (−1e16 + 1)) + ((3 + 0) + 0): 1e16 + 1 rounds to 1e16.
+        assert_eq!(tree_sum(&v), ((1e16 + 1.0) + (-1e16 + 1.0)) + 3.0);
+        let mut padded = v.to_vec();
+        padded.resize(32, 0.0);
+        assert_eq!(tree_sum(&padded).to_bits(), tree_sum(&v).to_bits());
+    }
+
+    #[test]
+    fn draws_never_pick_zero_mass_and_follow_the_cdf() {
+        let probs = [0.0, 0.25, 0.0, 0.5, 0.25, 0.0];
+        // Intervals in id order: 1 → [0, .25), 3 → [.25, .75), 4 → [.75, 1).
+        for (u, t) in [(0.01, 1), (0.2499, 1), (0.2501, 3), (0.7499, 3), (0.7501, 4), (0.9999, 4)] {
+            assert_eq!(draw(&probs, u), t, "u = {u}");
+        }
+        // A padded tail of zeros is never entered, even at u → 1.
+        assert_eq!(draw(&[0.3, 0.7, 0.0], 1.0 - 1e-12), 1);
+    }
+}

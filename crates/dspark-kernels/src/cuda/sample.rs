@@ -1,0 +1,201 @@
+//! Launch wrappers of the sampler (kernels/sample.cu): a verify's rows transformed by a
+//! request's filters, the greedy-law accept/reject of its drafts, and the residual or bonus draw,
+//! all on the device, with the same bits as `cpu::sample` and the speculative loop's host path.
+//!
+//! The filters and uniforms live in device memory (a [`SampleCfg`] written by the caller with
+//! the step's other inputs), so a captured graph replays a sampled verify; only which phases
+//! run ([`SampleShape`]) is fixed at capture. The result is four words in
+//! [`SampleScratch::out`]: `[m, token, overflow, row]` — drafts accepted, the token emitted
+//! after them, whether top-p's candidates ran out (then the caller redoes the round on the host
+//! from the logits, which gives the same answer), and the row the token was drawn from.
+
+use super::ops::check;
+use super::pdl::{dptr, dptr_mut, Arg};
+use super::{CudaResult, Gpu};
+use crate::cpu::sample::Filters;
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DriverError};
+use std::sync::Arc;
+
+/// Leaf block of the sampler's trees (ids per block), as kernels/sample.cu's `LEAVES`.
+pub const LEAVES: usize = 2048;
+/// top-k values up to this skip the candidate select (the top-k set is the candidate list).
+pub const CAND: usize = 1024;
+/// Most candidates top-p's walk holds (`CAND_MAX`).
+pub const CAND_MAX: usize = 2048;
+/// Most leaf blocks (`MAX_BLOCKS`): vocabularies up to 2²⁰.
+pub const MAX_BLOCKS: usize = 512;
+/// Most uniforms of one sampled verify (k accept uniforms and the draw's).
+pub const MAX_UNIFORMS: usize = 65;
+/// u32 words of a `SampleCfg`: 8 header words, then the uniforms as f64.
+pub const CFG_WORDS: usize = 8 + 2 * MAX_UNIFORMS;
+/// u32 words of one `SampleRow`.
+const ROW_WORDS: usize = 14;
+
+/// The u32 words of a `SampleCfg`: the filters, `k` drafts to judge, and the uniforms
+/// (`k` accept uniforms, then the draw's), each an f64 of the request's stream.
+pub fn sample_cfg(f: &Filters, k: usize, uniforms: &[f64]) -> Vec<u32> {
+    assert!(uniforms.len() == k + 1 && uniforms.len() <= MAX_UNIFORMS, "{} uniforms for k = {k}", uniforms.len());
+    let mut w = vec![0u32; CFG_WORDS];
+    w[0] = f.temperature.to_bits();
+    w[1] = f.top_k as u32;
+    w[2] = f.top_p.to_bits();
+    w[3] = f.min_p.to_bits();
+    w[4] = k as u32;
+    for (i, u) in uniforms.iter().enumerate() {
+        let b = u.to_bits();
+        w[8 + 2 * i] = b as u32;
+        w[9 + 2 * i] = (b >> 32) as u32;
+    }
+    w
+}
+
+/// Which phases a sampled verify runs (fixed when a graph captures it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SampleShape {
+    pub top_k: bool,
+    pub top_p: bool,
+    /// top-p over more than [`CAND`] tokens: select a candidate bound first.
+    pub select: bool,
+}
+
+impl SampleShape {
+    pub fn of(f: &Filters, vocab: usize) -> SampleShape {
+        let top_k = f.top_k > 0 && f.top_k < vocab;
+        let top_p = f.top_p < 1.0;
+        SampleShape { top_k, top_p, select: top_p && !(top_k && f.top_k <= CAND) }
+    }
+}
+
+/// The sampler's device scratch for up to `rows` rows of `vocab` logits.
+pub struct SampleScratch {
+    rows: usize,
+    blocks: usize,
+    state: CudaSlice<u32>,
+    part_f: CudaSlice<f32>,
+    part_u: CudaSlice<u32>,
+    part_d: CudaSlice<f64>,
+    cands: CudaSlice<u64>,
+    tickets: CudaSlice<u32>,
+    /// `[m, token, overflow, row]` of the last [`Gpu::sample_verify`].
+    pub out: CudaSlice<u32>,
+}
+
+impl SampleScratch {
+    /// Zeroed buffers (the tickets must start at zero; the kernels leave them so).
+    pub fn new(stream: &Arc<CudaStream>, rows: usize, vocab: usize) -> Result<SampleScratch, DriverError> {
+        let blocks = vocab.div_ceil(LEAVES).max(1);
+        Ok(SampleScratch {
+            rows,
+            blocks,
+            state: stream.alloc_zeros(rows * ROW_WORDS)?,
+            part_f: stream.alloc_zeros(rows * blocks)?,
+            part_u: stream.alloc_zeros(rows * blocks * 256)?,
+            part_d: stream.alloc_zeros((rows * blocks).max(2 * blocks))?,
+            cands: stream.alloc_zeros(rows * CAND_MAX)?,
+            tickets: stream.alloc_zeros(rows)?,
+            out: stream.alloc_zeros(4)?,
+        })
+    }
+}
+
+impl Gpu {
+    /// A sampled verify of `rows` = k + 1 logits rows (`[rows, ld]`, `vocab` each) against the
+    /// k drafts at `drafts`, with the filters and uniforms at `cfg` ([`sample_cfg`]); k = 0 is a
+    /// plain sampled step (the draw from row 0). The result is in `scratch.out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_verify(
+        &self,
+        logits: &CudaView<f32>,
+        (rows, vocab, ld): (usize, usize, usize),
+        cfg: &CudaView<u32>,
+        drafts: &CudaView<u32>,
+        shape: SampleShape,
+        scratch: &mut SampleScratch,
+    ) -> CudaResult<()> {
+        let blocks = vocab.div_ceil(LEAVES).max(1);
+        if rows == 0 || rows > scratch.rows || rows > MAX_UNIFORMS || blocks > scratch.blocks || blocks > MAX_BLOCKS {
+            return Err(super::CudaError::Shape(format!(
+                "sample_verify: {rows} rows of {vocab} (scratch: {} rows, {} blocks)",
+                scratch.rows, scratch.blocks
+            )));
+        }
+        check("sample logits", logits.len(), (rows - 1) * ld + vocab)?;
+        check("sample cfg", cfg.len(), CFG_WORDS)?;
+        check("sample drafts", drafts.len(), rows - 1)?;
+        let grid = (blocks as u32, rows as u32, 1);
+        let (v, l) = (Arg::I32(vocab as i32), Arg::I32(ld as i32));
+        let s = scratch;
+        // sample_max_f32(logits, ld, vocab, cfg, st, part, tickets)
+        let args = [dptr(self, logits), l, v, dptr(self, cfg), dptr_mut(self, &mut s.state)];
+        let tail = [dptr_mut(self, &mut s.part_f), dptr_mut(self, &mut s.tickets)];
+        self.launch_pdl("sample_max_f32", grid, 1024, &[&args[..], &tail[..]].concat())?;
+        let radix = |mode: i32, s: &mut SampleScratch| -> CudaResult<()> {
+            for round in 0..4 {
+                // sample_radix_f32(logits, ld, vocab, cfg, st, part, tickets, round, mode)
+                let a = [
+                    dptr(self, logits),
+                    l,
+                    v,
+                    dptr(self, cfg),
+                    dptr_mut(self, &mut s.state),
+                    dptr_mut(self, &mut s.part_u),
+                    dptr_mut(self, &mut s.tickets),
+                    Arg::I32(round),
+                    Arg::I32(mode),
+                ];
+                self.launch_pdl("sample_radix_f32", grid, 1024, &a)?;
+            }
+            Ok(())
+        };
+        let tree = |phase: i32, s: &mut SampleScratch| -> CudaResult<()> {
+            // sample_tree_f32(logits, ld, vocab, cfg, st, part, tickets, phase)
+            let a = [
+                dptr(self, logits),
+                l,
+                v,
+                dptr(self, cfg),
+                dptr_mut(self, &mut s.state),
+                dptr_mut(self, &mut s.part_d),
+                dptr_mut(self, &mut s.tickets),
+                Arg::I32(phase),
+            ];
+            self.launch_pdl("sample_tree_f32", grid, 1024, &a)
+        };
+        if shape.top_k {
+            radix(0, s)?;
+        }
+        if shape.top_p {
+            tree(0, s)?;
+            if shape.select {
+                radix(1, s)?;
+            }
+            // sample_gather_f32(logits, ld, vocab, st, cands)
+            let a = [dptr(self, logits), l, v, dptr_mut(self, &mut s.state), dptr_mut(self, &mut s.cands)];
+            self.launch_pdl("sample_gather_f32", grid, 1024, &a)?;
+            // sample_cut_f32(logits, ld, cfg, st, cands), one block per row
+            let a = [dptr(self, logits), l, dptr(self, cfg), dptr_mut(self, &mut s.state), dptr(self, &s.cands)];
+            self.launch_pdl("sample_cut_f32", (rows as u32, 1, 1), 1024, &a)?;
+        }
+        tree(1, s)?;
+        // sample_draw_f32(logits, ld, vocab, cfg, st, drafts, part, tickets, out), one row
+        let a = [
+            dptr(self, logits),
+            l,
+            v,
+            dptr(self, cfg),
+            dptr(self, &s.state),
+            dptr(self, drafts),
+            dptr_mut(self, &mut s.part_d),
+            dptr_mut(self, &mut s.tickets),
+            dptr_mut(self, &mut s.out),
+        ];
+        self.launch_pdl("sample_draw_f32", (blocks as u32, 1, 1), 1024, &a)
+    }
+
+    /// The out words `[m, token, overflow, row]` of the last sampled verify (synchronises).
+    pub fn sample_result(&self, scratch: &SampleScratch) -> CudaResult<[u32; 4]> {
+        let mut host = [0u32; 4];
+        self.stream.memcpy_dtoh(&scratch.out, &mut host).map_err(super::CudaError::Driver)?;
+        Ok(host)
+    }
+}

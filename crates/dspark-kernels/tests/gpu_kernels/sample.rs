@@ -1,0 +1,110 @@
+//! The device sampler (kernels/sample.cu) against the CPU reference (`cpu::sample`): for fresh
+//! random logits rows, filters and injected uniforms, a sampled verify must give exactly the
+//! drafts accepted and the token the host loop would (the same law, the same bits). Rows are
+//! LLM-like (a few strong logits over a normal floor) and, in some cases, rounded to bf16 so
+//! ties at the top-k and top-p boundaries occur.
+use super::{full_size, gpu};
+use dspark_kernels::cpu::sample::{draw, transform, Filters};
+use dspark_kernels::cuda::sample::{sample_cfg, SampleScratch, SampleShape, CAND};
+use dspark_testkit::Rng;
+
+/// What the speculative loop's host path does with one-hot (greedy-law) drafts.
+fn host_verify(f: &Filters, logits: &[f32], vocab: usize, drafts: &[u32], u: &[f64]) -> (u32, u32) {
+    let k = drafts.len();
+    for (i, &d) in drafts.iter().enumerate() {
+        let pp = transform(f, &logits[i * vocab..(i + 1) * vocab]);
+        if u[i] < pp[d as usize] / 1.0 {
+            continue;
+        }
+        let mut r = pp.clone();
+        r[d as usize] = 0.0;
+        if r.iter().sum::<f64>() <= 0.0 {
+            r = pp;
+        }
+        return (i as u32, draw(&r, u[k]));
+    }
+    (k as u32, draw(&transform(f, &logits[k * vocab..(k + 1) * vocab]), u[k]))
+}
+
+fn row(rng: &mut Rng, vocab: usize, ties: bool) -> Vec<f32> {
+    let mut l: Vec<f32> = (0..vocab).map(|_| rng.normal(2.0)).collect();
+    for _ in 0..1 + rng.below(6) {
+        l[rng.below(vocab)] += 6.0 + 6.0 * rng.f32().abs();
+    }
+    if ties {
+        for x in l.iter_mut() {
+            *x = half::bf16::from_f32(*x).to_f32();
+        }
+    }
+    l
+}
+
+#[test]
+fn sampled_verify_equals_the_host_loop() {
+    let g = gpu();
+    let mut rng = Rng(0x5a3d1e);
+    let filters = [
+        Filters { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 },
+        Filters { temperature: 0.7, top_k: 20, top_p: 0.8, min_p: 0.0 },
+        Filters { temperature: 0.6, top_k: 20, top_p: 0.95, min_p: 0.0 },
+        Filters { temperature: 1.0, top_k: 0, top_p: 0.9, min_p: 0.0 },
+        Filters { temperature: 1.3, top_k: 50, top_p: 1.0, min_p: 0.05 },
+        Filters { temperature: 0.3, top_k: 0, top_p: 1.0, min_p: 0.2 },
+        Filters { temperature: 1.0, top_k: 1500, top_p: 0.7, min_p: 0.0 },
+        Filters { temperature: 2.0, top_k: 1, top_p: 1.0, min_p: 0.0 },
+    ];
+    let mut vocabs = vec![97usize, 1000, 5000];
+    if full_size() {
+        vocabs.push(151_936);
+    }
+    let (mut cases, mut accepted, mut overflows) = (0, 0, 0);
+    for &vocab in &vocabs {
+        let mut scratch = SampleScratch::new(&g.stream, 8, vocab).unwrap();
+        for f in &filters {
+            for trial in 0..6 {
+                let rows = 1 + rng.below(8);
+                let k = rows - 1;
+                let ties = trial % 2 == 1;
+                let logits: Vec<f32> = (0..rows).flat_map(|_| row(&mut rng, vocab, ties)).collect();
+                // Drafts: mostly the row's argmax (so some are accepted), else any token.
+                let drafts: Vec<u32> = (0..k)
+                    .map(|i| {
+                        let r = &logits[i * vocab..(i + 1) * vocab];
+                        if rng.below(4) > 0 {
+                            dspark_kernels::cpu::argmax::argmax(r) as u32
+                        } else {
+                            rng.below(vocab) as u32
+                        }
+                    })
+                    .collect();
+                let u: Vec<f64> = (0..rows).map(|_| ((rng.next_u64() >> 40) as f64 + 0.5) / (1u64 << 24) as f64).collect();
+                let want = host_verify(f, &logits, vocab, &drafts, &u);
+                let dl = g.stream.clone_htod(&logits).unwrap();
+                let cfg = g.stream.clone_htod(&sample_cfg(f, k, &u)).unwrap();
+                let dd = g.stream.clone_htod(&if drafts.is_empty() { vec![0u32] } else { drafts.clone() }).unwrap();
+                g.stream.memcpy_htod(&[0xdead_beefu32; 4], &mut scratch.out).unwrap();
+                let shape = SampleShape::of(f, vocab);
+                g.sample_verify(&dl.as_view(), (rows, vocab, vocab), &cfg.as_view(), &dd.as_view(), shape, &mut scratch)
+                    .unwrap();
+                let out = g.sample_result(&scratch).unwrap();
+                if out[2] != 0 {
+                    // The candidates ran out: only allowed when top-p keeps more than they hold.
+                    let kept = (0..rows)
+                        .map(|r| transform(f, &logits[r * vocab..(r + 1) * vocab]).iter().filter(|&&p| p > 0.0).count())
+                        .max()
+                        .unwrap();
+                    assert!(f.top_p < 1.0 && kept > CAND, "{f:?} V {vocab}: overflow with {kept} kept");
+                    overflows += 1;
+                    continue;
+                }
+                assert_eq!((out[0], out[1]), want, "{f:?} V {vocab} rows {rows} ties {ties}");
+                assert_eq!(out[3], want.0, "the draw's row");
+                cases += 1;
+                accepted += want.0;
+            }
+        }
+    }
+    eprintln!("sampled verify: {cases} cases equal, {accepted} drafts accepted in all, {overflows} overflows");
+    assert!(cases >= filters.len() * vocabs.len() * 4, "too few compared cases ({cases})");
+    assert!(accepted > 0, "no draft was ever accepted: the test exercises no accept path");
+}
