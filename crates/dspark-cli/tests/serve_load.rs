@@ -4,10 +4,12 @@
 //! solo run (the same request, non-streamed, with nothing else in flight). Request latency,
 //! time to first token, inter-token latency and throughput are printed, not asserted: the CPU
 //! engine runs one request at a time, so they measure the queue as much as the engine.
+//! Beside it: streams dropped while their requests wait in the queue are skipped by the engine.
 
 mod common;
 
 use common::{client, ids, json_of, request, Server};
+use serde_json::json;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -217,4 +219,39 @@ fn load_32_streaming_clients_200_requests() {
     // The metrics agree that nothing was lost.
     let m = client().get(s.url("/metrics")).send().unwrap().text().unwrap();
     assert!(m.contains("dspark_queue_depth 0"), "queue not empty after the load:\n{m}");
+}
+
+fn generated_tokens(s: &Server) -> u64 {
+    let m = client().get(s.url("/metrics")).send().unwrap().text().unwrap();
+    let line = m.lines().find(|l| l.starts_with("dspark_generated_tokens_total ")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() as u64
+}
+
+/// Clients that leave while their requests wait in the queue (and the one that leaves while
+/// its request runs) cost the engine nothing more: the next request is served at once, and
+/// the long generations they asked for never run. (`serve.rs` covers one running stream.)
+#[test]
+fn streams_dropped_while_queued_are_skipped() {
+    let t0 = Instant::now();
+    let s = Server::start(&["--max-queue", "16"]);
+    let long = json!({"prompt": PROMPTS[0], "max_tokens": 1500, "stream": true});
+    // One runs, five wait; each has its 200 and headers.
+    let streams: Vec<_> = (0..6).map(|_| s.post("/v1/completions", &long)).collect();
+    assert!(streams.iter().all(|r| r.status() == 200));
+    std::thread::sleep(Duration::from_millis(200));
+    drop(streams);
+    let start = Instant::now();
+    let r = s.post("/v1/completions", &request(false, PROMPTS[1], 4, false));
+    assert_eq!(r.status(), 200);
+    let served = start.elapsed();
+    assert_eq!(json_of(r)["usage"]["completion_tokens"], 4);
+    let total = generated_tokens(&s);
+    // A full long generation is 1500 tokens; each dropped one may run a round or so.
+    assert!(total < 300, "dropped streams ran on: {total} tokens generated");
+    assert!(served < Duration::from_secs(10), "the next request waited {served:?}");
+    eprintln!(
+        "dropped streams: next request served in {:.0} ms, {total} tokens generated in all; {:.2} s",
+        served.as_secs_f64() * 1e3,
+        t0.elapsed().as_secs_f64()
+    );
 }
