@@ -11,6 +11,7 @@
 
 use crate::checkpoint::config::Qwen3Config;
 use crate::error::{Error, Result};
+pub use dspark_kernels::cpu::sample::Filters;
 
 /// Which rows of a forward pass need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +119,49 @@ pub trait TargetModel {
     fn verify_greedy(&mut self, anchor: u32, drafts: &Deferred, k: usize) -> Result<Greedy> {
         verify_on_host(self, anchor, drafts, k)
     }
+
+    /// Verifies `[anchor, d_1 .. d_k]` under sampling with one-hot drafts (the greedy draft
+    /// law): with `uniforms` = the round's k accept uniforms and then the draw's, accept
+    /// `d_{i+1}` iff `u_i < p'_i(d_{i+1})`, and draw the token after the accepted ones from the
+    /// first rejecting row's residual (p' without its draft) or from row k — the speculative
+    /// loop's host rule, with `p'` = `filters`' transform (`dspark_kernels::cpu::sample`). A
+    /// target that can decide on the device answers [`VerifyOutcome::Drawn`] (the CUDA target:
+    /// no logits leave the GPU); any other, or one that cannot finish a round, returns the rows'
+    /// logits and the caller applies the rule. k = 0 is a plain sampled step.
+    fn verify_sampled(
+        &mut self,
+        anchor: u32,
+        drafts: &Deferred,
+        k: usize,
+        filters: &Filters,
+        uniforms: &[f64],
+    ) -> Result<SampledVerify> {
+        let _ = (filters, uniforms);
+        let f = match drafts {
+            Deferred::Ready(p) if k <= p.tokens.len() => {
+                let mut input = vec![anchor];
+                input.extend_from_slice(&p.tokens[..k]);
+                self.forward(&input, LogitRows::All)?
+            }
+            _ => return Err(Error::Request(format!("verify of {k} drafts this target cannot read"))),
+        };
+        Ok(SampledVerify { outcome: VerifyOutcome::Logits(f.logits), captured: Captured::Host(f.captured) })
+    }
+}
+
+/// What [`TargetModel::verify_sampled`] returns: the decision or the logits, and the captures.
+#[derive(Clone, Debug)]
+pub struct SampledVerify {
+    pub outcome: VerifyOutcome,
+    pub captured: Captured,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum VerifyOutcome {
+    /// Decided on the device: `accepted` drafts, then `next`.
+    Drawn { accepted: usize, next: u32 },
+    /// `[k + 1, vocab]` logits for the caller's host rule.
+    Logits(Vec<f32>),
 }
 
 /// [`TargetModel::verify_greedy`] of a host proposal (and the error for a device one).

@@ -19,9 +19,9 @@ mod matvec;
 pub mod norm_fold;
 pub mod ops;
 mod pdl;
-pub mod sample;
 pub mod ptx;
 pub mod rope_fold;
+pub mod sample;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError};
 use std::collections::HashMap;

@@ -66,34 +66,63 @@ impl SampleShape {
     }
 }
 
-/// The sampler's device scratch for up to `rows` rows of `vocab` logits.
+/// The sampler's device scratch for up to `rows` rows of `vocab` logits. A model takes the
+/// buffers from its arena at load ([`SampleScratch::sizes`]); tests use [`SampleScratch::new`].
+/// The tickets must start at zero; the kernels leave them so.
 pub struct SampleScratch {
-    rows: usize,
-    blocks: usize,
-    state: CudaSlice<u32>,
-    part_f: CudaSlice<f32>,
-    part_u: CudaSlice<u32>,
-    part_d: CudaSlice<f64>,
-    cands: CudaSlice<u64>,
-    tickets: CudaSlice<u32>,
+    pub rows: usize,
+    pub blocks: usize,
+    pub state: CudaSlice<u32>,
+    pub part_f: CudaSlice<f32>,
+    pub part_u: CudaSlice<u32>,
+    pub part_d: CudaSlice<f64>,
+    pub cands: CudaSlice<u64>,
+    pub tickets: CudaSlice<u32>,
     /// `[m, token, overflow, row]` of the last [`Gpu::sample_verify`].
     pub out: CudaSlice<u32>,
 }
 
+/// Element counts of a [`SampleScratch`]'s buffers, in field order.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleSizes {
+    pub blocks: usize,
+    pub state: usize,
+    pub part_f: usize,
+    pub part_u: usize,
+    pub part_d: usize,
+    pub cands: usize,
+    pub tickets: usize,
+    pub out: usize,
+}
+
 impl SampleScratch {
-    /// Zeroed buffers (the tickets must start at zero; the kernels leave them so).
-    pub fn new(stream: &Arc<CudaStream>, rows: usize, vocab: usize) -> Result<SampleScratch, DriverError> {
+    pub fn sizes(rows: usize, vocab: usize) -> SampleSizes {
         let blocks = vocab.div_ceil(LEAVES).max(1);
+        SampleSizes {
+            blocks,
+            state: rows * ROW_WORDS,
+            part_f: rows * blocks,
+            part_u: rows * blocks * 256,
+            part_d: (rows * blocks).max(2 * blocks),
+            cands: rows * CAND_MAX,
+            tickets: rows,
+            out: 4,
+        }
+    }
+
+    /// Zeroed buffers straight from the stream (tests).
+    pub fn new(stream: &Arc<CudaStream>, rows: usize, vocab: usize) -> Result<SampleScratch, DriverError> {
+        let z = SampleScratch::sizes(rows, vocab);
         Ok(SampleScratch {
             rows,
-            blocks,
-            state: stream.alloc_zeros(rows * ROW_WORDS)?,
-            part_f: stream.alloc_zeros(rows * blocks)?,
-            part_u: stream.alloc_zeros(rows * blocks * 256)?,
-            part_d: stream.alloc_zeros((rows * blocks).max(2 * blocks))?,
-            cands: stream.alloc_zeros(rows * CAND_MAX)?,
-            tickets: stream.alloc_zeros(rows)?,
-            out: stream.alloc_zeros(4)?,
+            blocks: z.blocks,
+            state: stream.alloc_zeros(z.state)?,
+            part_f: stream.alloc_zeros(z.part_f)?,
+            part_u: stream.alloc_zeros(z.part_u)?,
+            part_d: stream.alloc_zeros(z.part_d)?,
+            cands: stream.alloc_zeros(z.cands)?,
+            tickets: stream.alloc_zeros(z.tickets)?,
+            out: stream.alloc_zeros(z.out)?,
         })
     }
 }

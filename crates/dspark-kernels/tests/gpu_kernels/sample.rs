@@ -77,15 +77,23 @@ fn sampled_verify_equals_the_host_loop() {
                         }
                     })
                     .collect();
-                let u: Vec<f64> = (0..rows).map(|_| ((rng.next_u64() >> 40) as f64 + 0.5) / (1u64 << 24) as f64).collect();
+                let u: Vec<f64> =
+                    (0..rows).map(|_| ((rng.next_u64() >> 40) as f64 + 0.5) / (1u64 << 24) as f64).collect();
                 let want = host_verify(f, &logits, vocab, &drafts, &u);
                 let dl = g.stream.clone_htod(&logits).unwrap();
                 let cfg = g.stream.clone_htod(&sample_cfg(f, k, &u)).unwrap();
                 let dd = g.stream.clone_htod(&if drafts.is_empty() { vec![0u32] } else { drafts.clone() }).unwrap();
                 g.stream.memcpy_htod(&[0xdead_beefu32; 4], &mut scratch.out).unwrap();
                 let shape = SampleShape::of(f, vocab);
-                g.sample_verify(&dl.as_view(), (rows, vocab, vocab), &cfg.as_view(), &dd.as_view(), shape, &mut scratch)
-                    .unwrap();
+                g.sample_verify(
+                    &dl.as_view(),
+                    (rows, vocab, vocab),
+                    &cfg.as_view(),
+                    &dd.as_view(),
+                    shape,
+                    &mut scratch,
+                )
+                .unwrap();
                 let out = g.sample_result(&scratch).unwrap();
                 if out[2] != 0 {
                     // The candidates ran out: only allowed when top-p keeps more than they hold.

@@ -12,8 +12,8 @@
 //! a speculative round moves no activations through the host.
 
 use crate::backend::{
-    check_capture, check_forward, check_truncate, verify_on_host, Captured, Deferred, DeviceRows, Forward, Greedy,
-    LogitRows, TargetModel,
+    check_capture, check_forward, check_truncate, verify_on_host, Captured, Deferred, DeviceRows, Filters, Forward,
+    Greedy, LogitRows, SampledVerify, TargetModel,
 };
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::safetensors::Checkpoint;
@@ -22,6 +22,7 @@ use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch
 use crate::cuda::prefill::{Prefill, PrefillMode, MAX_PREFILL_ROWS};
 
 mod prefill;
+mod sampled;
 use crate::cuda::weights::{CheckpointUpload, WeightSource};
 use crate::error::Result;
 use cudarc::driver::CudaSlice;
@@ -29,6 +30,7 @@ use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::kv::{KvCaches, KvDtype};
 use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
+use dspark_kernels::cuda::sample::{SampleScratch, SampleShape, CFG_WORDS};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
 use std::path::Path;
@@ -76,10 +78,15 @@ pub struct CudaQwen3 {
     len: usize,
     capture: Vec<usize>,
     scratch: Scratch,
-    /// `[first_pos, kv_len, ids…]` of the step being run ([`StepLens`] and the embedding's ids).
+    /// `[first_pos, kv_len, ids… (CHUNK), sampler cfg]` of the step being run ([`StepLens`], the
+    /// embedding's ids, and a sampled verify's filters and uniforms).
     step_in: CudaSlice<u32>,
-    /// CUDA graphs by (rows, first logits row, attention key capacity, argmax).
-    graphs: StepGraphs<(usize, Option<usize>, usize, bool)>,
+    /// CUDA graphs by (rows, first logits row, attention key capacity, argmax, sampler phases).
+    graphs: StepGraphs<(usize, Option<usize>, usize, bool, Option<SampleShape>)>,
+    /// The device sampler's scratch (`cuda::qwen3::sampled`), and whether sampled verifies use
+    /// it (off: the logits go to the host, the reference path the GPU tests compare against).
+    sample: SampleScratch,
+    device_sampling: bool,
     x: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     /// Argmax ids of the logits rows.
@@ -144,7 +151,8 @@ impl CudaQwen3 {
         let (kv, n) = (cfg.kv_dim(), cfg.num_hidden_layers);
         let caches = kv_caches(&arena, kv_dtype, n, max_len * kv)?;
         let scratch = Scratch::new(&arena, &cfg, CHUNK)?;
-        let step_in = arena.zeros::<u32>(2 + CHUNK).map_err(drv)?;
+        let step_in = arena.zeros::<u32>(2 + CHUNK + CFG_WORDS).map_err(drv)?;
+        let sample = sampled::plan(&arena, v)?;
         let x = arena.zeros::<f32>(CHUNK * h).map_err(drv)?;
         let logits = arena.zeros::<f32>(CHUNK * v).map_err(drv)?;
         let captured = Arc::new(Mutex::new(Handoff { data: arena.zeros::<f32>(1).map_err(drv)?, generation: 0 }));
@@ -176,6 +184,8 @@ impl CudaQwen3 {
             scratch,
             step_in,
             graphs: StepGraphs::new(),
+            sample,
+            device_sampling: true,
             x,
             logits,
             next_ids,
@@ -202,6 +212,11 @@ impl CudaQwen3 {
         head + self.layers.iter().map(GpuLayer::matrix_bytes).sum::<usize>()
     }
 
+    /// Turns the device sampler on or off for later sampled verifies (tests compare both paths).
+    pub fn set_device_sampling(&mut self, on: bool) {
+        self.device_sampling = on;
+    }
+
     /// Turns CUDA graphs on or off for later steps (tests compare both paths).
     pub fn set_graphs(&mut self, on: bool) {
         self.graphs.set_enabled(on);
@@ -224,18 +239,36 @@ impl CudaQwen3 {
     /// are `host` followed by the first `drafted` tokens of the shared draft-token buffer, copied
     /// on the device (the verify of a deferred proposal).
     fn run_step(&mut self, host: &[u32], drafted: usize, logit_from: Option<usize>, argmax: bool) -> Result<usize> {
+        self.run_step_with(host, drafted, logit_from, argmax, None)
+    }
+
+    /// [`CudaQwen3::run_step`], and with `sample` (the sampler's cfg words and phases) the
+    /// logits rows go through the device sampler (`cuda::qwen3::sampled`).
+    fn run_step_with(
+        &mut self,
+        host: &[u32],
+        drafted: usize,
+        logit_from: Option<usize>,
+        argmax: bool,
+        sample: Option<(&[u32], SampleShape)>,
+    ) -> Result<usize> {
         let n = host.len() + drafted;
         let gpu = self.gpu.clone();
         let (first_pos, kv_len) = (self.len, self.len + n);
-        // The step's positions and token ids, in one copy: [first_pos, kv_len, ids…].
-        let mut up = [0u32; 2 + CHUNK];
+        // The step's positions and token ids, in one copy: [first_pos, kv_len, ids…], and the
+        // sampler's words after the id slots when it runs.
+        let mut up = [0u32; 2 + CHUNK + CFG_WORDS];
         up[0] = first_pos as u32;
         up[1] = kv_len as u32;
         up[2..2 + host.len()].copy_from_slice(host);
         let m = 2 + host.len();
+        if let Some((words, _)) = sample {
+            up[2 + CHUNK..].copy_from_slice(words);
+        }
+        let copied = if sample.is_some() { up.len() } else { m };
         // The copy also waits for every earlier kernel: the attention kernels rely on it to read
         // settled cache rows before their PDL wait (ARCHITECTURE.md).
-        gpu.stream.memcpy_htod(&up[..m], &mut self.step_in.slice_mut(..m)).map_err(drv)?;
+        gpu.stream.memcpy_htod(&up[..copied], &mut self.step_in.slice_mut(..copied)).map_err(drv)?;
         if drafted > 0 {
             let shared = self.drafted.clone();
             let d = shared.lock().map_err(|_| crate::error::Error::Request("draft token buffer poisoned".into()))?;
@@ -247,8 +280,9 @@ impl CudaQwen3 {
         let shared = self.captured.clone();
         shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?.generation += 1;
         let mut graphs = std::mem::take(&mut self.graphs);
-        let key = (n, logit_from, kv_cap, argmax);
-        let ran = graphs.run(&gpu, n, key, || self.launch_step(n, (first_pos, kv_cap), logit_from, argmax));
+        let shape = sample.map(|(_, s)| s);
+        let key = (n, logit_from, kv_cap, argmax, shape);
+        let ran = graphs.run(&gpu, n, key, || self.launch_step(n, (first_pos, kv_cap), logit_from, argmax, shape));
         self.graphs = graphs;
         ran?;
         self.len += n;
@@ -263,6 +297,7 @@ impl CudaQwen3 {
         (first_pos, kv_cap): (usize, usize),
         logit_from: Option<usize>,
         argmax: bool,
+        sample: Option<SampleShape>,
     ) -> Result<()> {
         let c = &self.cfg;
         let (h, v) = (c.hidden_size, c.vocab_size);
@@ -314,6 +349,13 @@ impl CudaQwen3 {
         if argmax {
             let logits = self.logits.slice(..rows * v);
             gpu.argmax_split(&logits, v, v, rows, &mut self.next_ids.slice_mut(..rows), &mut s.ops).map_err(gpu_err)?;
+        }
+        if let Some(shape) = sample {
+            // The drafts are the step's ids after the anchor; a plain step (one row) has none.
+            let drafts = self.step_in.slice(3..3 + rows.max(2) - 1);
+            let cfg = self.step_in.slice(2 + CHUNK..);
+            gpu.sample_verify(&self.logits.slice(..rows * v), (rows, v, v), &cfg, &drafts, shape, &mut self.sample)
+                .map_err(gpu_err)?;
         }
         Ok(())
     }
@@ -464,6 +506,20 @@ impl TargetModel for CudaQwen3 {
         let mut ids = vec![0u32; n];
         self.gpu.stream.memcpy_dtoh(&self.next_ids.slice(..n), &mut ids).map_err(drv)?;
         Ok(Greedy { ids, captured: self.device_captures(k + 1)? })
+    }
+
+    fn verify_sampled(
+        &mut self,
+        anchor: u32,
+        drafts: &Deferred,
+        k: usize,
+        filters: &Filters,
+        uniforms: &[f64],
+    ) -> Result<SampledVerify> {
+        if !self.device_sampling {
+            return self.verify_sampled_host(anchor, drafts, k);
+        }
+        self.verify_sampled_device(anchor, drafts, k, filters, uniforms)
     }
 }
 
