@@ -30,11 +30,12 @@ use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::cuda::weights::CheckpointUpload;
 use dspark_model::{Drafter, Qwen3Config, TargetModel};
 use dspark_spec::{
-    greedy, sample, speculative, speculative_sampled, CostTable, DraftLaw, GenerateOptions, Generation, SamplingParams,
-    VerifyLen,
+    greedy, sample, speculative, speculative_sampled, CostTable, DraftLaw, Emitted, GenerateOptions, Generation,
+    SamplingParams, VerifyLen,
 };
 use serde_json::json;
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -318,16 +319,17 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         _ => DraftLaw::default(),
     };
     let eos = target_src.eos_ids(&target.config().eos_token_ids)?;
-    let opts = GenerateOptions { max_tokens: args.max_tokens, eos_token_ids: eos };
+    let opts = GenerateOptions { max_tokens: args.max_tokens, eos_token_ids: eos, logprobs: None };
 
     let mut out = std::io::stdout().lock();
     let mut stream = if args.json { None } else { Some(tokenizer.as_ref().map(|t| t.stream())) };
     let mut failure: Option<anyhow::Error> = None;
     // Text mode prints each token's text as soon as it is complete (ids, space separated, when
     // the model has no tokenizer); JSON mode prints nothing until the end.
-    let on_token = |id: u32| {
+    let on_token = |e: &Emitted| {
+        let id = e.token;
         let piece = match stream.as_mut() {
-            None => return,
+            None => return ControlFlow::Continue(()),
             Some(Some(s)) => s.push(id).map_err(anyhow::Error::from),
             Some(None) => Ok(format!("{id} ")),
         };
@@ -338,6 +340,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
             }
             Err(e) => failure = failure.take().or(Some(e)),
         }
+        ControlFlow::Continue(())
     };
     // Temperature 0 takes the greedy loops, as before; > 0 their sampling twins.
     let gen = match (&mut draft, &verify_len) {

@@ -377,8 +377,21 @@ fn bad_requests_are_4xx_in_the_error_shape() {
     assert_error(chat(json!({"messages": []})), 400, "empty messages");
     assert_error(chat(json!({"messages": [{"role": "wizard", "content": "hi"}]})), 400, "unknown role");
     assert_error(chat(json!({})), 400, "no messages");
-    assert_error(chat(json!({"messages": msgs, "n": 2})), 400, "n > 1");
-    assert_error(chat(json!({"messages": msgs, "logprobs": true})), 400, "logprobs");
+    let named = |r, what: &str, param: &str| {
+        let v = assert_error(r, 400, what);
+        assert_eq!(v["error"]["param"], param, "{what}: {v}");
+    };
+    named(chat(json!({"messages": msgs, "n": 0})), "n = 0", "n");
+    named(chat(json!({"messages": msgs, "n": 17})), "n = 17", "n");
+    named(chat(json!({"messages": msgs, "n": -1})), "n = -1", "n");
+    named(chat(json!({"messages": msgs, "logprobs": true, "top_logprobs": 21})), "top_logprobs 21", "top_logprobs");
+    named(chat(json!({"messages": msgs, "logprobs": true, "top_logprobs": -1})), "top_logprobs -1", "top_logprobs");
+    named(chat(json!({"messages": msgs, "top_logprobs": 2})), "top_logprobs without logprobs", "top_logprobs");
+    named(chat(json!({"messages": msgs, "logprobs": false, "top_logprobs": 2})), "logprobs false", "top_logprobs");
+    let completion = |body: Value| send("/v1/completions", body.to_string());
+    named(completion(json!({"prompt": "x", "logprobs": 6})), "completions logprobs 6", "logprobs");
+    named(completion(json!({"prompt": "x", "logprobs": -1})), "completions logprobs -1", "logprobs");
+    named(completion(json!({"prompt": "x", "n": 100})), "completions n = 100", "n");
     assert_error(chat(json!({"messages": msgs, "stop": ["a", "b", "c", "d", "e"]})), 400, "5 stops");
     assert_error(chat(json!({"messages": msgs, "max_tokens": 0})), 400, "max_tokens 0");
     let v = assert_error(chat(json!({"messages": msgs, "max_tokens": 100000})), 400, "beyond the context");
@@ -405,4 +418,198 @@ fn bad_requests_are_4xx_in_the_error_shape() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.json_value()["usage"]["completion_tokens"], 4);
     eprintln!("bad_requests_are_4xx_in_the_error_shape: {:.2} s", t0.elapsed().as_secs_f64());
+}
+
+/// Per choice index of a streamed response: (concatenated text, finish_reason, dspark tokens,
+/// the chunks' logprobs concatenated: chat `content` entries, or completions' four lists).
+fn stream_choices(events: &[Value], chat: bool, n: usize) -> Vec<(String, String, Vec<u64>, Value)> {
+    let mut out: Vec<(String, String, Vec<u64>, Value)> = (0..n)
+        .map(|_| {
+            let lp = if chat {
+                json!({"content": []})
+            } else {
+                json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []})
+            };
+            (String::new(), String::new(), Vec::new(), lp)
+        })
+        .collect();
+    let mut finished = 0;
+    for e in events {
+        let Some(choices) = e["choices"].as_array() else { continue };
+        for c in choices {
+            let i = c["index"].as_u64().unwrap() as usize;
+            assert!(out[i].1.is_empty(), "a chunk for choice {i} after its finish: {e}");
+            assert!(finished <= i, "choice {i} after choice {finished} began: {e}");
+            let piece = if chat { &c["delta"]["content"] } else { &c["text"] };
+            out[i].0.push_str(piece.as_str().unwrap_or(""));
+            if let Some(lp) = c["logprobs"].as_object() {
+                for (k, v) in lp {
+                    out[i].3[k].as_array_mut().unwrap().extend(v.as_array().unwrap().iter().cloned());
+                }
+            }
+            if let Some(f) = c["finish_reason"].as_str() {
+                out[i].1 = f.to_string();
+                out[i].2 = ids(&e["dspark"]["tokens"]);
+                finished = i + 1;
+            }
+        }
+    }
+    assert_eq!(finished, n, "every choice finishes");
+    out
+}
+
+#[test]
+fn n_choices_are_solo_runs_with_seed_plus_index() {
+    let t0 = Instant::now();
+    let s = Server::start(&[]);
+    let sampling = ["--temperature", "0.9", "--top-k", "0", "--top-p", "1", "--min-p", "0"];
+    let solo = |seed: u64| {
+        let seed = seed.to_string();
+        let mut args = vec!["--prompt", PROMPT, "--max-tokens", "12", "--seed", seed.as_str()];
+        args.extend_from_slice(&sampling);
+        ids(&generate(&args)["tokens"])
+    };
+    let (a, b) = (solo(41), solo(42));
+    assert_ne!(a, b, "seeds 41 and 42 should differ on the demo");
+    let body = json!({"prompt": PROMPT, "max_tokens": 12, "temperature": 0.9, "top_k": 0, "top_p": 1, "min_p": 0,
+        "seed": 41, "n": 2});
+    let v = s.post("/v1/completions", &body).json_value();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    for (i, want) in [&a, &b].into_iter().enumerate() {
+        assert_eq!(choices[i]["index"], i);
+        assert_eq!(ids(&v["dspark"]["choices"][i]["tokens"]), *want, "choice {i} = seed 41 + {i}");
+        assert_eq!(choices[i]["finish_reason"], "length");
+    }
+    assert_eq!(ids(&v["dspark"]["tokens"]), a);
+    assert_eq!(v["usage"]["completion_tokens"], 24);
+
+    // Streamed: chunks carry their choice's index, each choice finishes, [DONE] and the usage
+    // chunk once; the same tokens and text as above.
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    sbody["stream_options"] = json!({"include_usage": true});
+    let events = sse_events(&s.post("/v1/completions", &sbody).text().unwrap());
+    let usage: Vec<&Value> = events.iter().filter(|e| e.get("usage").is_some_and(|u| !u.is_null())).collect();
+    assert_eq!(usage.len(), 1);
+    assert_eq!(usage[0]["usage"]["completion_tokens"], 24);
+    assert!(events.last().unwrap().get("usage").is_some(), "the usage chunk is last");
+    for (i, (text, finish, tokens, _)) in stream_choices(&events, false, 2).into_iter().enumerate() {
+        assert_eq!(text, choices[i]["text"].as_str().unwrap(), "choice {i}");
+        assert_eq!(finish, "length");
+        assert_eq!(tokens, if i == 0 { a.clone() } else { b.clone() });
+    }
+
+    // Chat at temperature 0: every choice is the greedy one; streamed, one role chunk each.
+    let msgs = json!([{"role": "user", "content": "Write a sort function"}]);
+    let v = s
+        .post("/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 10, "temperature": 0, "n": 3}))
+        .json_value();
+    let c = v["choices"].as_array().unwrap();
+    assert_eq!(c.len(), 3);
+    assert!(c.iter().all(|x| x["message"] == c[0]["message"]), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 30);
+    let events = sse_events(
+        &s.post(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "max_tokens": 10, "temperature": 0, "n": 3, "stream": true}),
+        )
+        .text()
+        .unwrap(),
+    );
+    let roles = events.iter().filter(|e| e["choices"][0]["delta"]["role"] == "assistant").count();
+    assert_eq!(roles, 3);
+    for (text, _, _, _) in stream_choices(&events, true, 3) {
+        assert_eq!(text, c[0]["message"]["content"].as_str().unwrap());
+    }
+    eprintln!("n_choices_are_solo_runs_with_seed_plus_index: {:.2} s", t0.elapsed().as_secs_f64());
+}
+
+/// A logprob in range, and the top list sorted descending.
+fn check_lp(x: &Value) -> f64 {
+    let lp = x.as_f64().unwrap_or_else(|| panic!("logprob not a number: {x}"));
+    assert!(lp.is_finite() && lp <= 0.0, "logprob {lp}");
+    lp
+}
+
+#[test]
+fn logprobs_on_chat_and_completions() {
+    let t0 = Instant::now();
+    let s = Server::start(&[]);
+    let msgs = json!([{"role": "user", "content": "Write a sort function"}]);
+    for (temperature, seed) in [(0.0, 0), (0.8, 7)] {
+        // Chat: content entries in OpenAI's shape, one per completion token.
+        let body = json!({"messages": msgs, "max_tokens": 16, "temperature": temperature, "seed": seed,
+            "logprobs": true, "top_logprobs": 3});
+        let v = s.post("/v1/chat/completions", &body).json_value();
+        let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+        assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap(), "{v}");
+        let mut text = String::new();
+        for e in &content {
+            let lp = check_lp(&e["logprob"]);
+            let token = e["token"].as_str().unwrap();
+            text.push_str(token);
+            let bytes: Vec<u8> = e["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
+            assert_eq!(bytes, token.as_bytes());
+            let top = e["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 3);
+            let tops: Vec<f64> = top.iter().map(|t| check_lp(&t["logprob"])).collect();
+            assert!(tops.windows(2).all(|w| w[0] >= w[1]), "top sorted descending: {tops:?}");
+            assert!(top.iter().all(|t| t["token"].is_string() && t["bytes"].is_array()));
+            if let Some(t) = top.iter().find(|t| t["token"] == e["token"]) {
+                assert!((check_lp(&t["logprob"]) - lp).abs() < 1e-9, "chosen == its top entry: {e}");
+            }
+            if temperature == 0.0 {
+                assert!((tops[0] - lp).abs() < 1e-9, "greedy picks the top: {e}");
+            }
+        }
+        assert_eq!(text, v["choices"][0]["message"]["content"].as_str().unwrap(), "token strings = text");
+        // Streamed: the chunks' logprobs concatenate to the same list.
+        let mut sbody = body.clone();
+        sbody["stream"] = json!(true);
+        let events = sse_events(&s.post("/v1/chat/completions", &sbody).text().unwrap());
+        let (stext, _, _, slp) = stream_choices(&events, true, 1).remove(0);
+        assert_eq!(stext, v["choices"][0]["message"]["content"].as_str().unwrap());
+        assert_eq!(slp["content"], json!(content), "streamed chat logprobs == non-streamed");
+
+        // Completions: the four parallel lists.
+        let body = json!({"prompt": PROMPT, "max_tokens": 12, "temperature": temperature, "seed": seed, "logprobs": 2});
+        let v = s.post("/v1/completions", &body).json_value();
+        let lp = &v["choices"][0]["logprobs"];
+        let n = v["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+        for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+            assert_eq!(lp[key].as_array().unwrap().len(), n, "{key}: {lp}");
+        }
+        let mut offset = 0;
+        for i in 0..n {
+            let token = lp["tokens"][i].as_str().unwrap();
+            let chosen = check_lp(&lp["token_logprobs"][i]);
+            assert_eq!(lp["text_offset"][i], offset);
+            offset += token.chars().count();
+            let top = lp["top_logprobs"][i].as_object().unwrap();
+            assert!((1..=3).contains(&top.len()), "{top:?}");
+            top.values().for_each(|x| {
+                check_lp(x);
+            });
+            assert!((check_lp(&top[token]) - chosen).abs() < 1e-9, "the chosen token's entry: {top:?}");
+            if temperature == 0.0 {
+                let best = top.values().map(|x| x.as_f64().unwrap()).fold(f64::NEG_INFINITY, f64::max);
+                assert!((best - chosen).abs() < 1e-9);
+            }
+        }
+        let mut sbody = body.clone();
+        sbody["stream"] = json!(true);
+        let events = sse_events(&s.post("/v1/completions", &sbody).text().unwrap());
+        let (stext, _, _, slp) = stream_choices(&events, false, 1).remove(0);
+        assert_eq!(stext, v["choices"][0]["text"].as_str().unwrap());
+        assert_eq!(&slp, lp, "streamed completions logprobs == non-streamed");
+    }
+    // Logprobs do not change the greedy tokens.
+    let plain = s.post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 12, "temperature": 0})).json_value();
+    let with = s
+        .post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "logprobs": 0}))
+        .json_value();
+    assert_eq!(plain["dspark"]["tokens"], with["dspark"]["tokens"]);
+    assert!(plain["choices"][0]["logprobs"].is_null());
+    eprintln!("logprobs_on_chat_and_completions: {:.2} s", t0.elapsed().as_secs_f64());
 }

@@ -1,6 +1,6 @@
 //! The HTTP side: routes, OpenAI request/response shapes, errors, SSE.
 
-use crate::engine::{Done, Event, Handle, SubmitError};
+use crate::engine::{Done, Event, Handle, Logprob, Request as EngineRequest, SubmitError};
 use crate::metrics::Metrics;
 use crate::ServeOptions;
 use axum::body::{Body, Bytes};
@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use dspark_model::checkpoint::chat_template::{ChatMessage, ChatTemplate};
+use dspark_model::checkpoint::tokenizer::Tokenizer;
 use dspark_spec::SamplingParams;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -178,8 +179,14 @@ struct Common {
     stop: Option<StopField>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
-    n: Option<u64>,
+    n: Option<i64>,
 }
+
+/// Most choices one request may ask for (`n`).
+pub const MAX_N: i64 = 16;
+/// Most alternatives per token: chat `top_logprobs`, completions `logprobs` (OpenAI's limits).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+pub const MAX_COMPLETION_LOGPROBS: i64 = 5;
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -211,6 +218,7 @@ struct ChatRequest {
     messages: Vec<Message>,
     chat_template_kwargs: Option<ChatKwargs>,
     logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
     #[serde(flatten)]
     common: Common,
 }
@@ -227,7 +235,7 @@ enum PromptField {
 #[derive(Deserialize)]
 struct CompletionRequest {
     prompt: PromptField,
-    logprobs: Option<u32>,
+    logprobs: Option<i64>,
     echo: Option<bool>,
     #[serde(flatten)]
     common: Common,
@@ -253,15 +261,39 @@ fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) ->
 
 /// A request checked and ready for the engine.
 struct Prepared {
-    prompt: Vec<u32>,
-    max_tokens: usize,
-    params: SamplingParams,
-    stop: Vec<String>,
+    req: EngineRequest,
     stream: bool,
     include_usage: bool,
 }
 
-fn prepare(s: &AppState, c: &Common, prompt: Vec<u32>) -> Result<Prepared, ApiError> {
+/// Chat's `logprobs` / `top_logprobs`: `Some(k)` when logprobs are asked, `k` alternatives.
+/// As OpenAI, `top_logprobs` needs `logprobs: true` (vLLM lets 0 through without it, and so do
+/// we: it asks for nothing).
+fn chat_logprobs(logprobs: Option<bool>, top: Option<i64>) -> Result<Option<usize>, ApiError> {
+    if let Some(k) = top {
+        if !(0..=MAX_TOP_LOGPROBS).contains(&k) {
+            return Err(ApiError::bad(format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {k}"))
+                .param("top_logprobs"));
+        }
+        if k > 0 && logprobs != Some(true) {
+            return Err(ApiError::bad("top_logprobs needs logprobs: true").param("top_logprobs"));
+        }
+    }
+    Ok((logprobs == Some(true)).then(|| top.unwrap_or(0) as usize))
+}
+
+/// Completions' integer `logprobs` (0 ..= 5 alternatives).
+fn completion_logprobs(logprobs: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match logprobs {
+        None => Ok(None),
+        Some(k) if (0..=MAX_COMPLETION_LOGPROBS).contains(&k) => Ok(Some(k as usize)),
+        Some(k) => {
+            Err(ApiError::bad(format!("logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}")).param("logprobs"))
+        }
+    }
+}
+
+fn prepare(s: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usize>) -> Result<Prepared, ApiError> {
     let ready = s.engine.ready.get().ok_or_else(not_ready)?;
     if s.opts.strict_model {
         if let Some(m) = &c.model {
@@ -275,12 +307,9 @@ fn prepare(s: &AppState, c: &Common, prompt: Vec<u32>) -> Result<Prepared, ApiEr
             }
         }
     }
-    if let Some(n) = c.n {
-        if n != 1 {
-            return Err(
-                ApiError::bad(format!("n = {n}: this server returns one choice per request (n = 1)")).param("n")
-            );
-        }
+    let n = c.n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::bad(format!("n must be in [1, {MAX_N}], got {n}")).param("n"));
     }
     let stop = match &c.stop {
         None => Vec::new(),
@@ -352,10 +381,7 @@ fn prepare(s: &AppState, c: &Common, prompt: Vec<u32>) -> Result<Prepared, ApiEr
         None => room,
     };
     Ok(Prepared {
-        prompt,
-        max_tokens,
-        params,
-        stop,
+        req: EngineRequest { prompt, max_tokens, params, stop, n: n as usize, logprobs },
         stream: c.stream.unwrap_or(false),
         include_usage: c.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
     })
@@ -427,14 +453,12 @@ fn encode(s: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
 async fn chat(State(s): St, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         let req: ChatRequest = parse(body)?;
-        if req.logprobs == Some(true) {
-            return Err(ApiError::bad("logprobs are not supported yet").param("logprobs"));
-        }
+        let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
         let ready = s.engine.ready.get().ok_or_else(not_ready)?;
         let thinking = req.chat_template_kwargs.as_ref().and_then(|k| k.enable_thinking).unwrap_or(false);
         let text = render_chat(&ready.chat_template, &req.messages, thinking)?;
         let prompt = encode(&s, &text)?;
-        let p = prepare(&s, &req.common, prompt)?;
+        let p = prepare(&s, &req.common, prompt, logprobs)?;
         let model = req.common.model.clone().unwrap_or_else(|| s.opts.model_name.clone());
         respond(&s, p, Kind::Chat, model).await
     };
@@ -444,9 +468,7 @@ async fn chat(State(s): St, body: Result<Bytes, BytesRejection>) -> Response {
 async fn completions(State(s): St, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         let req: CompletionRequest = parse(body)?;
-        if req.logprobs.is_some() {
-            return Err(ApiError::bad("logprobs are not supported yet").param("logprobs"));
-        }
+        let logprobs = completion_logprobs(req.logprobs)?;
         if req.echo == Some(true) {
             return Err(ApiError::bad("echo is not supported").param("echo"));
         }
@@ -457,7 +479,7 @@ async fn completions(State(s): St, body: Result<Bytes, BytesRejection>) -> Respo
             PromptField::IdLists(v) if v.len() == 1 => v.into_iter().next().unwrap_or_default(),
             _ => return Err(ApiError::bad("prompt: give one prompt (a string or token ids)").param("prompt")),
         };
-        let p = prepare(&s, &req.common, prompt)?;
+        let p = prepare(&s, &req.common, prompt, logprobs)?;
         let model = req.common.model.clone().unwrap_or_else(|| s.opts.model_name.clone());
         respond(&s, p, Kind::Completion, model).await
     };
@@ -477,6 +499,28 @@ struct Meta {
     created: u64,
     model: String,
     kind: Kind,
+    /// Set when logprobs were asked (the token strings are the tokenizer's decode of one id).
+    tokenizer: Option<Arc<Tokenizer>>,
+}
+
+/// The logprobs of one choice's tokens so far, in both OpenAI shapes' terms.
+#[derive(Default)]
+struct ChoiceLogprobs {
+    /// Characters of the token strings so far (completions' `text_offset`, as vLLM counts it).
+    offset: usize,
+}
+
+/// OpenAI's numbers must be finite JSON; vLLM clamps to −9999 as well.
+fn finite(x: f64) -> f64 {
+    if x.is_nan() {
+        -9999.0
+    } else {
+        x.max(-9999.0)
+    }
+}
+
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id]).unwrap_or_default()
 }
 
 impl Meta {
@@ -492,8 +536,50 @@ impl Meta {
         json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": choices})
     }
 
-    /// A streamed chunk carrying `text` (and `finish` on the last one).
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>, role: bool) -> Value {
+    /// The `logprobs` field of a choice or chunk covering `lps` (null when not asked).
+    /// Chat: `{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}`;
+    /// completions: `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`,
+    /// each dict the `k` most likely and the chosen token (as OpenAI and vLLM return it).
+    fn logprobs(&self, lps: &[Logprob], state: &mut ChoiceLogprobs) -> Value {
+        let Some(tok) = &self.tokenizer else { return Value::Null };
+        match self.kind {
+            Kind::Chat => {
+                let entry = |id: u32, lp: f64| {
+                    let t = token_text(tok, id);
+                    json!({"token": t, "logprob": finite(lp), "bytes": t.as_bytes()})
+                };
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|l| {
+                        let mut e = entry(l.id, l.lp.logprob);
+                        e["top_logprobs"] = l.lp.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+                        e
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Completion => {
+                let (mut tokens, mut token_logprobs, mut top, mut offsets) = (vec![], vec![], vec![], vec![]);
+                for l in lps {
+                    let t = token_text(tok, l.id);
+                    offsets.push(state.offset);
+                    state.offset += t.chars().count();
+                    let mut d = serde_json::Map::new();
+                    for &(id, lp) in &l.lp.top {
+                        d.entry(token_text(tok, id)).or_insert(json!(finite(lp)));
+                    }
+                    d.entry(t.clone()).or_insert(json!(finite(l.lp.logprob)));
+                    tokens.push(json!(t));
+                    token_logprobs.push(json!(finite(l.lp.logprob)));
+                    top.push(Value::Object(d));
+                }
+                json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
+            }
+        }
+    }
+
+    /// A streamed chunk of choice `index` carrying `text` (and `finish` on its last one).
+    fn chunk(&self, index: usize, text: Option<&str>, logprobs: Value, finish: Option<&str>, role: bool) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
                 let mut delta = json!({});
@@ -504,18 +590,21 @@ impl Meta {
                 if let Some(t) = text {
                     delta["content"] = json!(t);
                 }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish})
             }
         };
         self.envelope(true, json!([choice]))
     }
 }
 
-fn usage(d: &Done) -> Value {
-    json!({"prompt_tokens": d.prompt_tokens, "completion_tokens": d.tokens.len(), "total_tokens": d.prompt_tokens + d.tokens.len()})
+/// Usage over all choices: the prompt once, every choice's tokens.
+fn usage(done: &[Done]) -> Value {
+    let prompt = done.first().map_or(0, |d| d.prompt_tokens);
+    let completion: usize = done.iter().map(|d| d.tokens.len()).sum();
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
 /// The `dspark` extension field: the generated ids and the speculative statistics.
@@ -533,7 +622,12 @@ fn engine_error(message: String) -> ApiError {
 }
 
 async fn respond(s: &AppState, p: Prepared, kind: Kind, model: String) -> Result<Response, ApiError> {
-    let rx = s.engine.submit(p.prompt, p.max_tokens, p.params, p.stop).map_err(|e| match e {
+    let n = p.req.n;
+    let tokenizer = match p.req.logprobs {
+        Some(_) => Some(Arc::clone(&s.engine.ready.get().ok_or_else(not_ready)?.tokenizer)),
+        None => None,
+    };
+    let rx = s.engine.submit(p.req).map_err(|e| match e {
         SubmitError::Full => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             format!("the request queue is full ({} waiting); retry later", s.opts.max_queue),
@@ -543,31 +637,52 @@ async fn respond(s: &AppState, p: Prepared, kind: Kind, model: String) -> Result
     })?;
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
-    let meta = Meta { id: format!("{prefix}-{:016x}", random_seed()), created, model, kind };
+    let meta = Meta { id: format!("{prefix}-{:016x}", random_seed()), created, model, kind, tokenizer };
     if p.stream {
-        Ok(stream_response(meta, rx, p.include_usage))
+        Ok(stream_response(meta, rx, n, p.include_usage))
     } else {
-        collect_response(meta, rx).await
+        collect_response(meta, rx, n).await
     }
 }
 
-async fn collect_response(meta: Meta, mut rx: UnboundedReceiver<Event>) -> Result<Response, ApiError> {
-    let mut text = String::new();
+/// The non-streamed answer: every choice's events gathered, then one body. The top-level
+/// `dspark` field is choice 0's, with every choice's under `dspark.choices` when n > 1.
+async fn collect_response(meta: Meta, mut rx: UnboundedReceiver<Event>, n: usize) -> Result<Response, ApiError> {
+    let mut text = vec![String::new(); n];
+    let mut lps: Vec<Vec<Logprob>> = vec![Vec::new(); n];
+    let mut done: Vec<Done> = Vec::with_capacity(n);
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text { index, text: t, logprobs } => {
+                text[index].push_str(&t);
+                lps[index].extend(logprobs);
+            }
             Event::Error(e) => return Err(engine_error(e)),
-            Event::Done(d) => {
-                let choice = match meta.kind {
-                    Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
-                        "logprobs": null, "finish_reason": d.finish_reason}),
-                    Kind::Completion => {
-                        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": d.finish_reason})
-                    }
-                };
-                let mut v = meta.envelope(false, json!([choice]));
-                v["usage"] = usage(&d);
-                v["dspark"] = extension(&d);
+            Event::Done { done: d, .. } => {
+                done.push(d);
+                if done.len() < n {
+                    continue;
+                }
+                let choices: Vec<Value> = done
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        let lp = meta.logprobs(&lps[i], &mut ChoiceLogprobs::default());
+                        match meta.kind {
+                            Kind::Chat => json!({"index": i, "message": {"role": "assistant", "content": text[i]},
+                                "logprobs": lp, "finish_reason": d.finish_reason}),
+                            Kind::Completion => {
+                                json!({"index": i, "text": text[i], "logprobs": lp, "finish_reason": d.finish_reason})
+                            }
+                        }
+                    })
+                    .collect();
+                let mut v = meta.envelope(false, json!(choices));
+                v["usage"] = usage(&done);
+                v["dspark"] = extension(&done[0]);
+                if n > 1 {
+                    v["dspark"]["choices"] = done.iter().map(extension).collect();
+                }
                 return Ok(axum::Json(v).into_response());
             }
         }
@@ -579,41 +694,60 @@ fn frame(v: &Value) -> String {
     format!("data: {v}\n\n")
 }
 
-/// SSE: the role chunk, text chunks, the finish chunk, the usage chunk when asked, `[DONE]`.
-/// Dropping the body (client gone) drops `rx`, which the engine sees as `is_closed()`.
-fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>, include_usage: bool) -> Response {
+/// SSE, per choice in order: its role chunk (chat), text chunks (each with the logprobs of its
+/// tokens when asked), its finish chunk (with its `dspark` field); then the usage chunk when
+/// asked (over all choices), `[DONE]` once. Dropping the body (client gone) drops `rx`, which
+/// the engine sees as `is_closed()`.
+fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>, n: usize, include_usage: bool) -> Response {
     struct S {
         meta: Meta,
         rx: UnboundedReceiver<Event>,
+        n: usize,
         include_usage: bool,
-        started: bool,
+        /// Choices whose role chunk went out.
+        started: usize,
+        lps: Vec<ChoiceLogprobs>,
+        finished: Vec<Done>,
         done: bool,
     }
-    let st = S { meta, rx, include_usage, started: false, done: false };
+    let lps = (0..n).map(|_| ChoiceLogprobs::default()).collect();
+    let st = S { meta, rx, n, include_usage, started: 0, lps, finished: Vec::new(), done: false };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         if st.done {
             return None;
         }
         let mut out = String::new();
-        if !st.started {
-            st.started = true;
-            if st.meta.kind == Kind::Chat {
-                out.push_str(&frame(&st.meta.chunk(None, None, true)));
-            }
+        let ev = st.rx.recv().await;
+        // Role chunks for the choices this event reaches (all of them by the end).
+        let upto = match &ev {
+            Some(Event::Text { index, .. }) | Some(Event::Done { index, .. }) => index + 1,
+            _ => 0,
+        };
+        while st.meta.kind == Kind::Chat && st.started < upto {
+            out.push_str(&frame(&st.meta.chunk(st.started, None, Value::Null, None, true)));
+            st.started += 1;
         }
-        match st.rx.recv().await {
-            Some(Event::Text(t)) => out.push_str(&frame(&st.meta.chunk(Some(&t), None, false))),
-            Some(Event::Done(d)) => {
-                let mut last = st.meta.chunk(None, Some(d.finish_reason), false);
+        match ev {
+            Some(Event::Text { index, text, logprobs }) => {
+                let lp = st.meta.logprobs(&logprobs, &mut st.lps[index]);
+                out.push_str(&frame(&st.meta.chunk(index, Some(&text), lp, None, false)));
+            }
+            Some(Event::Done { index, done: d }) => {
+                let lp =
+                    if st.meta.tokenizer.is_some() { st.meta.logprobs(&[], &mut st.lps[index]) } else { Value::Null };
+                let mut last = st.meta.chunk(index, None, lp, Some(d.finish_reason), false);
                 last["dspark"] = extension(&d);
                 out.push_str(&frame(&last));
-                if st.include_usage {
-                    let mut u = st.meta.envelope(true, json!([]));
-                    u["usage"] = usage(&d);
-                    out.push_str(&frame(&u));
+                st.finished.push(d);
+                if st.finished.len() == st.n {
+                    if st.include_usage {
+                        let mut u = st.meta.envelope(true, json!([]));
+                        u["usage"] = usage(&st.finished);
+                        out.push_str(&frame(&u));
+                    }
+                    out.push_str("data: [DONE]\n\n");
+                    st.done = true;
                 }
-                out.push_str("data: [DONE]\n\n");
-                st.done = true;
             }
             Some(Event::Error(e)) => {
                 out.push_str(&frame(&engine_error(e).body()));

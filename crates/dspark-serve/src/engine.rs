@@ -7,10 +7,10 @@ use dspark_model::checkpoint::generation_config::SamplingDefaults;
 use dspark_model::checkpoint::tokenizer::Tokenizer;
 use dspark_model::{Drafter, TargetModel};
 use dspark_spec::{
-    sample, speculative, speculative_sampled, DraftLaw, GenerateOptions, Generation, SamplingParams, StopReason,
-    VerifyLen,
+    sample, speculative, speculative_sampled, DraftLaw, Emitted, GenerateOptions, SamplingParams, StopReason,
+    TokenLogprob, VerifyLen,
 };
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::ops::ControlFlow;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -44,21 +44,49 @@ pub struct Ready {
     pub defaults: SamplingDefaults,
 }
 
-/// One request for the engine.
-pub struct Job {
+/// What a request asks of the engine (everything but its channel).
+#[derive(Clone, Debug)]
+pub struct Request {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
+    /// Choice 0's; choice `i` samples with `seed + i` (wrapping), each from its own stream.
     pub params: SamplingParams,
     pub stop: Vec<String>,
+    /// Choices, generated one after another (1 ..= 16, checked by the API).
+    pub n: usize,
+    /// `Some(k)`: report each token's logprob and its row's `k` most likely ids.
+    pub logprobs: Option<usize>,
+}
+
+/// One request for the engine.
+pub struct Job {
+    pub req: Request,
     pub tx: UnboundedSender<Event>,
 }
 
-/// What the engine sends back on a request's channel.
+/// A generated token's logprob, as the loops report it ([`dspark_spec::logprobs`]).
+#[derive(Clone, Debug)]
+pub struct Logprob {
+    pub id: u32,
+    pub lp: TokenLogprob,
+}
+
+/// What the engine sends back on a request's channel. Choices come in order: all of choice
+/// `i`'s events, ending with its `Done`, before choice `i + 1`'s.
 #[derive(Debug)]
 pub enum Event {
-    /// New complete text.
-    Text(String),
-    Done(Done),
+    /// New complete text of choice `index`, with the logprobs of the tokens it completes (empty
+    /// unless asked; a token whose text is still held back travels with a later event, an eos
+    /// id's with the last).
+    Text {
+        index: usize,
+        text: String,
+        logprobs: Vec<Logprob>,
+    },
+    Done {
+        index: usize,
+        done: Done,
+    },
     Error(String),
 }
 
@@ -68,8 +96,7 @@ pub struct Done {
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,
     pub tokens: Vec<u32>,
-    /// Speculative rounds and mean committed tokens per round (`None` without a draft, or when
-    /// a stop string ended the loop early).
+    /// Speculative rounds and mean committed tokens per round (`None` without a draft).
     pub spec: Option<(usize, f64)>,
 }
 
@@ -89,16 +116,10 @@ pub enum SubmitError {
 
 impl Handle {
     /// Queues a job; the receiver gets its events.
-    pub fn submit(
-        &self,
-        prompt: Vec<u32>,
-        max_tokens: usize,
-        params: SamplingParams,
-        stop: Vec<String>,
-    ) -> Result<UnboundedReceiver<Event>, SubmitError> {
+    pub fn submit(&self, req: Request) -> Result<UnboundedReceiver<Event>, SubmitError> {
         let (tx, rx) = unbounded_channel();
         self.metrics.queue_depth.inc();
-        match self.queue.try_send(Job { prompt, max_tokens, params, stop, tx }) {
+        match self.queue.try_send(Job { req, tx }) {
             Ok(()) => Ok(rx),
             Err(e) => {
                 self.metrics.queue_depth.dec();
@@ -147,13 +168,11 @@ fn serve_queue(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
     }
 }
 
-/// The payload a token callback unwinds with to end a generation early.
-struct Abort;
-
 /// Per-request text state: the generated ids, their text so far (decoded incrementally: each
 /// token costs a decode of the few ids since the last complete character, not of them all), how
 /// much of it was sent, stop strings.
 struct TextState<'a> {
+    index: usize,
     decoder: IncrementalDecoder<&'a Tokenizer>,
     /// The text of `ids` as far as it is complete (an eos id contributes none).
     text: String,
@@ -161,6 +180,8 @@ struct TextState<'a> {
     stop: &'a [String],
     tx: &'a UnboundedSender<Event>,
     ids: Vec<u32>,
+    /// Logprobs of tokens whose text has not been sent yet.
+    pending: Vec<Logprob>,
     /// Bytes of the decoded text already sent.
     sent: usize,
     /// A stop string matched: generation ended there.
@@ -171,9 +192,13 @@ struct TextState<'a> {
 impl TextState<'_> {
     /// Takes a generated id into the text (an eos id adds none; the decoder holds back an
     /// incomplete character until it completes, and `last` flushes it).
-    fn take(&mut self, id: Option<u32>, last: bool) -> Result<(), String> {
-        if let Some(id) = id {
+    fn take(&mut self, e: Option<&Emitted>, last: bool) -> Result<(), String> {
+        if let Some(e) = e {
+            let id = e.token;
             self.ids.push(id);
+            if let Some(lp) = &e.logprob {
+                self.pending.push(Logprob { id, lp: lp.clone() });
+            }
             if !self.eos.contains(&id) {
                 self.text += &self.decoder.push(id).map_err(|e| e.to_string())?;
             }
@@ -186,8 +211,8 @@ impl TextState<'_> {
 
     /// Takes `id` (none at the end) and sends what became final; returns false when generation
     /// must end (stop string, client gone, decode failure).
-    fn advance(&mut self, id: Option<u32>, last: bool) -> bool {
-        if let Err(e) = self.take(id, last) {
+    fn advance(&mut self, e: Option<&Emitted>, last: bool) -> bool {
+        if let Err(e) = self.take(e, last) {
             self.failure = Some(e);
             return false;
         }
@@ -203,8 +228,11 @@ impl TextState<'_> {
             None => hold_back(text, from, self.stop),
         };
         self.stopped = hit.is_some();
-        if end > from {
-            let _ = self.tx.send(Event::Text(text[from..end].to_string()));
+        // Logprobs go with the text they complete; at the end (or a stop string) all that are
+        // left go, with no text if none is left.
+        if end > from || (!self.pending.is_empty() && (last || self.stopped)) {
+            let logprobs = std::mem::take(&mut self.pending);
+            let _ = self.tx.send(Event::Text { index: self.index, text: text[from..end].to_string(), logprobs });
             self.sent = end;
         }
         !self.stopped && !self.tx.is_closed()
@@ -224,77 +252,84 @@ fn hold_back(text: &str, from: usize, stop: &[String]) -> usize {
     end.max(from)
 }
 
+/// Runs a request's choices one after another; stops at the first that fails or finds the
+/// client gone.
 fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
+    for index in 0..job.req.n {
+        let seed = job.req.params.seed.wrapping_add(index as u64);
+        let params = SamplingParams { seed, ..job.req.params };
+        if !run_choice(engine, &job, index, params, metrics) {
+            return;
+        }
+    }
+}
+
+/// One choice; false when the request must end (an error was sent, or the client is gone).
+fn run_choice(engine: &mut Engine, job: &Job, index: usize, params: SamplingParams, metrics: &Metrics) -> bool {
+    let req = &job.req;
     let mut st = TextState {
+        index,
         decoder: IncrementalDecoder::new(&engine.tokenizer),
         text: String::new(),
         eos: &engine.eos_token_ids,
-        stop: &job.stop,
+        stop: &req.stop,
         tx: &job.tx,
         ids: Vec::new(),
+        pending: Vec::new(),
         sent: 0,
         stopped: false,
         failure: None,
     };
-    let opts = GenerateOptions { max_tokens: job.max_tokens, eos_token_ids: engine.eos_token_ids.clone() };
-    let params = job.params;
-    let on_token = |id: u32| {
-        if !st.advance(Some(id), false) {
-            resume_unwind(Box::new(Abort));
-        }
+    let opts = GenerateOptions {
+        max_tokens: req.max_tokens,
+        eos_token_ids: engine.eos_token_ids.clone(),
+        logprobs: req.logprobs,
     };
+    // A stop string, the client gone or a decode failure ends the loop after this token.
+    let on_token =
+        |e: &Emitted| if st.advance(Some(e), false) { ControlFlow::Continue(()) } else { ControlFlow::Break(()) };
     let (target, draft) = (&mut engine.target, &mut engine.draft);
     let (verify_len, law) = (&engine.verify_len, engine.law);
-    let result = catch_unwind(AssertUnwindSafe(|| -> dspark_model::Result<Generation> {
-        match draft {
-            Some(d) if params.is_greedy() => {
-                speculative(target.as_mut(), d.as_mut(), &job.prompt, &opts, verify_len, on_token)
-            }
-            Some(d) => {
-                speculative_sampled(target.as_mut(), d.as_mut(), &job.prompt, &opts, verify_len, &params, law, on_token)
-            }
-            None => sample(target.as_mut(), &job.prompt, &opts, &params, on_token),
+    let result = match draft {
+        Some(d) if params.is_greedy() => {
+            speculative(target.as_mut(), d.as_mut(), &req.prompt, &opts, verify_len, on_token)
         }
-    }));
-    let (finish_reason, spec, gen) = match result {
-        Ok(Ok(g)) => {
-            if !st.advance(None, true) && st.failure.is_none() && !st.stopped {
-                return; // the client went away at the very end
-            }
-            let reason = if st.stopped || g.stop == StopReason::Eos { "stop" } else { "length" };
-            let spec = g.spec.as_ref().map(|s| (s.rounds(), s.mean_accepted_length()));
-            (reason, spec, Some(g))
+        Some(d) => {
+            speculative_sampled(target.as_mut(), d.as_mut(), &req.prompt, &opts, verify_len, &params, law, on_token)
         }
-        Ok(Err(e)) => {
+        None => sample(target.as_mut(), &req.prompt, &opts, &params, on_token),
+    };
+    let g = match result {
+        Ok(g) => g,
+        Err(e) => {
             let _ = job.tx.send(Event::Error(e.to_string()));
-            return;
-        }
-        Err(payload) if payload.is::<Abort>() => {
-            if let Some(e) = st.failure.take() {
-                let _ = job.tx.send(Event::Error(e));
-                return;
-            }
-            if !st.stopped {
-                metrics.generated_tokens.inc_by(st.ids.len() as u64);
-                return; // cancelled: the client is gone, or decoding failed (below)
-            }
-            ("stop", None, None)
-        }
-        Err(_) => {
-            let _ = job.tx.send(Event::Error("internal error: the engine panicked on this request".into()));
-            return;
+            return false;
         }
     };
     if let Some(e) = st.failure.take() {
         let _ = job.tx.send(Event::Error(e));
-        return;
+        return false;
     }
     metrics.generated_tokens.inc_by(st.ids.len() as u64);
-    if let Some(g) = &gen {
-        metrics.tokens_per_second.set(g.decode_tokens_per_second());
+    if g.stop == StopReason::Stopped && !st.stopped {
+        return false; // the client went away
     }
+    // The held-back text (none after a stop string: generation ended inside or at it).
+    if !st.stopped && !st.advance(None, true) {
+        if let Some(e) = st.failure.take() {
+            let _ = job.tx.send(Event::Error(e));
+            return false;
+        }
+        if !st.stopped {
+            return false; // the client went away at the very end
+        }
+    }
+    let finish_reason = if st.stopped || g.stop == StopReason::Eos { "stop" } else { "length" };
+    let spec = g.spec.as_ref().map(|s| (s.rounds(), s.mean_accepted_length()));
+    metrics.tokens_per_second.set(g.decode_tokens_per_second());
     if let Some((rounds, mean)) = spec {
         metrics.record_rounds(rounds, mean);
     }
-    let _ = job.tx.send(Event::Done(Done { finish_reason, prompt_tokens: job.prompt.len(), tokens: st.ids, spec }));
+    let done = Done { finish_reason, prompt_tokens: req.prompt.len(), tokens: st.ids, spec };
+    job.tx.send(Event::Done { index, done }).is_ok()
 }

@@ -9,15 +9,20 @@
 //! models (the [`Loader`] runs there, so the models never cross threads). Each request is
 //! parsed, checked (model, sampling, context) and tokenized on the async side, then queued; a
 //! full queue answers 429 with `Retry-After: 1`. The engine runs the request through the same
-//! loops `dspark generate` uses, detokenizes incrementally (the whole generated id list decoded
-//! again, only the new complete suffix sent, a trailing U+FFFD held back), holds back text
-//! while a stop string may be starting, and sends text deltas down the request's channel.
+//! loops `dspark generate` uses, detokenizes incrementally (each token decodes the ids since the
+//! last complete character; an incomplete one is held back), holds back text while a stop
+//! string may be starting, and sends text deltas down the request's channel.
 //!
 //! Stopping a generation early (a stop string matched, or the client went away: the channel's
-//! receiver dropped, `is_closed()`) unwinds out of the loop's token callback with a private
-//! payload ([`std::panic::resume_unwind`], which runs no panic hook) caught around the loop;
-//! every loop starts from empty caches (`truncate(0)`, `reset`), so the next request is
-//! unaffected. This is the stop-gap until the loops' callbacks can return a `ControlFlow`.
+//! receiver dropped, `is_closed()`) is the token callback returning `ControlFlow::Break`: the
+//! loop ends after that token (`StopReason::Stopped`); every loop starts from empty caches
+//! (`truncate(0)`, `reset`), so the next request is unaffected.
+//!
+//! `n` choices run one after another on the engine thread, choice `i` with seed `seed + i`
+//! (each its own Philox stream, as vLLM gives each choice its own generator). Logprobs
+//! (`logprobs`/`top_logprobs` on chat, integer `logprobs` on completions) are the target's raw
+//! logits row's log_softmax (`dspark_spec::logprobs`); asking for them puts the loops on the
+//! host-logits path.
 
 mod api;
 mod engine;

@@ -6,8 +6,14 @@
 //! [`sampled`] holds their sampling twins, [`sample`] and [`speculative_sampled`] (lossless
 //! speculative sampling), over the [`sampler`]'s transform and uniforms.
 //! The loops never name a backend; the CLI picks one and hands it in.
+//!
+//! Every loop reports each token as it is committed to an `on_token` callback, which gets an
+//! [`Emitted`] (the id, and its [`TokenLogprob`] when [`GenerateOptions::logprobs`] asks) and
+//! returns [`std::ops::ControlFlow`]: `Break` ends generation right after that token with
+//! [`StopReason::Stopped`]; the tokens before it are exactly those of an unbroken run.
 
 pub mod greedy;
+pub mod logprobs;
 pub mod sampled;
 pub mod sampler;
 pub mod speculative;
@@ -15,6 +21,7 @@ pub mod stats;
 pub mod verify_len;
 
 pub use greedy::{greedy, GenerateOptions};
+pub use logprobs::{token_logprob, Emitted, TokenLogprob};
 pub use sampled::{sample, speculative_sampled, DraftLaw};
 pub use sampler::SamplingParams;
 pub use speculative::{prefill, speculative};

@@ -52,11 +52,13 @@
 //! accepts only with p'(argmax)); at Qwen's recommended filters the two are within noise.
 
 use crate::greedy::{check_prompt, greedy, GenerateOptions};
+use crate::logprobs::{emitted, Emitted};
 use crate::sampler::{draw, transform, SamplingParams, Uniforms};
 use crate::speculative::speculative;
 use crate::stats::{Generation, SpecStats, StopReason};
 use crate::verify_len::VerifyLen;
 use dspark_model::{Captured, Drafter, Error, LogitRows, Result, TargetModel};
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 /// How the draft picks its block under sampling.
@@ -89,19 +91,23 @@ pub enum Fault {
 }
 
 /// Emits one token; returns the stop reason if generation must end after it (shared with
-/// the greedy speculative loop).
+/// the greedy loops). The token's own reasons (eos, `max_tokens`) win over the callback's
+/// `Break`, which ends generation with [`StopReason::Stopped`] otherwise.
 pub(crate) fn emit(
-    t: u32,
+    e: Emitted,
     tokens: &mut Vec<u32>,
     opts: &GenerateOptions,
-    on_token: &mut impl FnMut(u32),
+    on_token: &mut impl FnMut(&Emitted) -> ControlFlow<()>,
 ) -> Option<StopReason> {
+    let t = e.token;
     tokens.push(t);
-    on_token(t);
+    let flow = on_token(&e);
     if opts.eos_token_ids.contains(&t) {
         Some(StopReason::Eos)
     } else if tokens.len() >= opts.max_tokens {
         Some(StopReason::MaxTokens)
+    } else if flow.is_break() {
+        Some(StopReason::Stopped)
     } else {
         None
     }
@@ -118,7 +124,7 @@ pub fn sample<T: TargetModel + ?Sized>(
     prompt: &[u32],
     opts: &GenerateOptions,
     params: &SamplingParams,
-    mut on_token: impl FnMut(u32),
+    mut on_token: impl FnMut(&Emitted) -> ControlFlow<()>,
 ) -> Result<Generation> {
     checked(params)?;
     if params.is_greedy() {
@@ -129,8 +135,9 @@ pub fn sample<T: TargetModel + ?Sized>(
     let vocab = target.config().vocab_size;
     let mut u = Uniforms::new(params.seed);
     let start = Instant::now();
+    let lp = opts.logprobs;
     let f = target.forward(prompt, LogitRows::Last)?;
-    let mut next = draw(&transform(params, f.row(0, vocab)), u.next_uniform());
+    let mut next = emitted(draw(&transform(params, f.row(0, vocab)), u.next_uniform()), Some(f.row(0, vocab)), lp);
     let prefill = start.elapsed();
     let decode_start = Instant::now();
     let mut tokens = Vec::new();
@@ -144,8 +151,9 @@ pub fn sample<T: TargetModel + ?Sized>(
             if target.len() >= target.max_len() {
                 break StopReason::ContextFull;
             }
-            let f = target.forward(&[next], LogitRows::Last)?;
-            next = draw(&transform(params, f.row(0, vocab)), u.next_uniform());
+            let last = *tokens.last().expect("a token was emitted");
+            let f = target.forward(&[last], LogitRows::Last)?;
+            next = emitted(draw(&transform(params, f.row(0, vocab)), u.next_uniform()), Some(f.row(0, vocab)), lp);
         }
     };
     let decode = if tokens.len() > 1 { decode_start.elapsed() } else { Duration::ZERO };
@@ -162,7 +170,7 @@ pub fn speculative_sampled<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
     verify_len: &VerifyLen,
     params: &SamplingParams,
     law: DraftLaw,
-    on_token: impl FnMut(u32),
+    on_token: impl FnMut(&Emitted) -> ControlFlow<()>,
 ) -> Result<Generation> {
     speculative_sampled_with_fault(target, draft, prompt, opts, verify_len, params, law, Fault::None, on_token)
 }
@@ -179,7 +187,7 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
     params: &SamplingParams,
     law: DraftLaw,
     fault: Fault,
-    mut on_token: impl FnMut(u32),
+    mut on_token: impl FnMut(&Emitted) -> ControlFlow<()>,
 ) -> Result<Generation> {
     checked(params)?;
     if params.is_greedy() {
@@ -196,7 +204,8 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
 
     // Prefill in the target's chunks (as `crate::prefill`), the last chunk's row sampled.
     let start = Instant::now();
-    let (mut anchor, mut pending) = {
+    let lp = opts.logprobs;
+    let (first, mut pending) = {
         let mut chunks = prompt.chunks(target.prefill_chunk().max(1)).peekable();
         loop {
             let chunk = chunks.next().ok_or_else(|| Error::Request("empty prompt".into()))?;
@@ -206,8 +215,9 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
                 continue;
             }
             let f = target.forward(chunk, LogitRows::Last)?;
-            let t = draw(&transform(params, f.row(f.rows - 1, vocab)), u.next_uniform());
-            break (t, Captured::Host(f.captured));
+            let row = f.row(f.rows - 1, vocab);
+            let t = draw(&transform(params, row), u.next_uniform());
+            break (emitted(t, Some(row), lp), Captured::Host(f.captured));
         }
     };
     let prefill = start.elapsed();
@@ -219,7 +229,8 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
         if opts.max_tokens == 0 {
             break 'gen StopReason::MaxTokens;
         }
-        if let Some(stop) = emit(anchor, &mut tokens, opts, &mut on_token) {
+        let mut anchor = first.token;
+        if let Some(stop) = emit(first, &mut tokens, opts, &mut on_token) {
             break 'gen stop;
         }
         loop {
@@ -305,12 +316,13 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
             stats.record(k, m);
 
             target.truncate(p + m + 1)?;
-            pending = Captured::Host(f.captured).prefix(m + 1, row_len);
-            for &t in drafts[..m].iter().chain(std::iter::once(&next)) {
-                if let Some(stop) = emit(t, &mut tokens, opts, &mut on_token) {
+            // Accepted d_{i+1} came from row i, the residual or bonus from row m.
+            for (i, &t) in drafts[..m].iter().chain(std::iter::once(&next)).enumerate() {
+                if let Some(stop) = emit(emitted(t, Some(f.row(i, vocab)), lp), &mut tokens, opts, &mut on_token) {
                     break 'gen stop;
                 }
             }
+            pending = Captured::Host(f.captured).prefix(m + 1, row_len);
             anchor = next;
         }
     };

@@ -13,6 +13,11 @@ pub enum StopReason {
     MaxTokens,
     /// The KV cache reached `max_position_embeddings`.
     ContextFull,
+    /// The token callback returned [`std::ops::ControlFlow::Break`] (the caller's own stop: a
+    /// stop string matched, the client went away). The last token is the one it broke on;
+    /// when that token also ended generation by itself (an eos id, `max_tokens`), that reason
+    /// is reported instead.
+    Stopped,
 }
 
 /// Result of one generation.

@@ -10,6 +10,7 @@ use dspark_model::cpu::dspark::CpuDraft;
 use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::TargetModel;
 use dspark_spec::{greedy, speculative, GenerateOptions, VerifyLen};
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 #[test]
@@ -22,13 +23,17 @@ fn demo_draft_keeps_its_acceptance_on_held_out_code() {
     let prompts: Vec<String> =
         serde_json::from_str(&std::fs::read_to_string(root.join("train/heldout_prompts.json")).unwrap()).unwrap();
     assert_eq!(prompts.len(), 12);
-    let opts =
-        GenerateOptions { max_tokens: 64, eos_token_ids: eos_ids(&tdir, &target.config().eos_token_ids).unwrap() };
+    let opts = GenerateOptions {
+        max_tokens: 64,
+        eos_token_ids: eos_ids(&tdir, &target.config().eos_token_ids).unwrap(),
+        logprobs: None,
+    };
     let (mut tokens, mut rounds) = (0usize, 0usize);
     for p in &prompts {
         let ids = tok.encode(p).unwrap();
-        let s = speculative(&mut target, &mut draft, &ids, &opts, &VerifyLen::Fixed(7), |_| {}).unwrap();
-        let plain = greedy(&mut target, &ids, &opts, |_| {}).unwrap();
+        let s = speculative(&mut target, &mut draft, &ids, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(()))
+            .unwrap();
+        let plain = greedy(&mut target, &ids, &opts, |_| ControlFlow::Continue(())).unwrap();
         assert_eq!(s.tokens, plain.tokens);
         let stats = s.spec.unwrap();
         rounds += stats.rounds();

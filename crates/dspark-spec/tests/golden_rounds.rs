@@ -16,6 +16,7 @@ use dspark_model::testing::rel_err;
 use dspark_model::{Drafter, Proposal, Result, TargetModel};
 use dspark_spec::{speculative, GenerateOptions, VerifyLen};
 use serde_json::Value;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 fn root() -> PathBuf {
@@ -128,9 +129,12 @@ fn check_fixture(name: &str) {
     let opts = GenerateOptions {
         max_tokens: json["max_new_tokens"].as_u64().unwrap() as usize,
         eos_token_ids: ids(&json["eos_token_ids"]),
+        logprobs: None,
     };
     let prompt = ids(&json["prompt_ids"]);
-    let g = speculative(&mut target, &mut checked, &prompt, &opts, &VerifyLen::Fixed(block), |_| {}).unwrap();
+    let g =
+        speculative(&mut target, &mut checked, &prompt, &opts, &VerifyLen::Fixed(block), |_| ControlFlow::Continue(()))
+            .unwrap();
     assert_eq!(g.tokens, ids(&json["tokens"]), "{name}: tokens");
     assert_eq!(g.tokens, ids(&json["greedy_tokens"]), "{name}: tokens vs plain greedy");
     // The reference always verifies the whole block and cuts the output at max tokens; our loop

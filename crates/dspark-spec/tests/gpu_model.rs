@@ -30,6 +30,7 @@ use dspark_model::testing::{
 use dspark_model::{Drafter, LogitRows, TargetModel};
 use dspark_spec::{greedy, speculative, GenerateOptions, VerifyLen};
 use serde_json::Value;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
@@ -77,9 +78,9 @@ fn fixture_targets_match_the_cpu_reference() {
         let b = cuda.forward(&prompt[..8], LogitRows::All).unwrap();
         assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: after rollback");
 
-        let opts = GenerateOptions { max_tokens: 64, eos_token_ids: vec![] };
-        let want = greedy(&mut cpu, &prompt, &opts, |_| {}).unwrap().tokens;
-        let got = greedy(&mut cuda, &prompt, &opts, |_| {}).unwrap().tokens;
+        let opts = GenerateOptions { max_tokens: 64, eos_token_ids: vec![], logprobs: None };
+        let want = greedy(&mut cpu, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+        let got = greedy(&mut cuda, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
         assert_eq!(got, want, "{name}: greedy continuation differs from the CPU");
         if g.get("continuation").is_some() {
             assert_eq!(got, ids(&g["continuation"]), "{name}: greedy continuation differs from transformers");
@@ -105,10 +106,13 @@ fn golden_dspark_runs_on_the_gpu() {
         let opts = GenerateOptions {
             max_tokens: g["max_new_tokens"].as_u64().unwrap() as usize,
             eos_token_ids: ids(&g["eos_token_ids"]),
+            logprobs: None,
         };
         let block = draft.block_size();
-        let out = speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(block), |_| {})
-            .unwrap();
+        let out = speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(block), |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
         assert_eq!(out.tokens, ids(&g["tokens"]), "{name}: tokens");
         let stats = out.spec.unwrap();
         let want: Vec<usize> =
@@ -176,14 +180,15 @@ fn lossless_on_random_pairs() {
         write_draft_dir(&ddir, d.config(), d.weights()).unwrap();
 
         let prompt: Vec<u32> = (0..1 + rng.below(10)).map(|_| rng.below(vocab) as u32).collect();
-        let opts = GenerateOptions { max_tokens: rng.below(40), eos_token_ids: vec![] };
+        let opts = GenerateOptions { max_tokens: rng.below(40), eos_token_ids: vec![], logprobs: None };
         let verify = VerifyLen::Fixed(rng.below(9));
         let mut cpu = CpuQwen3::new(cfg.clone(), w.clone());
-        let want = greedy(&mut cpu, &prompt, &opts, |_| {}).unwrap().tokens;
+        let want = greedy(&mut cpu, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
         let mut t = CudaQwen3::load(gpu(), &tdir, 96).unwrap();
         let mut dr = CudaDraft::load(&ddir, &t).unwrap();
-        let plain = greedy(&mut t, &prompt, &opts, |_| {}).unwrap().tokens;
-        let spec_out = speculative(&mut t, &mut dr, &prompt, &opts, &verify, |_| {}).unwrap().tokens;
+        let plain = greedy(&mut t, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+        let spec_out =
+            speculative(&mut t, &mut dr, &prompt, &opts, &verify, |_| ControlFlow::Continue(())).unwrap().tokens;
         assert_eq!(plain, want, "seed {seed}: CUDA greedy != CPU greedy");
         assert_eq!(spec_out, plain, "seed {seed}: CUDA speculative != CUDA greedy");
         cases += 1;
@@ -294,13 +299,16 @@ fn bf16_pairs_match_the_cpu_and_stay_lossless() {
         }
 
         // Greedy on both backends, and speculative decoding on the GPU: the same tokens.
-        let opts = GenerateOptions { max_tokens: 32, eos_token_ids: vec![] };
+        let opts = GenerateOptions { max_tokens: 32, eos_token_ids: vec![], logprobs: None };
         let mut cpu = CpuQwen3::load(&tdir).unwrap();
         let mut t = CudaQwen3::load(gpu(), &tdir, 128).unwrap();
         let mut dr = CudaDraft::load(&ddir, &t).unwrap();
-        let want = greedy(&mut cpu, &prompt, &opts, |_| {}).unwrap().tokens;
-        let plain = greedy(&mut t, &prompt, &opts, |_| {}).unwrap().tokens;
-        let spec_out = speculative(&mut t, &mut dr, &prompt, &opts, &VerifyLen::Fixed(4), |_| {}).unwrap().tokens;
+        let want = greedy(&mut cpu, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+        let plain = greedy(&mut t, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+        let spec_out =
+            speculative(&mut t, &mut dr, &prompt, &opts, &VerifyLen::Fixed(4), |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens;
         assert_eq!(plain, want, "{name}: CUDA greedy != CPU greedy");
         assert_eq!(spec_out, plain, "{name}: CUDA speculative != CUDA greedy");
     }
@@ -311,15 +319,20 @@ fn decoding_allocates_no_device_memory() {
     let g = golden("dspark-tiny-vanilla");
     let mut target = CudaQwen3::load(gpu(), &root().join("fixtures/qwen3-tiny-f32"), 256).unwrap();
     let mut draft = CudaDraft::load(&root().join("fixtures/dspark-tiny-vanilla"), &target).unwrap();
-    let opts = GenerateOptions { max_tokens: 64, eos_token_ids: vec![] };
+    let opts = GenerateOptions { max_tokens: 64, eos_token_ids: vec![], logprobs: None };
     // One warm-up generation, then measure a second.
-    speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(7), |_| {}).unwrap();
+    speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(7), |_| {
+        ControlFlow::Continue(())
+    })
+    .unwrap();
     target.gpu.stream.synchronize().unwrap();
     let (ta, da) = (target.arena.allocations(), draft.arena.allocations());
     let (free_before, _) = cudarc::driver::result::mem_get_info().unwrap();
-    let out =
-        speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(7), |_| {}).unwrap();
-    greedy(&mut target, &ids(&g["prompt_ids"]), &opts, |_| {}).unwrap();
+    let out = speculative(&mut target, &mut draft, &ids(&g["prompt_ids"]), &opts, &VerifyLen::Fixed(7), |_| {
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    greedy(&mut target, &ids(&g["prompt_ids"]), &opts, |_| ControlFlow::Continue(())).unwrap();
     target.gpu.stream.synchronize().unwrap();
     let (free_after, _) = cudarc::driver::result::mem_get_info().unwrap();
     assert!(out.spec.unwrap().rounds() > 10);

@@ -13,6 +13,7 @@ use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::testing::{random_draft, random_target, target_config, target_weights, DraftSpec};
 use dspark_spec::{greedy, speculative, CostTable, GenerateOptions, VerifyLen};
 use proptest::prelude::*;
+use std::ops::ControlFlow;
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -104,9 +105,10 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     let weights = target_weights(c.seed, &cfg);
     let mut target = CpuQwen3::new(cfg.clone(), weights.clone()).with_kv_dtype(c.kv);
     let mut draft = random_draft(c.seed ^ 0xD5, &cfg, &weights, &c.draft);
-    let opts = GenerateOptions { max_tokens: c.max_tokens, eos_token_ids: c.eos.clone() };
-    let plain = greedy(&mut target, &c.prompt, &opts, |_| {}).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let spec = speculative(&mut target, &mut draft, &c.prompt, &opts, &c.verify, |_| {})
+    let opts = GenerateOptions { max_tokens: c.max_tokens, eos_token_ids: c.eos.clone(), logprobs: None };
+    let plain = greedy(&mut target, &c.prompt, &opts, |_| ControlFlow::Continue(()))
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let spec = speculative(&mut target, &mut draft, &c.prompt, &opts, &c.verify, |_| ControlFlow::Continue(()))
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     prop_assert_eq!(&spec.tokens, &plain.tokens);
     prop_assert_eq!(spec.stop, plain.stop);
@@ -147,8 +149,17 @@ fn random_pairs_cover_every_acceptance_kind() {
             confidence_with_markov: true,
         };
         let mut draft = random_draft(seed + 1, &cfg, &weights, &spec);
-        let opts = GenerateOptions { max_tokens: 30, eos_token_ids: vec![] };
-        let g = speculative(&mut target, &mut draft, &[1, 2, 3], &opts, &VerifyLen::Fixed(4), |_| {}).unwrap();
+        let opts = GenerateOptions { max_tokens: 30, eos_token_ids: vec![], logprobs: None };
+        let g =
+            speculative(
+                &mut target,
+                &mut draft,
+                &[1, 2, 3],
+                &opts,
+                &VerifyLen::Fixed(4),
+                |_| ControlFlow::Continue(()),
+            )
+            .unwrap();
         for (&m, &k) in g.spec.as_ref().unwrap().accepted.iter().zip(&g.spec.as_ref().unwrap().verified) {
             match m {
                 0 => zero += 1,

@@ -7,6 +7,7 @@
 use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::{Drafter, LogitRows, Proposal, Result, TargetModel};
 use dspark_spec::{greedy, speculative, GenerateOptions, VerifyLen};
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 struct Oracle {
@@ -71,8 +72,8 @@ fn injected_errors_give_exactly_the_expected_accepted_lengths() {
     let mut target = CpuQwen3::load(&dir).unwrap();
     let prompt: Vec<u32> = vec![17, 300, 42, 99, 7, 256, 3, 128];
     let max_tokens = 64;
-    let opts = GenerateOptions { max_tokens, eos_token_ids: vec![] };
-    let plain = greedy(&mut target, &prompt, &opts, |_| {}).unwrap();
+    let opts = GenerateOptions { max_tokens, eos_token_ids: vec![], logprobs: None };
+    let plain = greedy(&mut target, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap();
     assert_eq!(plain.tokens.len(), max_tokens, "the oracle needs an eos-free continuation");
 
     let seq: Vec<u32> = prompt.iter().chain(&plain.tokens).copied().collect();
@@ -100,7 +101,9 @@ fn injected_errors_give_exactly_the_expected_accepted_lengths() {
     }
 
     let mut oracle = Oracle { seq, features, row, taps, block, vocab: 512, errors, round: 0, ctx_len: 0 };
-    let spec = speculative(&mut target, &mut oracle, &prompt, &opts, &VerifyLen::Fixed(block), |_| {}).unwrap();
+    let spec =
+        speculative(&mut target, &mut oracle, &prompt, &opts, &VerifyLen::Fixed(block), |_| ControlFlow::Continue(()))
+            .unwrap();
     assert_eq!(spec.tokens, plain.tokens);
     let stats = spec.spec.unwrap();
     assert_eq!(stats.accepted, expected);

@@ -12,6 +12,7 @@ use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::TargetModel;
 use dspark_spec::sampler::SamplingParams;
 use dspark_spec::{speculative_sampled, DraftLaw, GenerateOptions, VerifyLen};
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 const SEEDS: u64 = 3;
@@ -26,8 +27,11 @@ fn demo_acceptance_by_draft_law() {
     let tok = Tokenizer::from_dir(&tdir).unwrap().expect("the demo target ships a tokenizer");
     let prompts: Vec<String> =
         serde_json::from_str(&std::fs::read_to_string(root.join("train/heldout_prompts.json")).unwrap()).unwrap();
-    let opts =
-        GenerateOptions { max_tokens: 64, eos_token_ids: eos_ids(&tdir, &target.config().eos_token_ids).unwrap() };
+    let opts = GenerateOptions {
+        max_tokens: 64,
+        eos_token_ids: eos_ids(&tdir, &target.config().eos_token_ids).unwrap(),
+        logprobs: None,
+    };
     let settings = [(0.7f32, 0usize, 1.0f32), (1.0, 0, 1.0), (0.7, 20, 0.8)];
     let mut table = Vec::new();
     for &(temperature, top_k, top_p) in &settings {
@@ -46,7 +50,7 @@ fn demo_acceptance_by_draft_law() {
                         &VerifyLen::Fixed(7),
                         &params,
                         law,
-                        |_| {},
+                        |_| ControlFlow::Continue(()),
                     )
                     .unwrap();
                     let stats = g.spec.unwrap();

@@ -13,6 +13,7 @@ use dspark_spec::sampler::SamplingParams;
 use dspark_spec::{greedy, sample, speculative, speculative_sampled, CostTable, DraftLaw, GenerateOptions, VerifyLen};
 use proptest::prelude::*;
 use serde_json::Value;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 /// Greedy parameters with non-default filters and seed: temperature 0 must ignore them all.
@@ -51,22 +52,23 @@ proptest! {
         let opts = GenerateOptions {
             max_tokens,
             eos_token_ids: if with_eos { vec![(seed % vocab as u64) as u32] } else { vec![] },
+            logprobs: None,
         };
         let verify = if verify_sel == 7 {
             VerifyLen::Auto(CostTable { seconds: (0..=block).map(|n| 1.0 + 0.2 * n as f64).collect() })
         } else {
             VerifyLen::Fixed(verify_sel)
         };
-        let want = speculative(&mut target, &mut draft, &prompt, &opts, &verify, |_| {}).unwrap();
+        let want = speculative(&mut target, &mut draft, &prompt, &opts, &verify, |_| ControlFlow::Continue(())).unwrap();
         for law in [DraftLaw::Greedy, DraftLaw::Sampled] {
-            let got = speculative_sampled(&mut target, &mut draft, &prompt, &opts, &verify, &t0(seed), law, |_| {})
+            let got = speculative_sampled(&mut target, &mut draft, &prompt, &opts, &verify, &t0(seed), law, |_| ControlFlow::Continue(()))
                 .unwrap();
             prop_assert_eq!(&got.tokens, &want.tokens);
             prop_assert_eq!(got.stop, want.stop);
             prop_assert_eq!(&got.spec, &want.spec);
         }
-        let plain = greedy(&mut target, &prompt, &opts, |_| {}).unwrap();
-        let sampled = sample(&mut target, &prompt, &opts, &t0(seed), |_| {}).unwrap();
+        let plain = greedy(&mut target, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap();
+        let sampled = sample(&mut target, &prompt, &opts, &t0(seed), |_| ControlFlow::Continue(())).unwrap();
         prop_assert_eq!(&sampled.tokens, &plain.tokens);
         prop_assert_eq!(sampled.stop, plain.stop);
         prop_assert_eq!(&sampled.tokens, &want.tokens);
@@ -97,18 +99,22 @@ fn temperature_zero_reproduces_the_golden_runs() {
         let opts = GenerateOptions {
             max_tokens: json["max_new_tokens"].as_u64().unwrap() as usize,
             eos_token_ids: ids(&json["eos_token_ids"]),
+            logprobs: None,
         };
         let prompt = ids(&json["prompt_ids"]);
         let verify = VerifyLen::Fixed(draft.block_size());
-        let want = speculative(&mut target, &mut draft, &prompt, &opts, &verify, |_| {}).unwrap();
+        let want =
+            speculative(&mut target, &mut draft, &prompt, &opts, &verify, |_| ControlFlow::Continue(())).unwrap();
         for law in [DraftLaw::Greedy, DraftLaw::Sampled] {
-            let got =
-                speculative_sampled(&mut target, &mut draft, &prompt, &opts, &verify, &t0(7), law, |_| {}).unwrap();
+            let got = speculative_sampled(&mut target, &mut draft, &prompt, &opts, &verify, &t0(7), law, |_| {
+                ControlFlow::Continue(())
+            })
+            .unwrap();
             assert_eq!(got.tokens, ids(&json["tokens"]), "{name} {law:?}: tokens");
             assert_eq!(got.tokens, ids(&json["greedy_tokens"]), "{name} {law:?}: tokens vs transformers greedy");
             assert_eq!(got.spec, want.spec, "{name} {law:?}: rounds");
         }
-        let plain = sample(&mut target, &prompt, &opts, &t0(7), |_| {}).unwrap();
+        let plain = sample(&mut target, &prompt, &opts, &t0(7), |_| ControlFlow::Continue(())).unwrap();
         assert_eq!(plain.tokens, ids(&json["greedy_tokens"]), "{name}: plain");
     }
 }

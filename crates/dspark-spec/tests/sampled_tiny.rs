@@ -16,6 +16,7 @@ use dspark_spec::sampled::Fault;
 use dspark_spec::sampler::SamplingParams;
 use dspark_spec::{sample, speculative_sampled, DraftLaw, GenerateOptions, VerifyLen};
 use sampled_law::{exact_law, observe, runs_for, ChiSquare, Mode};
+use std::ops::ControlFlow;
 
 const V: usize = 5;
 const B: usize = 3;
@@ -90,17 +91,20 @@ fn faults_are_caught_on_real_models() {
 #[test]
 fn seeded_runs_reproduce() {
     let (mut target, mut draft) = pair(MarkovKind::Vanilla);
-    let opts = GenerateOptions { max_tokens: 40, eos_token_ids: vec![] };
+    let opts = GenerateOptions { max_tokens: 40, eos_token_ids: vec![], logprobs: None };
     let p = SamplingParams { temperature: 0.8, top_k: 0, top_p: 0.95, min_p: 0.0, seed: 1234 };
     let other = SamplingParams { seed: 4321, ..p };
-    let plain = |t: &mut CpuQwen3, p: &SamplingParams| sample(t, &PROMPT, &opts, p, |_| {}).unwrap().tokens;
+    let plain = |t: &mut CpuQwen3, p: &SamplingParams| {
+        sample(t, &PROMPT, &opts, p, |_| ControlFlow::Continue(())).unwrap().tokens
+    };
     assert_eq!(plain(&mut target, &p), plain(&mut target, &p));
     assert_ne!(plain(&mut target, &p), plain(&mut target, &other));
     for law in [DraftLaw::Sampled, DraftLaw::Greedy] {
         let mut spec = |p: &SamplingParams| {
             let mut streamed = Vec::new();
             let g = speculative_sampled(&mut target, &mut draft, &PROMPT, &opts, &VerifyLen::Fixed(B), p, law, |t| {
-                streamed.push(t)
+                streamed.push(t.token);
+                ControlFlow::Continue(())
             })
             .unwrap();
             assert_eq!(streamed, g.tokens);

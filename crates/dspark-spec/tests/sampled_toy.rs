@@ -11,6 +11,7 @@ use dspark_spec::sampled::Fault;
 use dspark_spec::sampler::SamplingParams;
 use dspark_spec::{CostTable, DraftLaw, VerifyLen};
 use sampled_law::{exact_law, observe, runs_for, ChiSquare, Mode, ToyDraft, ToyTarget};
+use std::ops::ControlFlow;
 
 const V: usize = 5;
 const B: usize = 3;
@@ -130,7 +131,7 @@ fn fault_peeking_verify_length_is_caught() {
 fn toy_rounds_cover_every_acceptance_kind() {
     let mut target = ToyTarget::new(11, V, 1.3);
     let mut draft = ToyDraft::new(12, V, B, 1.3, 2.0);
-    let opts = dspark_spec::GenerateOptions { max_tokens: 12, eos_token_ids: vec![] };
+    let opts = dspark_spec::GenerateOptions { max_tokens: 12, eos_token_ids: vec![], logprobs: None };
     for law in [DraftLaw::Sampled, DraftLaw::Greedy] {
         let (mut zero, mut partial, mut full) = (0, 0, 0);
         for seed in 0..300 {
@@ -143,7 +144,7 @@ fn toy_rounds_cover_every_acceptance_kind() {
                 &VerifyLen::Fixed(B),
                 &p,
                 law,
-                |_| {},
+                |_| ControlFlow::Continue(()),
             )
             .unwrap();
             let s = g.spec.unwrap();
@@ -210,7 +211,7 @@ fn first_round_follows_the_documented_uniform_order() {
             paths_rejected += 1;
         }
         let (mut t, mut d) = (ToyTarget::new(11, V, 1.3), ToyDraft::new(12, V, B, 1.3, 2.0));
-        let opts = dspark_spec::GenerateOptions { max_tokens: 2 * B + 2, eos_token_ids: vec![] };
+        let opts = dspark_spec::GenerateOptions { max_tokens: 2 * B + 2, eos_token_ids: vec![], logprobs: None };
         let g = dspark_spec::speculative_sampled(
             &mut t,
             &mut d,
@@ -219,7 +220,7 @@ fn first_round_follows_the_documented_uniform_order() {
             &VerifyLen::Fixed(B),
             &p,
             DraftLaw::Sampled,
-            |_| {},
+            |_| ControlFlow::Continue(()),
         )
         .unwrap();
         assert_eq!(&g.tokens[..want.len()], &want[..], "seed {seed}");

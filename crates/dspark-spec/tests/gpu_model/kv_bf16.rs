@@ -67,14 +67,15 @@ fn speculative_equals_greedy_on_a_bf16_kv_cache() {
         let (_dir, tdir, ddir) = write_bf16_pair(4000 + seed, &spec, DType::BF16);
         let mut rng = Rng(seed);
         let prompt: Vec<u32> = (0..1 + rng.below(20)).map(|_| rng.below(96) as u32).collect();
-        let opts = GenerateOptions { max_tokens: 8 + rng.below(40), eos_token_ids: vec![] };
+        let opts = GenerateOptions { max_tokens: 8 + rng.below(40), eos_token_ids: vec![], logprobs: None };
         let mut t = CudaQwen3::load_kv(gpu(), &tdir, 128, KvDtype::Bf16).unwrap();
         let mut dr = CudaDraft::load(&ddir, &t).unwrap();
-        let plain = greedy(&mut t, &prompt, &opts, |_| {}).unwrap().tokens;
+        let plain = greedy(&mut t, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
         for verify in [VerifyLen::Fixed(4), VerifyLen::Fixed(1 + rng.below(4))] {
             t.truncate(0).unwrap();
             dr.reset();
-            let out = speculative(&mut t, &mut dr, &prompt, &opts, &verify, |_| {}).unwrap().tokens;
+            let out =
+                speculative(&mut t, &mut dr, &prompt, &opts, &verify, |_| ControlFlow::Continue(())).unwrap().tokens;
             assert_eq!(out, plain, "seed {seed}: speculative on a bf16 cache != greedy on it");
         }
     }

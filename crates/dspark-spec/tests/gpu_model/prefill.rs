@@ -52,14 +52,14 @@ fn gemm_prefill_matches_the_cpu_reference_on_the_fixtures() {
         let g = golden(name);
         let want = ids(&g["continuation"]);
         let prompt = ids(&g["prompt_ids"]);
-        let opts = GenerateOptions { max_tokens: 64, eos_token_ids: vec![] };
+        let opts = GenerateOptions { max_tokens: 64, eos_token_ids: vec![], logprobs: None };
         let mut cuda = CudaQwen3::load(gpu(), &dir, 256).unwrap();
         cuda.set_prefill_shape(1, 5);
-        let got = greedy(&mut cuda, &prompt, &opts, |_| {}).unwrap().tokens;
+        let got = greedy(&mut cuda, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
         if name == "qwen3-tiny-bf16" {
             assert_eq!(got[0], want[0], "{name}: first token after a GEMM prefill differs from transformers");
             cuda.set_prefill(PrefillMode::Exact);
-            let exact = greedy(&mut cuda, &prompt, &opts, |_| {}).unwrap().tokens;
+            let exact = greedy(&mut cuda, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
             assert_eq!(exact, want, "{name}: greedy after an exact prefill differs from transformers");
         } else {
             assert_eq!(got, want, "{name}: greedy after a GEMM prefill differs from transformers");
@@ -92,12 +92,15 @@ fn gemm_prefill_at_the_8b_attention_shape() {
         assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: exact prefill");
 
         // Lossless after a GEMM prefill: speculative == greedy, both on the CUDA target.
-        let opts = GenerateOptions { max_tokens: 40, eos_token_ids: vec![] };
+        let opts = GenerateOptions { max_tokens: 40, eos_token_ids: vec![], logprobs: None };
         let mut t = CudaQwen3::load(gpu(), &tdir, 1024).unwrap();
         t.set_prefill_shape(CHUNK_ROWS, chunk);
         let mut dr = CudaDraft::load(&ddir, &t).unwrap();
-        let plain = greedy(&mut t, &prompt, &opts, |_| {}).unwrap().tokens;
-        let spec_out = speculative(&mut t, &mut dr, &prompt, &opts, &VerifyLen::Fixed(7), |_| {}).unwrap().tokens;
+        let plain = greedy(&mut t, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+        let spec_out =
+            speculative(&mut t, &mut dr, &prompt, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens;
         assert_eq!(spec_out, plain, "{name}: speculative != greedy after a GEMM prefill");
     }
 }

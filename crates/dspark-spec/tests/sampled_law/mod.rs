@@ -11,6 +11,7 @@ use dspark_spec::sampled::{speculative_sampled_with_fault, Fault};
 use dspark_spec::sampler::{transform, SamplingParams};
 use dspark_spec::{sample, DraftLaw, GenerateOptions, VerifyLen};
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 
 /// A target over a vocabulary of `V` whose next-token logits are a table of the last two tokens
 /// of the prefix (prompt and generated alike) and of the position's parity. Its "captured layer"
@@ -336,14 +337,17 @@ pub fn observe<T: TargetModel + ?Sized, D: Drafter + ?Sized>(
     seed0: u64,
 ) -> BTreeMap<Vec<u32>, usize> {
     // B tokens more than counted, so rounds verify whole blocks and cross into the next.
-    let opts = GenerateOptions { max_tokens: len + draft.block_size().max(2), eos_token_ids: eos.to_vec() };
+    let opts =
+        GenerateOptions { max_tokens: len + draft.block_size().max(2), eos_token_ids: eos.to_vec(), logprobs: None };
     let mut counts = BTreeMap::new();
     for i in 0..n {
         let params = SamplingParams { seed: seed0 + i as u64, ..*params };
         let g = match mode {
-            Mode::Plain => sample(target, prompt, &opts, &params, |_| {}),
+            Mode::Plain => sample(target, prompt, &opts, &params, |_| ControlFlow::Continue(())),
             Mode::Spec(law, fault) => {
-                speculative_sampled_with_fault(target, draft, prompt, &opts, verify, &params, law, fault, |_| {})
+                speculative_sampled_with_fault(target, draft, prompt, &opts, verify, &params, law, fault, |_| {
+                    ControlFlow::Continue(())
+                })
             }
         }
         .unwrap();
