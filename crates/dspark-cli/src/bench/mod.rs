@@ -11,7 +11,10 @@
 //! * `draft_round`: appending the committed rows' features (COMMITTED of them, from the
 //!   target's device capture buffer) + the block forward, lm_head, Markov chain and confidence;
 //! * `round`: what one speculative round costs: draft round + verify of 8 + the host work
-//!   between them (choose k, compare, roll back).
+//!   between them (choose k, compare, roll back);
+//! * `round_sampled`, `round_sampled_t1`: the same round sampled on the device (greedy draft
+//!   law, `TargetModel::verify_sampled`) at T 0.7 / top-k 20 / top-p 0.8 and at plain T 1 —
+//!   read as a ratio to `round`.
 //!
 //! Each is timed on the host around the call (median of `--iters`), because that is what a user
 //! waits for; the floor is the bytes the phase must stream over the copy ceiling.
@@ -29,7 +32,7 @@ use dspark_model::backend::Captured;
 use dspark_model::cuda::dspark::CudaDraft;
 use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::cuda::weights::RandomWeights;
-use dspark_model::{Drafter, LogitRows, TargetModel};
+use dspark_model::{Drafter, Filters, LogitRows, TargetModel, VerifyOutcome};
 use report::{median, model, KernelRow, Phase, Profile, Projection, Report};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -187,6 +190,28 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Ok(())
         })?;
         phases.push(Phase::new("round", ctx, round_us, draft_bytes + verify_bytes, ceiling));
+        // The same round sampled on the device (greedy draft law): Qwen's recommended filters,
+        // and plain temperature 1. Judge: the ratio to `round` above (same verify length).
+        let uniforms: Vec<f64> = (0..=block).map(|i| (i as f64 + 0.5) / (block + 1) as f64).collect();
+        for (name, filters) in [
+            ("round_sampled", Filters { temperature: 0.7, top_k: 20, top_p: 0.8, min_p: 0.0 }),
+            ("round_sampled_t1", Filters { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 }),
+        ] {
+            let us = time(args.iters, || {
+                draft.append_captured(&pending)?;
+                let deferred = draft.propose_deferred(anchor)?;
+                let v = target.verify_sampled(anchor, &deferred, block, &filters, &uniforms)?;
+                if !matches!(v.outcome, VerifyOutcome::Drawn { .. }) {
+                    return Err(dspark_model::Error::Request(format!("{name}: the device sampler fell back to the host")));
+                }
+                draft.finish_proposal(deferred)?;
+                pending = v.captured.prefix(COMMITTED, 0);
+                target.truncate(ctx)?;
+                draft.truncate_context(ctx)?;
+                Ok(())
+            })?;
+            phases.push(Phase::new(name, ctx, us, draft_bytes + verify_bytes, ceiling));
+        }
         for tau in [2.0, 3.0, 4.0, 5.0, 6.0] {
             modelled.push(model(ctx, tau, round_us, decode));
         }

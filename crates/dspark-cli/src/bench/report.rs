@@ -312,7 +312,8 @@ impl Goal {
 
 impl Report {
     /// The issue's targets on this run: decode ≤ 1.09× and draft round ≤ 1.15× their floors,
-    /// verify of 8 ≤ 1.05× the decode step (per context); every projection of 32 MB or more at
+    /// verify of 8 ≤ 1.05× the decode step, a sampled round ≤ 1.03× a greedy one (per context);
+    /// every projection of 32 MB or more at
     /// ≥ 85% of the ceiling; 1024-row projections ≥ 2.5× faster than cuBLAS.
     pub fn goals(&self) -> Vec<Goal> {
         let mut out = Vec::new();
@@ -329,6 +330,14 @@ impl Report {
             }
             if let Some(r) = find("draft_round", ctx) {
                 out.push(goal(format!("draft_round / floor, ctx {ctx}"), 1.15, r.ratio));
+            }
+            // Sampling's goal (issue 27): a device-sampled round ≤ 1.03× a greedy one.
+            if let Some(r) = find("round", ctx) {
+                for name in ["round_sampled", "round_sampled_t1"] {
+                    if let Some(sr) = find(name, ctx) {
+                        out.push(goal(format!("{name} / round, ctx {ctx}"), 1.03, sr.micros / r.micros));
+                    }
+                }
             }
         }
         for p in &self.projections {
