@@ -604,6 +604,19 @@ fn logprobs_on_chat_and_completions() {
         assert_eq!(stext, v["choices"][0]["text"].as_str().unwrap());
         assert_eq!(&slp, lp, "streamed completions logprobs == non-streamed");
     }
+    // To the end of the answer: an eos id's token string is empty, as its text is, so the token
+    // strings still concatenate to the text.
+    let v = s
+        .post("/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 400, "temperature": 0, "logprobs": true}))
+        .json_value();
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    let joined: String = content.iter().map(|e| e["token"].as_str().unwrap()).collect();
+    assert_eq!(joined, v["choices"][0]["message"]["content"].as_str().unwrap());
+    assert!(content.iter().all(|e| e["top_logprobs"] == json!([])), "top_logprobs 0 by default");
+    if v["choices"][0]["finish_reason"] == "stop" {
+        assert_eq!(content.last().unwrap()["token"], "", "the eos id's string");
+    }
     // Logprobs do not change the greedy tokens.
     let plain = s.post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 12, "temperature": 0})).json_value();
     let with = s

@@ -501,6 +501,8 @@ struct Meta {
     kind: Kind,
     /// Set when logprobs were asked (the token strings are the tokenizer's decode of one id).
     tokenizer: Option<Arc<Tokenizer>>,
+    /// Ids whose token string is empty, as their text is (the eos ids).
+    silent: Vec<u32>,
 }
 
 /// The logprobs of one choice's tokens so far, in both OpenAI shapes' terms.
@@ -519,8 +521,17 @@ fn finite(x: f64) -> f64 {
     }
 }
 
-fn token_text(tok: &Tokenizer, id: u32) -> String {
-    tok.decode(&[id]).unwrap_or_default()
+impl Meta {
+    /// A token's string: the tokenizer's decode of the one id (as vLLM: a byte-level piece that
+    /// is not UTF-8 alone is U+FFFD), and none for an eos id, which adds no text either — so the
+    /// token strings concatenate to the text wherever every token completes its characters.
+    fn token_text(&self, tok: &Tokenizer, id: u32) -> String {
+        if self.silent.contains(&id) {
+            String::new()
+        } else {
+            tok.decode(&[id]).unwrap_or_default()
+        }
+    }
 }
 
 impl Meta {
@@ -545,7 +556,7 @@ impl Meta {
         match self.kind {
             Kind::Chat => {
                 let entry = |id: u32, lp: f64| {
-                    let t = token_text(tok, id);
+                    let t = self.token_text(tok, id);
                     json!({"token": t, "logprob": finite(lp), "bytes": t.as_bytes()})
                 };
                 let content: Vec<Value> = lps
@@ -561,12 +572,12 @@ impl Meta {
             Kind::Completion => {
                 let (mut tokens, mut token_logprobs, mut top, mut offsets) = (vec![], vec![], vec![], vec![]);
                 for l in lps {
-                    let t = token_text(tok, l.id);
+                    let t = self.token_text(tok, l.id);
                     offsets.push(state.offset);
                     state.offset += t.chars().count();
                     let mut d = serde_json::Map::new();
                     for &(id, lp) in &l.lp.top {
-                        d.entry(token_text(tok, id)).or_insert(json!(finite(lp)));
+                        d.entry(self.token_text(tok, id)).or_insert(json!(finite(lp)));
                     }
                     d.entry(t.clone()).or_insert(json!(finite(l.lp.logprob)));
                     tokens.push(json!(t));
@@ -623,10 +634,9 @@ fn engine_error(message: String) -> ApiError {
 
 async fn respond(s: &AppState, p: Prepared, kind: Kind, model: String) -> Result<Response, ApiError> {
     let n = p.req.n;
-    let tokenizer = match p.req.logprobs {
-        Some(_) => Some(Arc::clone(&s.engine.ready.get().ok_or_else(not_ready)?.tokenizer)),
-        None => None,
-    };
+    let ready = s.engine.ready.get().ok_or_else(not_ready)?;
+    let tokenizer = p.req.logprobs.map(|_| Arc::clone(&ready.tokenizer));
+    let silent = ready.eos_token_ids.clone();
     let rx = s.engine.submit(p.req).map_err(|e| match e {
         SubmitError::Full => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -637,7 +647,7 @@ async fn respond(s: &AppState, p: Prepared, kind: Kind, model: String) -> Result
     })?;
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
-    let meta = Meta { id: format!("{prefix}-{:016x}", random_seed()), created, model, kind, tokenizer };
+    let meta = Meta { id: format!("{prefix}-{:016x}", random_seed()), created, model, kind, tokenizer, silent };
     if p.stream {
         Ok(stream_response(meta, rx, n, p.include_usage))
     } else {

@@ -42,6 +42,8 @@ pub struct Ready {
     /// The prompt + max tokens must fit in this many positions.
     pub context: usize,
     pub defaults: SamplingDefaults,
+    /// The ids that end a generation (their text is none, in logprobs too).
+    pub eos_token_ids: Vec<u32>,
 }
 
 /// What a request asks of the engine (everything but its channel).
@@ -146,6 +148,7 @@ pub fn start(max_queue: usize, max_context: usize, load: Loader, metrics: Arc<Me
                 chat_template: Arc::clone(&engine.chat_template),
                 context,
                 defaults: engine.defaults,
+                eos_token_ids: engine.eos_token_ids.clone(),
             });
             eprintln!("dspark serve: models loaded, ready");
             serve_queue(engine, rx, &m);
