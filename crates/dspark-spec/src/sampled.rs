@@ -57,7 +57,7 @@ use crate::sampler::{draw, transform, SamplingParams, Uniforms};
 use crate::speculative::speculative;
 use crate::stats::{Generation, SpecStats, StopReason};
 use crate::verify_len::VerifyLen;
-use dspark_model::{Captured, Drafter, Error, LogitRows, Result, TargetModel};
+use dspark_model::{Captured, Deferred, Drafter, Error, LogitRows, Proposal, Result, TargetModel, VerifyOutcome};
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
@@ -152,8 +152,18 @@ pub fn sample<T: TargetModel + ?Sized>(
                 break StopReason::ContextFull;
             }
             let last = *tokens.last().expect("a token was emitted");
-            let f = target.forward(&[last], LogitRows::Last)?;
-            next = emitted(draw(&transform(params, f.row(0, vocab)), u.next_uniform()), Some(f.row(0, vocab)), lp);
+            let uniform = u.next_uniform();
+            next = if lp.is_none() {
+                // A verify of no drafts: the CUDA target draws on the device.
+                let v = target.verify_sampled(last, &Deferred::Ready(Proposal::default()), 0, &params.filters(), &[uniform])?;
+                match v.outcome {
+                    VerifyOutcome::Drawn { next, .. } => emitted(next, None, lp),
+                    VerifyOutcome::Logits(l) => emitted(draw(&transform(params, &l[..vocab]), uniform), None, lp),
+                }
+            } else {
+                let f = target.forward(&[last], LogitRows::Last)?;
+                emitted(draw(&transform(params, f.row(0, vocab)), uniform), Some(f.row(0, vocab)), lp)
+            };
         }
     };
     let decode = if tokens.len() > 1 { decode_start.elapsed() } else { Duration::ZERO };
@@ -239,29 +249,39 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
                 break 'gen StopReason::ContextFull;
             }
             draft.append_captured(&pending)?;
-            // The block, and for the sampled law the q row each draft was drawn from.
-            let (drafts, q, survival, base) = match law {
-                DraftLaw::Greedy => {
-                    let prop = draft.propose(anchor)?;
-                    (prop.tokens, None, prop.survival, None)
-                }
+            // The block, and for the sampled law the q row each draft was drawn from. A greedy
+            // block with a fixed verify length may stay on the GPU for the device sampler.
+            let (deferred, q, survival, base) = match law {
+                DraftLaw::Greedy => match verify_len {
+                    VerifyLen::Fixed(_) if opts.logprobs.is_none() => (draft.propose_deferred(anchor)?, None, None, None),
+                    _ => {
+                        let prop = draft.propose(anchor)?;
+                        let survival = prop.survival.clone();
+                        (Deferred::Ready(prop), None, survival, None)
+                    }
+                },
                 DraftLaw::Sampled => {
                     let sp = draft.propose_sampled(anchor, &mut |z: &[f32]| {
                         let q = transform(params, z);
                         (draw(&q, u.next_uniform()), q)
                     })?;
-                    (sp.tokens, Some(sp.q), sp.survival, sp.base_logits)
+                    let prop = Proposal { tokens: sp.tokens, survival: None };
+                    (Deferred::Ready(prop), Some(sp.q), sp.survival, sp.base_logits)
                 }
             };
-            if drafts.len() < block || q.as_ref().is_some_and(|q| q.len() < block) {
-                return Err(Error::Request(format!("the draft proposed {} of {block} tokens", drafts.len())));
+            let proposed = match &deferred {
+                Deferred::Ready(p) => p.tokens.len(),
+                Deferred::OnDevice(d) => d.len,
+            };
+            if proposed < block || q.as_ref().is_some_and(|q| q.len() < block) {
+                return Err(Error::Request(format!("the draft proposed {proposed} of {block} tokens")));
             }
             let room = target.max_len() - p - 1;
             let wanted = opts.max_tokens - tokens.len() - 1;
             let mut k = verify_len.choose(survival.as_deref(), block).min(room).min(wanted);
             if fault == Fault::PeekingVerifyLen {
-                if let Some(q) = &q {
-                    let peek = (0..k).take_while(|&i| argmax_f64(&q[i]) == drafts[i] as usize).count();
+                if let (Some(q), Deferred::Ready(prop)) = (&q, &deferred) {
+                    let peek = (0..k).take_while(|&i| argmax_f64(&q[i]) == prop.tokens[i] as usize).count();
                     k = k.min(peek);
                 }
             }
@@ -272,62 +292,89 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
                 }
                 _ => q,
             };
+            let mut us: Vec<f64> = (0..k).map(|_| u.next_uniform()).collect();
+            us.push(u.next_uniform());
 
-            let mut input = Vec::with_capacity(k + 1);
-            input.push(anchor);
-            input.extend_from_slice(&drafts[..k]);
-            let f = target.forward(&input, LogitRows::All)?;
-            let accept_u: Vec<f64> = (0..k).map(|_| u.next_uniform()).collect();
-            let last_u = u.next_uniform();
-
-            let mut m = 0;
-            let mut next = None;
-            for i in 0..k {
-                let row = if fault == Fault::OffByOneRow { (i + 1).min(k) } else { i };
-                let pp = transform(params, f.row(row, vocab));
-                let d = drafts[i] as usize;
-                let qd = q_used.as_ref().map_or(1.0, |q| q[i][d]);
-                if qd > 0.0 && accept_u[i] < pp[d] / qd {
-                    m += 1;
-                    continue;
+            // One-hot drafts without logprobs: the target may decide the round itself (the
+            // CUDA target's device sampler, the same bits as the host rule below); otherwise,
+            // or when it hands back its rows, the host rule runs on the logits.
+            let (decided, logits, captured) = if q_used.is_none() && opts.logprobs.is_none() {
+                let v = target.verify_sampled(anchor, &deferred, k, &params.filters(), &us)?;
+                match v.outcome {
+                    VerifyOutcome::Drawn { accepted, next } => (Some((accepted, next)), None, v.captured),
+                    VerifyOutcome::Logits(l) => (None, Some(l), v.captured),
                 }
-                let mut residual = match fault {
-                    Fault::ResidualIsTarget => pp.clone(),
-                    _ => match &q_used {
-                        None => {
-                            let mut r = pp.clone();
-                            r[d] = 0.0;
-                            r
-                        }
-                        Some(q) => pp.iter().zip(&q[i]).map(|(a, b)| (a - b).max(0.0)).collect(),
-                    },
-                };
-                if residual.iter().sum::<f64>() <= 0.0 {
-                    // No mass left (p' ≤ q everywhere up to rounding): p' itself.
-                    residual = pp;
+            } else {
+                let Deferred::Ready(prop) = &deferred else { unreachable!("only greedy blocks are deferred") };
+                let mut input = Vec::with_capacity(k + 1);
+                input.push(anchor);
+                input.extend_from_slice(&prop.tokens[..k]);
+                let f = target.forward(&input, LogitRows::All)?;
+                (None, Some(f.logits), Captured::Host(f.captured))
+            };
+            let drafts = draft.finish_proposal(deferred)?.tokens;
+            let (m, next) = match (decided, &logits) {
+                (Some(d), _) => d,
+                (None, Some(l)) => {
+                    let row = |i: usize| &l[i * vocab..(i + 1) * vocab];
+                    host_rule(params, &row, &drafts[..k], q_used.as_deref(), &us, fault)
                 }
-                next = Some(draw(&residual, last_u));
-                break;
-            }
-            let next = match next {
-                Some(t) => t,
-                None => draw(&transform(params, f.row(k, vocab)), last_u),
+                (None, None) => unreachable!("a round is decided or has logits"),
             };
             stats.record(k, m);
 
             target.truncate(p + m + 1)?;
             // Accepted d_{i+1} came from row i, the residual or bonus from row m.
             for (i, &t) in drafts[..m].iter().chain(std::iter::once(&next)).enumerate() {
-                if let Some(stop) = emit(emitted(t, Some(f.row(i, vocab)), lp), &mut tokens, opts, &mut on_token) {
+                let row = logits.as_ref().map(|l| &l[i * vocab..(i + 1) * vocab]);
+                if let Some(stop) = emit(emitted(t, row, lp), &mut tokens, opts, &mut on_token) {
                     break 'gen stop;
                 }
             }
-            pending = Captured::Host(f.captured).prefix(m + 1, row_len);
+            pending = captured.prefix(m + 1, row_len);
             anchor = next;
         }
     };
     let decode = decode_start.elapsed();
     Ok(Generation { tokens, stop, prompt_tokens: prompt.len(), prefill, decode, spec: Some(stats) })
+}
+
+/// The speculative sampling rule on host logits (`row(i)` = target row i): accept `d_{i+1}`
+/// iff `u_i < p'_i(d) / q_{i+1}(d)` (q one-hot when `q` is `None`), then draw with `u[k]` from
+/// the first rejecting row's residual or from row k. Returns (accepted, next token).
+fn host_rule<'a>(
+    params: &SamplingParams,
+    row: &dyn Fn(usize) -> &'a [f32],
+    drafts: &[u32],
+    q: Option<&[Vec<f64>]>,
+    u: &[f64],
+    fault: Fault,
+) -> (usize, u32) {
+    let k = drafts.len();
+    for i in 0..k {
+        let r = if fault == Fault::OffByOneRow { (i + 1).min(k) } else { i };
+        let pp = transform(params, row(r));
+        let d = drafts[i] as usize;
+        let qd = q.map_or(1.0, |q| q[i][d]);
+        if qd > 0.0 && u[i] < pp[d] / qd {
+            continue;
+        }
+        let mut residual = match (fault, q) {
+            (Fault::ResidualIsTarget, _) => pp.clone(),
+            (_, None) => {
+                let mut r = pp.clone();
+                r[d] = 0.0;
+                r
+            }
+            (_, Some(q)) => pp.iter().zip(&q[i]).map(|(a, b)| (a - b).max(0.0)).collect(),
+        };
+        if residual.iter().sum::<f64>() <= 0.0 {
+            // No mass left (p' ≤ q everywhere up to rounding): p' itself.
+            residual = pp;
+        }
+        return (i, draw(&residual, u[k]));
+    }
+    (k, draw(&transform(params, row(k)), u[k]))
 }
 
 /// The most likely token of a distribution (lowest index on ties).
