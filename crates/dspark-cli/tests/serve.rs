@@ -239,6 +239,17 @@ fn stop_strings_and_include_usage() {
     let (text, finish, _) = stream_text(&events, false);
     assert_eq!(text, &full[..cut]);
     assert_eq!(finish, "stop");
+    // With logprobs: one per generated token (the one completing the stop string included),
+    // streamed as non-streamed.
+    let mut lreq = req.clone();
+    lreq["logprobs"] = json!(1);
+    let lv = s.post("/v1/completions", &lreq).json_value();
+    assert_eq!(lv["choices"][0]["text"], v["choices"][0]["text"]);
+    let lp = &lv["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len() as u64, lv["usage"]["completion_tokens"].as_u64().unwrap());
+    lreq["stream"] = json!(true);
+    let levents = sse_events(&s.post("/v1/completions", &lreq).text().unwrap());
+    assert_eq!(&stream_choices(&levents, false, 1)[0].3, lp);
     let last = events.last().unwrap();
     assert_eq!(last["choices"], json!([]));
     let u = &last["usage"];
