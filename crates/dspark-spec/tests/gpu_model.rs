@@ -191,6 +191,19 @@ fn lossless_on_random_pairs() {
             speculative(&mut t, &mut dr, &prompt, &opts, &verify, |_| ControlFlow::Continue(())).unwrap().tokens;
         assert_eq!(plain, want, "seed {seed}: CUDA greedy != CPU greedy");
         assert_eq!(spec_out, plain, "seed {seed}: CUDA speculative != CUDA greedy");
+        // Logprobs put both loops on the host-logits path: the host argmax of the logits is the
+        // device argmax (issue 28), and every token reports one.
+        let lp_opts = GenerateOptions { logprobs: Some(2), ..opts.clone() };
+        let mut reported = 0;
+        let mut count = |e: &dspark_spec::Emitted| {
+            reported += usize::from(e.logprob.as_ref().is_some_and(|l| l.logprob <= 0.0));
+            ControlFlow::Continue(())
+        };
+        let plain_lp = greedy(&mut t, &prompt, &lp_opts, &mut count).unwrap().tokens;
+        let spec_lp = speculative(&mut t, &mut dr, &prompt, &lp_opts, &verify, &mut count).unwrap().tokens;
+        assert_eq!(plain_lp, plain, "seed {seed}: CUDA greedy with logprobs");
+        assert_eq!(spec_lp, plain, "seed {seed}: CUDA speculative with logprobs");
+        assert_eq!(reported, 2 * plain.len(), "seed {seed}: a logprob per token");
         cases += 1;
     }
     assert!(cases >= 100);
@@ -445,3 +458,6 @@ mod kv_bf16;
 
 #[path = "gpu_model/prefill.rs"]
 mod prefill;
+
+#[path = "gpu_model/sampled.rs"]
+mod sampled;
