@@ -77,9 +77,10 @@ pub struct Logprob {
 /// `i`'s events, ending with its `Done`, before choice `i + 1`'s.
 #[derive(Debug)]
 pub enum Event {
-    /// New complete text of choice `index`, with the logprobs of the tokens it completes (empty
-    /// unless asked; a token whose text is still held back travels with a later event, an eos
-    /// id's with the last).
+    /// New complete text of choice `index`, with the logprobs of the tokens taken since the
+    /// previous event (empty unless asked; a token that completed no text yet travels with a
+    /// later event, an eos id's with the last, whose text may be empty). Concatenated, a
+    /// choice's events give its whole text and one logprob per generated token.
     Text {
         index: usize,
         text: String,
@@ -231,8 +232,8 @@ impl TextState<'_> {
             None => hold_back(text, from, self.stop),
         };
         self.stopped = hit.is_some();
-        // Logprobs go with the text they complete; at the end (or a stop string) all that are
-        // left go, with no text if none is left.
+        // The logprobs of the tokens taken so far go out with the next text sent; at the end
+        // (or a stop string) all that are left go, with no text if none is left.
         if end > from || (!self.pending.is_empty() && (last || self.stopped)) {
             let logprobs = std::mem::take(&mut self.pending);
             let _ = self.tx.send(Event::Text { index: self.index, text: text[from..end].to_string(), logprobs });
