@@ -53,7 +53,8 @@ fn sampled_verify_equals_the_host_loop() {
         Filters { temperature: 1.0, top_k: 1500, top_p: 0.7, min_p: 0.0 },
         Filters { temperature: 2.0, top_k: 1, top_p: 1.0, min_p: 0.0 },
     ];
-    let mut vocabs = vec![97usize, 1000, 5000];
+    // Under compute-sanitizer (small shapes) two vocabularies and fewer trials.
+    let (mut vocabs, trials) = if full_size() { (vec![97usize, 1000, 5000], 6) } else { (vec![97usize, 3000], 2) };
     if full_size() {
         vocabs.push(151_936);
     }
@@ -61,7 +62,7 @@ fn sampled_verify_equals_the_host_loop() {
     for &vocab in &vocabs {
         let mut scratch = SampleScratch::new(&g.stream, 8, vocab).unwrap();
         for f in &filters {
-            for trial in 0..6 {
+            for trial in 0..trials {
                 let rows = 1 + rng.below(8);
                 let k = rows - 1;
                 let ties = trial % 2 == 1;
@@ -113,6 +114,6 @@ fn sampled_verify_equals_the_host_loop() {
         }
     }
     eprintln!("sampled verify: {cases} cases equal, {accepted} drafts accepted in all, {overflows} overflows");
-    assert!(cases >= filters.len() * vocabs.len() * 4, "too few compared cases ({cases})");
+    assert!(cases >= filters.len() * vocabs.len() * trials * 2 / 3, "too few compared cases ({cases})");
     assert!(accepted > 0, "no draft was ever accepted: the test exercises no accept path");
 }
