@@ -8,7 +8,9 @@
 //!                                                 law Sampled: d_s ~ q_s = transform(params,
 //!                                                   lm_head(h_s) + Markov bias(d_{s-1})), d_0 = anchor
 //!        k = verify_len(survival)                 (see "Verify length" below)
-//!        rows 0..=k = target([anchor, d_1..d_k])  host logits (TargetModel::forward, LogitRows::All)
+//!        rows 0..=k = target([anchor, d_1..d_k])  TargetModel::verify_sampled for one-hot drafts
+//!                                                 (CUDA decides on the device, bit-equal to the
+//!                                                 host rule), else host logits (forward, All)
 //!        for i in 0..k: accept d_{i+1} iff u_i < p'_i(d_{i+1}) / q_{i+1}(d_{i+1})
 //!        first rejection at row m: emit x ~ norm(max(0, p'_m − q_{m+1}))   (one-hot q: p'_m without d)
 //!        all k accepted:           emit x ~ p'_k                           (the bonus)
