@@ -200,9 +200,18 @@ extern "C" __global__ void sample_radix_f32(const float* logits, int ld, int voc
     if (threadIdx.x < 256) hist[threadIdx.x] = 0;
     __syncthreads();
     const float* x = logits + (size_t)row * ld;
-    for (int i = b * LEAVES + threadIdx.x; i < min(vocab, (b + 1) * LEAVES); i += THREADS) {
-        uint32_t key = order_key(x[i]);
-        if (key >= floor_key && (key & high) == (prefix & high)) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    // Logits crowd a few bins (their exponent bits first), so lanes of a warp that share a bin
+    // add once for all of them (every lane runs every iteration, so the match is warp-wide).
+    const int lane = threadIdx.x & 31, hi_i = min(vocab, (b + 1) * LEAVES);
+    for (int base = b * LEAVES; base < hi_i; base += THREADS) {
+        int i = base + threadIdx.x;
+        uint32_t bin = 256u;  // not counted
+        if (i < hi_i) {
+            uint32_t key = order_key(x[i]);
+            if (key >= floor_key && (key & high) == (prefix & high)) bin = (key >> shift) & 255u;
+        }
+        uint32_t same = __match_any_sync(0xffffffffu, bin);
+        if (bin < 256u && lane == __ffs(same) - 1) atomicAdd(&hist[bin], (uint32_t)__popc(same));
     }
     __syncthreads();
     uint32_t* mine = part + ((size_t)row * nb + b) * 256;

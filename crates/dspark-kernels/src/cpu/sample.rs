@@ -132,16 +132,26 @@ pub fn transform(f: &Filters, logits: &[f32]) -> Vec<f64> {
     }
     let mut p = weights(f, logits);
     let keys: Vec<u32> = logits.iter().map(|&l| order_key(l)).collect();
+    let by_order = |a: &usize, b: &usize| keys[*b].cmp(&keys[*a]).then(a.cmp(b));
+    // The order is needed only as far as the filters cut: top-k's k-th key comes from a
+    // selection, and only top-p sorts, over what top-k kept (the whole row without top-k).
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| keys[b].cmp(&keys[a]).then(a.cmp(&b)));
     let mut keep = n;
     if f.top_k > 0 && f.top_k < n {
+        order.select_nth_unstable_by(f.top_k - 1, by_order);
         let kth = keys[order[f.top_k - 1]];
-        keep = order.iter().take_while(|&&i| keys[i] >= kth).count();
+        order.retain(|&i| keys[i] >= kth);
+        keep = order.len();
+        for (i, pi) in p.iter_mut().enumerate() {
+            if keys[i] < kth {
+                *pi = 0.0;
+            }
+        }
     }
     if f.top_p < 1.0 {
-        let kept: Vec<f64> = (0..n).map(|i| if keys[i] >= keys[order[keep - 1]] { p[i] } else { 0.0 }).collect();
-        let goal = f.top_p as f64 * tree_sum(&kept);
+        order.sort_unstable_by(by_order);
+        // p is already zero outside the top-k set.
+        let goal = f.top_p as f64 * tree_sum(&p);
         let mut cum = 0.0;
         let mut cut = keep;
         for (r, &i) in order[..keep].iter().enumerate() {
@@ -153,8 +163,10 @@ pub fn transform(f: &Filters, logits: &[f32]) -> Vec<f64> {
         }
         keep = cut.max(1);
     }
-    for &i in &order[keep..] {
-        p[i] = 0.0;
+    if keep < order.len() {
+        for &i in &order[keep..] {
+            p[i] = 0.0;
+        }
     }
     if f.min_p > 0.0 {
         // Elementwise (the most likely token has p = 1 ≥ min_p, so it stays).
@@ -228,6 +240,75 @@ mod tests {
         let mut padded = v.to_vec();
         padded.resize(32, 0.0);
         assert_eq!(tree_sum(&padded).to_bits(), tree_sum(&v).to_bits());
+    }
+
+    /// The filters the slow way: sort the whole row, cut the sorted prefix (same arithmetic).
+    fn transform_by_sort(f: &Filters, logits: &[f32]) -> Vec<f64> {
+        let n = logits.len();
+        let mut p = weights(f, logits);
+        let keys: Vec<u32> = logits.iter().map(|&l| order_key(l)).collect();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| keys[b].cmp(&keys[a]).then(a.cmp(&b)));
+        let mut keep = n;
+        if f.top_k > 0 && f.top_k < n {
+            let kth = keys[order[f.top_k - 1]];
+            keep = order.iter().take_while(|&&i| keys[i] >= kth).count();
+        }
+        if f.top_p < 1.0 {
+            let kept: Vec<f64> = (0..n).map(|i| if keys[i] >= keys[order[keep - 1]] { p[i] } else { 0.0 }).collect();
+            let goal = f.top_p as f64 * tree_sum(&kept);
+            let (mut cum, mut cut) = (0.0, keep);
+            for (r, &i) in order[..keep].iter().enumerate() {
+                cum += p[i];
+                if cum >= goal {
+                    cut = r + 1;
+                    break;
+                }
+            }
+            keep = cut.max(1);
+        }
+        for &i in &order[keep..] {
+            p[i] = 0.0;
+        }
+        for pi in p.iter_mut().filter(|pi| **pi < f.min_p as f64) {
+            *pi = 0.0;
+        }
+        let total = tree_sum(&p);
+        p.iter().map(|x| x / total).collect()
+    }
+
+    #[test]
+    fn selection_equals_the_full_sort_bit_for_bit() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for case in 0..300 {
+            let n = 1 + (next() * 3000.0) as usize;
+            // Coarse logits (many ties) every other case.
+            let logits: Vec<f32> = (0..n)
+                .map(|_| {
+                    let x = ((next() - 0.5) * 16.0) as f32;
+                    if case % 2 == 0 {
+                        (x * 4.0).round() / 4.0
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            let f = Filters {
+                temperature: 0.2 + next() as f32 * 1.5,
+                top_k: [0, 1, 5, 20, 200, n][case % 6],
+                top_p: [1.0, 0.9, 0.5, 0.99][case % 4],
+                min_p: [0.0, 0.05][case % 2],
+            };
+            let (a, b) = (transform(&f, &logits), transform_by_sort(&f, &logits));
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "case {case}: {f:?}");
+            assert!(a.iter().any(|&x| x > 0.0));
+        }
     }
 
     #[test]
