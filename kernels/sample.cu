@@ -68,13 +68,12 @@ __device__ __forceinline__ double dexp(double x) {
                                       0x3f2a01a01a01a01aull, 0x3f56c16c16c16c17ull, 0x3f81111111111111ull,
                                       0x3fa5555555555555ull, 0x3fc5555555555555ull, 0x3fe0000000000000ull};
     double n = floor(__dadd_rn(__dmul_rn(x, LOG2E), 0.5));
-    double r = __fma_rn(-n, LN2_HI, x);
-    r = __fma_rn(-n, LN2_LO, r);
+    double r = __dsub_rn(__dsub_rn(x, __dmul_rn(n, LN2_HI)), __dmul_rn(n, LN2_LO));
     double p = __longlong_as_double(C[0]);
 #pragma unroll
-    for (int i = 1; i < 12; i++) p = __fma_rn(p, r, __longlong_as_double(C[i]));
-    p = __fma_rn(p, r, 1.0);
-    p = __fma_rn(p, r, 1.0);
+    for (int i = 1; i < 12; i++) p = __dadd_rn(__dmul_rn(p, r), __longlong_as_double(C[i]));
+    p = __dadd_rn(__dmul_rn(p, r), 1.0);
+    p = __dadd_rn(__dmul_rn(p, r), 1.0);
     long long e = (long long)n;
     if (e >= -1022) return __dmul_rn(p, __longlong_as_double((e + 1023) << 52));
     return __dmul_rn(__dmul_rn(p, __longlong_as_double((e + 1022 + 1023) << 52)), __longlong_as_double(1ll << 52));

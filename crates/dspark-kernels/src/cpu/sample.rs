@@ -21,9 +21,11 @@
 //! 2j+1 below), which thread blocks compute independently and which zero padding does not change
 //! (x + 0 = x exactly). The inverse-CDF draw descends that same tree instead of running a
 //! sequential cumulative sum, so the kernel finds the token from a few stored partial sums. The
-//! exponential is a fixed Cody–Waite reduction and a degree-13 Taylor polynomial evaluated with
-//! fused multiply-adds: IEEE defines every step (`mul_add` is correctly rounded here, `__fma_rn`
-//! there), so both sides get the same bits where two `exp` libraries could differ by an ulp.
+//! exponential is a fixed Cody–Waite reduction and a degree-13 Taylor polynomial in Horner form,
+//! each multiply and add rounded on its own: IEEE defines every step (and the kernel spells them
+//! `__dmul_rn` / `__dadd_rn`, which the compiler never fuses), so both sides get the same bits
+//! where two `exp` libraries could differ by an ulp. (Not `mul_add`: without a hardware FMA in
+//! the build it is a libm call, 6× slower over a 152k-token row.)
 //! The only sequential sum left is top-p's walk, which runs over the few tokens it keeps.
 //!
 //! Every rule keeps at least the most likely token (p = 1), so a transform never leaves an empty
@@ -69,14 +71,14 @@ pub fn dexp(x: f64) -> f64 {
         return 0.0;
     }
     let n = (x * LOG2E + 0.5).floor();
-    let r = (-n).mul_add(LN2_HI, x);
-    let r = (-n).mul_add(LN2_LO, r);
+    // n · LN2_HI is exact (LN2_HI ends in 21 zero bits, |n| < 2¹¹), so r keeps ~60 bits of x − n·ln 2.
+    let r = (x - n * LN2_HI) - n * LN2_LO;
     let mut p = f64::from_bits(INV_FACT[0]);
     for &c in &INV_FACT[1..] {
-        p = p.mul_add(r, f64::from_bits(c));
+        p = p * r + f64::from_bits(c);
     }
-    p = p.mul_add(r, 1.0);
-    p = p.mul_add(r, 1.0);
+    p = p * r + 1.0;
+    p = p * r + 1.0;
     // p · 2ⁿ: one exact exponent change while normal, then (deep below) one rounding.
     let n = n as i64;
     if n >= -1022 {
@@ -116,11 +118,24 @@ fn tree(v: &[f64]) -> Vec<f64> {
     t
 }
 
-/// The unnormalised probabilities `p_i` (before any filter) and the largest logit.
+/// The largest logit (NaN never counts).
+fn max_logit(logits: &[f32]) -> f32 {
+    logits.iter().fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m })
+}
+
+/// `p` of one logit given the row's largest `m`: dexp((l − m) / T), 0 for NaN.
+fn weight(l: f32, m: f32, f: &Filters) -> f64 {
+    if l.is_nan() {
+        0.0
+    } else {
+        dexp((l as f64 - m as f64) / f.temperature as f64)
+    }
+}
+
+/// The unnormalised probabilities `p_i` (before any filter).
 fn weights(f: &Filters, logits: &[f32]) -> Vec<f64> {
-    let m = logits.iter().fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
-    let t = f.temperature as f64;
-    logits.iter().map(|&l| if l.is_nan() { 0.0 } else { dexp((l as f64 - m as f64) / t) }).collect()
+    let m = max_logit(logits);
+    logits.iter().map(|&l| weight(l, m, f)).collect()
 }
 
 /// The distribution a row is drawn from (see the module header): zero outside the kept set,
@@ -130,32 +145,38 @@ pub fn transform(f: &Filters, logits: &[f32]) -> Vec<f64> {
     if n == 0 {
         return Vec::new();
     }
-    let mut p = weights(f, logits);
-    let keys: Vec<u32> = logits.iter().map(|&l| order_key(l)).collect();
-    let by_order = |a: &usize, b: &usize| keys[*b].cmp(&keys[*a]).then(a.cmp(b));
+    let top_k = f.top_k > 0 && f.top_k < n;
+    // With top-k only its set is weighed (the rest is 0 anyway).
+    let mut p = if top_k { vec![0f64; n] } else { weights(f, logits) };
+    // (key, !id) packed in one u64: descending order is (logit descending, id ascending).
+    let filtered = top_k || f.top_p < 1.0;
+    let mut packed: Vec<u64> = if filtered {
+        logits.iter().enumerate().map(|(i, &l)| ((order_key(l) as u64) << 32) | !(i as u32) as u64).collect()
+    } else {
+        Vec::new()
+    };
+    let id = |x: u64| !(x as u32) as usize;
     // The order is needed only as far as the filters cut: top-k's k-th key comes from a
     // selection, and only top-p sorts, over what top-k kept (the whole row without top-k).
-    let mut order: Vec<usize> = (0..n).collect();
     let mut keep = n;
-    if f.top_k > 0 && f.top_k < n {
-        order.select_nth_unstable_by(f.top_k - 1, by_order);
-        let kth = keys[order[f.top_k - 1]];
-        order.retain(|&i| keys[i] >= kth);
-        keep = order.len();
-        for (i, pi) in p.iter_mut().enumerate() {
-            if keys[i] < kth {
-                *pi = 0.0;
-            }
+    if top_k {
+        packed.select_nth_unstable_by(f.top_k - 1, |a, b| b.cmp(a));
+        let kth = packed[f.top_k - 1] >> 32;
+        packed.retain(|&x| x >> 32 >= kth);
+        keep = packed.len();
+        let m = max_logit(logits);
+        for &x in &packed {
+            p[id(x)] = weight(logits[id(x)], m, f);
         }
     }
     if f.top_p < 1.0 {
-        order.sort_unstable_by(by_order);
+        packed.sort_unstable_by(|a, b| b.cmp(a));
         // p is already zero outside the top-k set.
         let goal = f.top_p as f64 * tree_sum(&p);
         let mut cum = 0.0;
         let mut cut = keep;
-        for (r, &i) in order[..keep].iter().enumerate() {
-            cum += p[i];
+        for (r, &x) in packed[..keep].iter().enumerate() {
+            cum += p[id(x)];
             if cum >= goal {
                 cut = r + 1;
                 break;
@@ -163,9 +184,9 @@ pub fn transform(f: &Filters, logits: &[f32]) -> Vec<f64> {
         }
         keep = cut.max(1);
     }
-    if keep < order.len() {
-        for &i in &order[keep..] {
-            p[i] = 0.0;
+    if keep < packed.len() {
+        for &x in &packed[keep..] {
+            p[id(x)] = 0.0;
         }
     }
     if f.min_p > 0.0 {
