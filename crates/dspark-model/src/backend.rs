@@ -147,6 +147,18 @@ pub trait TargetModel {
         };
         Ok(SampledVerify { outcome: VerifyOutcome::Logits(f.logits), captured: Captured::Host(f.captured) })
     }
+
+    /// Runs the prompt (or its last chunk) as [`TargetModel::forward`] does and draws the token
+    /// after it from the last row under `filters` with `uniform` — the first token of a sampled
+    /// generation — returning it with the captures. The CUDA target draws on the device (the
+    /// same bits); this default copies the row to the host and runs `cpu::sample`.
+    fn prefill_sampled(&mut self, tokens: &[u32], filters: &Filters, uniform: f64) -> Result<(u32, Captured)> {
+        let f = self.forward(tokens, LogitRows::Last)?;
+        let vocab = self.config().vocab_size;
+        let row = f.row(f.rows - 1, vocab);
+        let t = dspark_kernels::cpu::sample::draw(&dspark_kernels::cpu::sample::transform(filters, row), uniform);
+        Ok((t, Captured::Host(f.captured)))
+    }
 }
 
 /// What [`TargetModel::verify_sampled`] returns: the decision or the logits, and the captures.

@@ -138,8 +138,14 @@ pub fn sample<T: TargetModel + ?Sized>(
     let mut u = Uniforms::new(params.seed);
     let start = Instant::now();
     let lp = opts.logprobs;
-    let f = target.forward(prompt, LogitRows::Last)?;
-    let mut next = emitted(draw(&transform(params, f.row(0, vocab)), u.next_uniform()), Some(f.row(0, vocab)), lp);
+    let first = u.next_uniform();
+    let mut next = if lp.is_none() {
+        // The CUDA target draws the first token on the device as well.
+        emitted(target.prefill_sampled(prompt, &params.filters(), first)?.0, None, lp)
+    } else {
+        let f = target.forward(prompt, LogitRows::Last)?;
+        emitted(draw(&transform(params, f.row(0, vocab)), first), Some(f.row(0, vocab)), lp)
+    };
     let prefill = start.elapsed();
     let decode_start = Instant::now();
     let mut tokens = Vec::new();
@@ -157,7 +163,13 @@ pub fn sample<T: TargetModel + ?Sized>(
             let uniform = u.next_uniform();
             next = if lp.is_none() {
                 // A verify of no drafts: the CUDA target draws on the device.
-                let v = target.verify_sampled(last, &Deferred::Ready(Proposal::default()), 0, &params.filters(), &[uniform])?;
+                let v = target.verify_sampled(
+                    last,
+                    &Deferred::Ready(Proposal::default()),
+                    0,
+                    &params.filters(),
+                    &[uniform],
+                )?;
                 match v.outcome {
                     VerifyOutcome::Drawn { next, .. } => emitted(next, None, lp),
                     VerifyOutcome::Logits(l) => emitted(draw(&transform(params, &l[..vocab]), uniform), None, lp),
@@ -226,9 +238,14 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
                 draft.append_captured(&g.captured)?;
                 continue;
             }
+            let first = u.next_uniform();
+            if lp.is_none() {
+                let (t, captured) = target.prefill_sampled(chunk, &params.filters(), first)?;
+                break (emitted(t, None, lp), captured);
+            }
             let f = target.forward(chunk, LogitRows::Last)?;
             let row = f.row(f.rows - 1, vocab);
-            let t = draw(&transform(params, row), u.next_uniform());
+            let t = draw(&transform(params, row), first);
             break (emitted(t, Some(row), lp), Captured::Host(f.captured));
         }
     };
@@ -255,7 +272,9 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
             // block with a fixed verify length may stay on the GPU for the device sampler.
             let (deferred, q, survival, base) = match law {
                 DraftLaw::Greedy => match verify_len {
-                    VerifyLen::Fixed(_) if opts.logprobs.is_none() => (draft.propose_deferred(anchor)?, None, None, None),
+                    VerifyLen::Fixed(_) if opts.logprobs.is_none() => {
+                        (draft.propose_deferred(anchor)?, None, None, None)
+                    }
                     _ => {
                         let prop = draft.propose(anchor)?;
                         let survival = prop.survival.clone();

@@ -87,6 +87,9 @@ pub struct CudaQwen3 {
     /// it (off: the logits go to the host, the reference path the GPU tests compare against).
     sample: SampleScratch,
     device_sampling: bool,
+    /// Set while a sampled prefill runs: its last row goes through the sampler with these cfg
+    /// words (`sampled.rs`).
+    prefill_sample: Option<(Vec<u32>, SampleShape)>,
     x: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     /// Argmax ids of the logits rows.
@@ -186,6 +189,7 @@ impl CudaQwen3 {
             graphs: StepGraphs::new(),
             sample,
             device_sampling: true,
+            prefill_sample: None,
             x,
             logits,
             next_ids,
@@ -239,6 +243,18 @@ impl CudaQwen3 {
     /// are `host` followed by the first `drafted` tokens of the shared draft-token buffer, copied
     /// on the device (the verify of a deferred proposal).
     fn run_step(&mut self, host: &[u32], drafted: usize, logit_from: Option<usize>, argmax: bool) -> Result<usize> {
+        // A sampled prefill's last row: the sampler instead of the argmax.
+        if let (true, Some(from), Some((words, shape))) = (argmax, logit_from, self.prefill_sample.take()) {
+            let ran = if host.len() + drafted == from + 1 {
+                Some(self.run_step_with(host, drafted, logit_from, false, Some((&words, shape))))
+            } else {
+                None
+            };
+            self.prefill_sample = Some((words, shape));
+            if let Some(r) = ran {
+                return r;
+            }
+        }
         self.run_step_with(host, drafted, logit_from, argmax, None)
     }
 
@@ -520,6 +536,16 @@ impl TargetModel for CudaQwen3 {
             return self.verify_sampled_host(anchor, drafts, k);
         }
         self.verify_sampled_device(anchor, drafts, k, filters, uniforms)
+    }
+
+    fn prefill_sampled(&mut self, tokens: &[u32], filters: &Filters, uniform: f64) -> Result<(u32, Captured)> {
+        if !self.device_sampling {
+            let f = self.forward(tokens, LogitRows::Last)?;
+            let row = &f.logits[(f.rows - 1) * self.cfg.vocab_size..];
+            let t = dspark_kernels::cpu::sample::draw(&dspark_kernels::cpu::sample::transform(filters, row), uniform);
+            return Ok((t, Captured::Host(f.captured)));
+        }
+        self.prefill_sampled_device(tokens, filters, uniform)
     }
 }
 

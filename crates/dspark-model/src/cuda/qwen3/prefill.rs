@@ -129,7 +129,16 @@ impl CudaQwen3 {
                     false,
                 )
                 .map_err(gpu_err)?;
-                if argmax {
+                if let (true, Some((_, shape)), 1) = (argmax, &self.prefill_sample, rows) {
+                    let shape = *shape;
+                    // A sampled prefill: the last row's token from the device sampler (its cfg
+                    // words are already in step_in; see `sampled.rs`).
+                    let cfg = self.step_in.slice(2 + CHUNK..);
+                    let drafts = self.step_in.slice(3..4);
+                    gpu.sample_verify(&self.logits.slice(..v), (1, v, v), &cfg, &drafts, shape, &mut self.sample)
+                        .map_err(gpu_err)?;
+                    out.ids.push(u32::MAX);
+                } else if argmax {
                     let logits = self.logits.slice(..rows * v);
                     gpu.argmax_split(&logits, v, v, rows, &mut self.next_ids.slice_mut(..rows), &mut s.ops)
                         .map_err(gpu_err)?;

@@ -15,7 +15,8 @@ use crate::backend::{
 use crate::cuda::graphs::MAX_GRAPH_ROWS;
 use crate::cuda::layers::drv;
 use crate::error::{Error, Result};
-use dspark_kernels::cuda::sample::{sample_cfg, SampleScratch, SampleShape, MAX_UNIFORMS};
+use dspark_kernels::cpu::sample::{draw, transform};
+use dspark_kernels::cuda::sample::{sample_cfg, SampleScratch, SampleShape, CFG_WORDS, MAX_UNIFORMS};
 use dspark_tensor::arena::Arena;
 
 /// Rows a device-sampled verify takes (a block of up to 15 drafts and its anchor).
@@ -119,5 +120,41 @@ impl CudaQwen3 {
         }
         let f = self.forward(&input, LogitRows::All)?;
         Ok(SampledVerify { outcome: VerifyOutcome::Logits(f.logits), captured: Captured::Host(f.captured) })
+    }
+
+    /// [`TargetModel::prefill_sampled`] on the device: the prompt as `forward_greedy` runs it
+    /// (GEMM chunks or decode steps, captures handed over the same way), with the last row's
+    /// argmax replaced by the sampler.
+    pub(super) fn prefill_sampled_device(
+        &mut self,
+        tokens: &[u32],
+        filters: &Filters,
+        uniform: f64,
+    ) -> Result<(u32, Captured)> {
+        let v = self.cfg.vocab_size;
+        let words = sample_cfg(filters, 0, &[uniform]);
+        let shape = SampleShape::of(filters, v);
+        // The GEMM path reads the words from step_in; a decode step uploads them with its ids.
+        // The result words are poisoned so a path that skipped the sampler cannot pass.
+        self.gpu
+            .stream
+            .memcpy_htod(&words, &mut self.step_in.slice_mut(2 + CHUNK..2 + CHUNK + CFG_WORDS))
+            .map_err(drv)?;
+        self.gpu.stream.memcpy_htod(&[u32::MAX; 4], &mut self.sample.out).map_err(drv)?;
+        self.prefill_sample = Some((words, shape));
+        let g = self.forward_greedy(tokens, LogitRows::Last);
+        self.prefill_sample = None;
+        let g = g?;
+        let out = self.gpu.sample_result(&self.sample).map_err(crate::cuda::layers::gpu_err)?;
+        if out[2] == 1 {
+            // top-p outgrew the candidates: the row (still in the logits buffer) to the host.
+            let mut row = vec![0f32; v];
+            self.gpu.stream.memcpy_dtoh(&self.logits.slice(..v), &mut row).map_err(drv)?;
+            return Ok((draw(&transform(filters, &row), uniform), g.captured));
+        }
+        if out[1] as usize >= v {
+            return Err(Error::Request(format!("the device sampler answered {out:?} for the prompt's last row")));
+        }
+        Ok((out[1], g.captured))
     }
 }
