@@ -148,6 +148,24 @@ __device__ int top_tree(const double* partials, int n, double* heap, double* roo
     return np;
 }
 
+// The draw's descent of a heap-ordered sum tree with `leaves` leaves (cpu::sample::draw): go
+// left iff the left sum is > 0 and either the right one is 0 or acc + left > target; else add
+// the left sum to acc and go right. Returns the leaf's index; acc is carried across calls (the
+// top tree, then a leaf block's).
+__device__ __forceinline__ int descend(const double* tree, int leaves, double target, double* acc) {
+    int j = 1;
+    while (j < leaves) {
+        double l = tree[2 * j], r = tree[2 * j + 1];
+        if (l > 0.0 && (r == 0.0 || __dadd_rn(*acc, l) > target)) {
+            j = 2 * j;
+        } else {
+            *acc = __dadd_rn(*acc, l);
+            j = 2 * j + 1;
+        }
+    }
+    return j - leaves;
+}
+
 // ---- Phases.
 
 extern "C" __global__ void sample_max_f32(const float* logits, int ld, int vocab, const SampleCfg* cfg, SampleRow* st,
@@ -444,18 +462,8 @@ extern "C" __global__ void sample_draw_f32(const float* logits, int ld, int voca
     }
     const double target = __dmul_rn((double)cfg->u[k], total);
     // Descend the top tree to a leaf block (every thread walks the same path).
-    int j = 1;
     double acc = 0.0;
-    while (j < np) {
-        double l = heap[2 * j], r = heap[2 * j + 1];
-        if (l > 0.0 && (r == 0.0 || __dadd_rn(acc, l) > target)) {
-            j = 2 * j;
-        } else {
-            acc = __dadd_rn(acc, l);
-            j = 2 * j + 1;
-        }
-    }
-    const int lb = j - np;
+    const int lb = descend(heap, np, target, &acc);
     __syncthreads();
     double a[2];
     for (int h = 0; h < 2; h++) {
@@ -470,20 +478,11 @@ extern "C" __global__ void sample_draw_f32(const float* logits, int ld, int voca
     }
     block_tree(a[0], a[1], leaf_tree);
     if (threadIdx.x == 0) {
-        int q = 1;
-        while (q < LEAVES) {
-            double l = leaf_tree[2 * q], r = leaf_tree[2 * q + 1];
-            if (l > 0.0 && (r == 0.0 || __dadd_rn(acc, l) > target)) {
-                q = 2 * q;
-            } else {
-                acc = __dadd_rn(acc, l);
-                q = 2 * q + 1;
-            }
-        }
+        const int q = descend(leaf_tree, LEAVES, target, &acc);
         uint32_t overflow = 0;
         for (int r = 0; r <= k; r++) overflow |= st[r].overflow;
         out[0] = m;
-        out[1] = (uint32_t)(lb * LEAVES + (q - LEAVES));
+        out[1] = (uint32_t)(lb * LEAVES + q);
         out[2] = overflow;
         out[3] = row;
     }

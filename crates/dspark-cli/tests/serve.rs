@@ -4,74 +4,12 @@
 //! must concatenate to the non-streamed text, and every bad request must be a 4xx in OpenAI's
 //! error shape.
 
+mod common;
+
+use common::{client, generate, ids, Server};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Output, Stdio};
+use std::io::Read;
 use std::time::{Duration, Instant};
-
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dspark"))
-            .args(["serve", "--device", "cpu", "--port", "0"])
-            .args(extra)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start dspark serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines.next().expect("server exited before listening").unwrap();
-            if let Some(a) = line.strip_prefix("dspark serve: listening on ") {
-                break a.to_string();
-            }
-        };
-        // Keep draining stderr so the server never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
-        let server = Server { child, base: addr };
-        let start = Instant::now();
-        loop {
-            if let Ok(r) = client().get(server.url("/health")).send() {
-                if r.status() == 200 {
-                    assert_eq!(r.json_value(), json!({"status": "ok"}));
-                    break;
-                }
-                assert_eq!(r.status(), 503, "health while loading");
-            }
-            assert!(start.elapsed() < Duration::from_secs(30), "server not ready after 30 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn post(&self, path: &str, body: &Value) -> reqwest::blocking::Response {
-        client()
-            .post(self.url(path))
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .expect("POST")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
-}
 
 trait JsonValue {
     fn json_value(self) -> Value;
@@ -82,16 +20,6 @@ impl JsonValue for reqwest::blocking::Response {
         let text = self.text().unwrap();
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
     }
-}
-
-fn generate(args: &[&str]) -> Value {
-    let out: Output = Command::new(env!("CARGO_BIN_EXE_dspark"))
-        .args(["generate", "--device", "cpu", "--json"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The `data:` payloads of an SSE body, checking the framing; `[DONE]` must be last.
@@ -121,10 +49,6 @@ fn stream_text(events: &[Value], chat: bool) -> (String, String, Vec<u64>) {
         }
     }
     (text, finish, tokens)
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
 }
 
 const PROMPT: &str = "def fibonacci(n):\n";

@@ -153,12 +153,22 @@ pub trait TargetModel {
     /// generation — returning it with the captures. The CUDA target draws on the device (the
     /// same bits); this default copies the row to the host and runs `cpu::sample`.
     fn prefill_sampled(&mut self, tokens: &[u32], filters: &Filters, uniform: f64) -> Result<(u32, Captured)> {
-        let f = self.forward(tokens, LogitRows::Last)?;
-        let vocab = self.config().vocab_size;
-        let row = f.row(f.rows - 1, vocab);
-        let t = dspark_kernels::cpu::sample::draw(&dspark_kernels::cpu::sample::transform(filters, row), uniform);
-        Ok((t, Captured::Host(f.captured)))
+        prefill_sampled_on_host(self, tokens, filters, uniform)
     }
+}
+
+/// [`TargetModel::prefill_sampled`] through host logits and `cpu::sample` (the default, and the
+/// CUDA target's reference path).
+pub fn prefill_sampled_on_host<T: TargetModel + ?Sized>(
+    target: &mut T,
+    tokens: &[u32],
+    filters: &Filters,
+    uniform: f64,
+) -> Result<(u32, Captured)> {
+    let f = target.forward(tokens, LogitRows::Last)?;
+    let row = f.row(f.rows - 1, target.config().vocab_size);
+    let t = dspark_kernels::cpu::sample::draw(&dspark_kernels::cpu::sample::transform(filters, row), uniform);
+    Ok((t, Captured::Host(f.captured)))
 }
 
 /// What [`TargetModel::verify_sampled`] returns: the decision or the logits, and the captures.

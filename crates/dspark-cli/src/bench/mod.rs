@@ -202,7 +202,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 let deferred = draft.propose_deferred(anchor)?;
                 let v = target.verify_sampled(anchor, &deferred, block, &filters, &uniforms)?;
                 if !matches!(v.outcome, VerifyOutcome::Drawn { .. }) {
-                    return Err(dspark_model::Error::Request(format!("{name}: the device sampler fell back to the host")));
+                    return Err(dspark_model::Error::Request(format!(
+                        "{name}: the device sampler fell back to the host"
+                    )));
                 }
                 draft.finish_proposal(deferred)?;
                 pending = v.captured.prefix(COMMITTED, 0);

@@ -1,6 +1,7 @@
-//! Shared by the `serve_*` integration tests: `dspark serve` on the embedded demo pair (CPU) as
-//! the real binary on 127.0.0.1:0, a blocking HTTP client, SSE framing. The same start-up as
-//! `serve.rs`: the listening line on stderr, then `/health` polled until the models are loaded.
+//! Shared by the `serve*` integration tests: `dspark serve` on the embedded demo pair (CPU) as
+//! the real binary on 127.0.0.1:0 (the listening line on stderr, then `/health` polled until
+//! the models are loaded), a blocking HTTP client, and `dspark generate --json` for the
+//! expected outputs.
 #![allow(dead_code)] // each test crate uses part of it
 
 use serde_json::{json, Value};
@@ -36,6 +37,8 @@ impl Server {
         loop {
             if let Ok(r) = client().get(server.url("/health")).send() {
                 if r.status() == 200 {
+                    let body: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+                    assert_eq!(body, json!({"status": "ok"}), "/health when ready");
                     break;
                 }
                 assert_eq!(r.status(), 503, "health while loading");

@@ -67,7 +67,8 @@ const INV_FACT: [u64; 12] = [
 /// e^x for x ≤ 0 (what the sampler needs), a few ulp from the true value and the same bits as
 /// `dexp` in kernels/sample.cu. NaN and x < −745.2 give 0.
 pub fn dexp(x: f64) -> f64 {
-    if !(x > -745.2) {
+    // NaN fails every comparison, so it lands here too.
+    if x.is_nan() || x <= -745.2 {
         return 0.0;
     }
     let n = (x * LOG2E + 0.5).floor();

@@ -12,8 +12,8 @@
 //! a speculative round moves no activations through the host.
 
 use crate::backend::{
-    check_capture, check_forward, check_truncate, verify_on_host, Captured, Deferred, DeviceRows, Filters, Forward,
-    Greedy, LogitRows, SampledVerify, TargetModel,
+    check_capture, check_forward, check_truncate, prefill_sampled_on_host, verify_on_host, Captured, Deferred,
+    DeviceRows, Filters, Forward, Greedy, LogitRows, SampledVerify, TargetModel,
 };
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::safetensors::Checkpoint;
@@ -61,6 +61,9 @@ pub fn handoff_id<T>(h: &Arc<Mutex<Handoff<T>>>) -> usize {
 /// Most rows one device step processes (prefill runs in chunks of this size).
 pub const CHUNK: usize = 64;
 
+/// A step's graph key: (rows, first logits row, attention key capacity, argmax, sampler phases).
+type StepKey = (usize, Option<usize>, usize, bool, Option<SampleShape>);
+
 /// A Qwen3 target on one GPU.
 pub struct CudaQwen3 {
     pub gpu: Arc<Gpu>,
@@ -82,7 +85,7 @@ pub struct CudaQwen3 {
     /// embedding's ids, and a sampled verify's filters and uniforms).
     step_in: CudaSlice<u32>,
     /// CUDA graphs by (rows, first logits row, attention key capacity, argmax, sampler phases).
-    graphs: StepGraphs<(usize, Option<usize>, usize, bool, Option<SampleShape>)>,
+    graphs: StepGraphs<StepKey>,
     /// The device sampler's scratch (`cuda::qwen3::sampled`), and whether sampled verifies use
     /// it (off: the logits go to the host, the reference path the GPU tests compare against).
     sample: SampleScratch,
@@ -540,10 +543,7 @@ impl TargetModel for CudaQwen3 {
 
     fn prefill_sampled(&mut self, tokens: &[u32], filters: &Filters, uniform: f64) -> Result<(u32, Captured)> {
         if !self.device_sampling {
-            let f = self.forward(tokens, LogitRows::Last)?;
-            let row = &f.logits[(f.rows - 1) * self.cfg.vocab_size..];
-            let t = dspark_kernels::cpu::sample::draw(&dspark_kernels::cpu::sample::transform(filters, row), uniform);
-            return Ok((t, Captured::Host(f.captured)));
+            return prefill_sampled_on_host(self, tokens, filters, uniform);
         }
         self.prefill_sampled_device(tokens, filters, uniform)
     }
