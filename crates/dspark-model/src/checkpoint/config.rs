@@ -37,7 +37,25 @@ pub struct Qwen3Config {
 impl Qwen3Config {
     /// Reads `<dir>/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Qwen3Config> {
-        Self::from_json(&JsonObject::read(&dir.join("config.json"))?)
+        Self::from_target_json(&JsonObject::read(&dir.join("config.json"))?)
+    }
+
+    /// [`Qwen3Config::from_json`] for a whole target model: its `model_type` and
+    /// `architectures`, when given, must name Qwen3 (another model's config can parse as one
+    /// and would load as the wrong network).
+    pub fn from_target_json(j: &JsonObject) -> Result<Qwen3Config> {
+        if let Some(t) = j.opt_str("model_type")? {
+            if t != "qwen3" {
+                return Err(j.err("model_type", format!("expected \"qwen3\", found {t:?}")));
+            }
+        }
+        let c = Self::from_json(j)?;
+        if let Some(a) = c.architecture.as_deref() {
+            if a != "Qwen3ForCausalLM" {
+                return Err(j.err("architectures", format!("expected [\"Qwen3ForCausalLM\"], found {a:?}")));
+            }
+        }
+        Ok(c)
     }
 
     pub fn from_json(j: &JsonObject) -> Result<Qwen3Config> {
@@ -80,9 +98,15 @@ impl Qwen3Config {
             }
         }
         let rms_norm_eps = j.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
-        #[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(x > 0)` also refuses NaN
-        if !(rms_norm_eps > 0.0) {
-            return Err(j.err("rms_norm_eps", format!("must be positive, got {rms_norm_eps}")));
+        // Qwen3 ships 1e-6; an ε of 1 or more swamps the mean square and silently changes the
+        // network (a config fuzz found 1e40 and 1e308 accepted).
+        if rms_norm_eps.is_nan() || rms_norm_eps <= 0.0 || rms_norm_eps >= 1.0 {
+            return Err(j.err("rms_norm_eps", format!("must be in (0, 1), got {rms_norm_eps}")));
+        }
+        if let Some(q) = j.get("quantization_config") {
+            // Never read quantized weights as if they were plain ones.
+            let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("unnamed");
+            return Err(j.err("quantization_config", format!("quant_method {method:?} is not supported yet")));
         }
         let bos = j.id_list("bos_token_id")?;
         Ok(Qwen3Config {
@@ -147,6 +171,19 @@ fn rope_theta(j: &JsonObject) -> Result<f64> {
     Ok(theta)
 }
 
+/// A tied checkpoint (`tie_word_embeddings: true`) must not carry its own `lm_head.weight`:
+/// the engine would ignore that tensor and use the embeddings, silently changing the output.
+pub fn check_tied_head(cfg: &Qwen3Config, has_lm_head: bool) -> Result<()> {
+    if cfg.tie_word_embeddings && has_lm_head {
+        return Err(crate::error::Error::Request(
+            "config.json has tie_word_embeddings: true but the checkpoint holds lm_head.weight, which would be \
+             ignored; set tie_word_embeddings to false to use it, or remove the tensor"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,5 +222,35 @@ mod tests {
         assert!(e.contains("num_key_value_heads"), "{e}");
         let e = parse(&format!(r#"{{{BASE}, "eos_token_id": "x"}}"#)).unwrap_err().to_string();
         assert!(e.contains("eos_token_id"), "{e}");
+        for eps in ["1e40", "1e308", "1.0", "0", "-1e-6"] {
+            let e = parse(&format!(r#"{{{BASE}, "rms_norm_eps": {eps}}}"#)).unwrap_err().to_string();
+            assert!(e.contains("rms_norm_eps"), "{eps}: {e}");
+        }
+        let e =
+            parse(&format!(r#"{{{BASE}, "quantization_config": {{"quant_method": "fp8"}}}}"#)).unwrap_err().to_string();
+        assert!(e.contains("quantization_config") && e.contains("fp8"), "{e}");
+    }
+
+    fn parse_target(text: &str) -> Result<Qwen3Config> {
+        Qwen3Config::from_target_json(&JsonObject::parse(Path::new("config.json"), text)?)
+    }
+
+    #[test]
+    fn a_tied_head_beside_an_lm_head_tensor_is_refused() {
+        let tied = parse(&format!(r#"{{{BASE}, "tie_word_embeddings": true}}"#)).unwrap();
+        let e = check_tied_head(&tied, true).unwrap_err().to_string();
+        assert!(e.contains("lm_head.weight") && e.contains("tie_word_embeddings"), "{e}");
+        assert!(check_tied_head(&tied, false).is_ok());
+        assert!(check_tied_head(&parse(&format!("{{{BASE}}}")).unwrap(), true).is_ok());
+    }
+
+    #[test]
+    fn a_target_must_be_qwen3() {
+        let ok = parse_target(&format!(r#"{{{BASE}, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}}"#));
+        assert!(ok.is_ok());
+        let e = parse_target(&format!(r#"{{{BASE}, "model_type": "llama"}}"#)).unwrap_err().to_string();
+        assert!(e.contains("model_type") && e.contains("llama"), "{e}");
+        let e = parse_target(&format!(r#"{{{BASE}, "architectures": ["Qwen2ForCausalLM"]}}"#)).unwrap_err().to_string();
+        assert!(e.contains("architectures") && e.contains("Qwen2ForCausalLM"), "{e}");
     }
 }

@@ -49,7 +49,7 @@ impl Info {
             let names = ck.tensors.keys().cloned().collect();
             (Model::Draft(cfg), names)
         } else {
-            let cfg = Qwen3Config::from_json(&j)?;
+            let cfg = Qwen3Config::from_target_json(&j)?;
             let needed = expected_tensors(&cfg);
             for (name, shape) in &needed {
                 ck.check(name, shape)?;

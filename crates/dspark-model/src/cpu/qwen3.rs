@@ -161,6 +161,7 @@ impl Qwen3Weights {
             .map(|l| LayerWeights::load(cfg, ck, &format!("model.layers.{l}.")))
             .collect::<Result<Vec<_>>>()?;
         let norm = ck.f32("model.norm.weight", &[h])?;
+        crate::checkpoint::config::check_tied_head(cfg, ck.contains("lm_head.weight"))?;
         let lm_head = if cfg.tie_word_embeddings { None } else { Some(ck.f32("lm_head.weight", &[v, h])?) };
         Ok(Qwen3Weights { embed_tokens, layers, norm, lm_head })
     }

@@ -144,6 +144,7 @@ impl CudaQwen3 {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let max_len = max_len.min(cfg.max_position_embeddings).max(1);
         let embed_tokens = Arc::new(ck.matrix(&arena, "model.embed_tokens.weight", &[v, h])?);
+        crate::checkpoint::config::check_tied_head(&cfg, ck.contains("lm_head.weight"))?;
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
