@@ -98,6 +98,14 @@ __device__ __forceinline__ bool kept(const SampleRow& s, uint32_t key, uint32_t 
     return p >= (double)min_p;
 }
 
+// pp_i: token i's probability in row state `s`, normalised; 0 outside the kept set or the row.
+__device__ __forceinline__ double normalised(const float* x, int i, int vocab, const SampleRow& s, float t, float min_p) {
+    if (i >= vocab) return 0.0;
+    float l = x[i];
+    double p = weight(l, s.max, t);
+    return kept(s, order_key(l), i, p, min_p) ? __ddiv_rn(p, s.total) : 0.0;
+}
+
 // ---- Block helpers.
 
 // The ticket of the last block of `row` to arrive (after its partial is visible); true in
@@ -398,10 +406,7 @@ extern "C" __global__ void sample_draw_f32(const float* logits, int ld, int voca
     int m = 0;
     for (; m < k; m++) {
         const SampleRow s = st[m];
-        uint32_t d = drafts[m];
-        float l = logits[(size_t)m * ld + d];
-        double p = weight(l, s.max, t);
-        double pp = kept(s, order_key(l), d, p, min_p) ? __ddiv_rn(p, s.total) : 0.0;
+        double pp = normalised(logits + (size_t)m * ld, drafts[m], vocab, s, t, min_p);
         if (!((double)cfg->u[m] < __ddiv_rn(pp, 1.0))) break;
     }
     const int row = m;
@@ -414,16 +419,11 @@ extern "C" __global__ void sample_draw_f32(const float* logits, int ld, int voca
     bool has_d = false;
     for (int h = 0; h < 2; h++) {
         int i = b * LEAVES + 2 * threadIdx.x + h;
-        v[h] = 0.0;
-        if (i < vocab) {
-            float l = x[i];
-            double p = weight(l, s.max, t);
-            if (kept(s, order_key(l), i, p, min_p)) v[h] = __ddiv_rn(p, s.total);
-            if ((uint32_t)i == skip) {
-                with_d = v[h];
-                has_d = true;
-                v[h] = 0.0;
-            }
+        v[h] = normalised(x, i, vocab, s, t, min_p);
+        if ((uint32_t)i == skip) {
+            with_d = v[h];
+            has_d = true;
+            v[h] = 0.0;
         }
     }
     __shared__ double leaf_tree[2 * LEAVES];
@@ -468,13 +468,7 @@ extern "C" __global__ void sample_draw_f32(const float* logits, int ld, int voca
     double a[2];
     for (int h = 0; h < 2; h++) {
         int i = lb * LEAVES + 2 * threadIdx.x + h;
-        a[h] = 0.0;
-        if (i < vocab) {
-            float l = x[i];
-            double p = weight(l, s.max, t);
-            if (kept(s, order_key(l), i, p, min_p)) a[h] = __ddiv_rn(p, s.total);
-            if (use_residual && (uint32_t)i == skip) a[h] = 0.0;
-        }
+        a[h] = use_residual && (uint32_t)i == skip ? 0.0 : normalised(x, i, vocab, s, t, min_p);
     }
     block_tree(a[0], a[1], leaf_tree);
     if (threadIdx.x == 0) {

@@ -390,7 +390,10 @@ fn ptx() -> Result<()> {
         println!("ptx: {stem}: {} kernels", functions.len());
     }
     table.push_str("];\n");
-    std::fs::write(root.join("crates/dspark-kernels/src/cuda/ptx.rs"), table)?;
+    let table_path = root.join("crates/dspark-kernels/src/cuda/ptx.rs");
+    std::fs::write(&table_path, table)?;
+    // Written in rustfmt's layout, so regenerating leaves `cargo fmt --check` clean.
+    run(Command::new("rustfmt").args(["--edition", "2021"]).arg(&table_path))?;
     Ok(())
 }
 
