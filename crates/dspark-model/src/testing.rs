@@ -44,6 +44,7 @@ pub fn target_config(
         bos_token_id: None,
         eos_token_ids: Vec::new(),
         declared_dtype: None,
+        quantization: None,
     }
 }
 
@@ -184,6 +185,73 @@ pub fn write_target_dir_as(
         t.push(("lm_head.weight".into(), vec![v, h], head));
     }
     write_tensors(&dir.join("model.safetensors"), &t, dtype)
+}
+
+/// Writes `w` as an FP8 checkpoint in Qwen's layout (`checkpoint::fp8`): every decoder
+/// projection quantized per `block` (scale = amax / 448, stored as bf16 and used rounded), the
+/// rest bf16, `quantization_config` in config.json. Returns the weights the folder holds, as the
+/// CPU reference reads them (dequantized projections, bf16-rounded rest), for exact comparisons.
+pub fn write_fp8_target_dir(
+    dir: &std::path::Path,
+    cfg: &Qwen3Config,
+    w: &Qwen3Weights,
+    block: [usize; 2],
+) -> std::io::Result<Qwen3Weights> {
+    use crate::checkpoint::fp8::{e4m3_to_f32, quantize_blocks, quantize_with, F8_E4M3};
+    write_target_dir_as(dir, cfg, w, DType::BF16)?;
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    config["quantization_config"] = serde_json::json!({
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": block,
+    });
+    std::fs::write(&path, config.to_string())?;
+    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| f32::from_bits((bf16_bits(x) as u32) << 16)).collect() };
+    let mut held = Qwen3Weights {
+        embed_tokens: round(&w.embed_tokens),
+        layers: Vec::new(),
+        norm: round(&w.norm),
+        lm_head: w.lm_head.as_deref().map(round),
+    };
+    let mut t: Vec<(String, String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let bf = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&x| bf16_bits(x).to_le_bytes()).collect() };
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    t.push(("model.embed_tokens.weight".into(), "BF16".into(), vec![v, h], bf(&w.embed_tokens)));
+    for (l, lw) in w.layers.iter().enumerate() {
+        let prefix = format!("model.layers.{l}.");
+        let mut plain = Vec::new();
+        push_layer(&mut plain, cfg, lw, &prefix);
+        let mut out = lw.clone();
+        for norm in [&mut out.input_layernorm, &mut out.q_norm, &mut out.k_norm, &mut out.post_attention_layernorm] {
+            *norm = round(norm);
+        }
+        for (name, shape, data) in plain {
+            if !name.ends_with("_proj.weight") {
+                t.push((name, "BF16".into(), shape, bf(data)));
+                continue;
+            }
+            let (n, k) = (shape[0], shape[1]);
+            let (_, scales) = quantize_blocks(data, (n, k), block);
+            let scales = round(&scales);
+            let (bytes, scales) = quantize_with(data, (n, k), block, scales);
+            let sk = k.div_ceil(block[1]);
+            let deq: Vec<f32> = (0..n * k)
+                .map(|x| e4m3_to_f32(bytes[x]) * scales[(x / k / block[0]) * sk + (x % k) / block[1]])
+                .collect();
+            let field = name.trim_start_matches(&prefix).to_string();
+            *out.linear_mut(&field).ok_or_else(|| std::io::Error::other(format!("no field {field}")))? = deq;
+            t.push((format!("{name}_scale_inv"), "BF16".into(), vec![n.div_ceil(block[0]), sk], bf(&scales)));
+            t.push((name, F8_E4M3.into(), shape, bytes));
+        }
+        held.layers.push(out);
+    }
+    t.push(("model.norm.weight".into(), "BF16".into(), vec![h], bf(&w.norm)));
+    if let Some(head) = &w.lm_head {
+        t.push(("lm_head.weight".into(), "BF16".into(), vec![v, h], bf(head)));
+    }
+    let named: Vec<(&str, &str, Vec<usize>, Vec<u8>)> =
+        t.iter().map(|(n, d, s, b)| (n.as_str(), d.as_str(), s.clone(), b.clone())).collect();
+    std::fs::write(dir.join("model.safetensors"), crate::checkpoint::safetensors::serialize_named(&named))?;
+    Ok(held)
 }
 
 /// Writes a random draft in the DeepSpec native format (without embed/lm_head: borrowed).

@@ -32,6 +32,8 @@ pub struct Qwen3Config {
     pub eos_token_ids: Vec<u32>,
     /// The dtype the config declares (`dtype` in transformers 5, `torch_dtype` before).
     pub declared_dtype: Option<String>,
+    /// FP8 block scaling of the decoder's linear layers (`quantization_config`), if any.
+    pub quantization: Option<crate::checkpoint::fp8::Fp8Quant>,
 }
 
 impl Qwen3Config {
@@ -103,11 +105,12 @@ impl Qwen3Config {
         if rms_norm_eps.is_nan() || rms_norm_eps <= 0.0 || rms_norm_eps >= 1.0 {
             return Err(j.err("rms_norm_eps", format!("must be in (0, 1), got {rms_norm_eps}")));
         }
-        if let Some(q) = j.get("quantization_config") {
-            // Never read quantized weights as if they were plain ones.
-            let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("unnamed");
-            return Err(j.err("quantization_config", format!("quant_method {method:?} is not supported yet")));
-        }
+        // Never read quantized weights as if they were plain ones: FP8 block scaling is read,
+        // anything else refused by its field.
+        let quantization = match j.opt_object("quantization_config")? {
+            Some(q) => Some(crate::checkpoint::fp8::Fp8Quant::from_json(&q)?),
+            None => None,
+        };
         let bos = j.id_list("bos_token_id")?;
         Ok(Qwen3Config {
             architecture,
@@ -124,6 +127,7 @@ impl Qwen3Config {
             tie_word_embeddings: j.opt_bool("tie_word_embeddings")?.unwrap_or(false),
             bos_token_id: bos.first().copied(),
             eos_token_ids: j.id_list("eos_token_id")?,
+            quantization,
             declared_dtype: match j.opt_str("dtype")? {
                 Some(d) => Some(d.to_string()),
                 None => j.opt_str("torch_dtype")?.map(str::to_string),
@@ -227,8 +231,8 @@ mod tests {
             assert!(e.contains("rms_norm_eps"), "{eps}: {e}");
         }
         let e =
-            parse(&format!(r#"{{{BASE}, "quantization_config": {{"quant_method": "fp8"}}}}"#)).unwrap_err().to_string();
-        assert!(e.contains("quantization_config") && e.contains("fp8"), "{e}");
+            parse(&format!(r#"{{{BASE}, "quantization_config": {{"quant_method": "awq"}}}}"#)).unwrap_err().to_string();
+        assert!(e.contains("quantization_config.quant_method") && e.contains("awq"), "{e}");
     }
 
     fn parse_target(text: &str) -> Result<Qwen3Config> {

@@ -51,10 +51,20 @@ impl Info {
         } else {
             let cfg = Qwen3Config::from_target_json(&j)?;
             let needed = expected_tensors(&cfg);
+            let mut names: BTreeSet<String> = BTreeSet::new();
             for (name, shape) in &needed {
-                ck.check(name, shape)?;
+                match (&cfg.quantization, name.strip_suffix(".weight")) {
+                    (Some(q), Some(module)) if module.ends_with("_proj") && !module.starts_with("lm_head") => {
+                        if q.check_linear(&ck, module, (shape[0], shape[1]))?.is_some() {
+                            names.insert(format!("{module}.weight_scale_inv"));
+                        }
+                    }
+                    _ => {
+                        ck.check(name, shape)?;
+                    }
+                }
+                names.insert(name.clone());
             }
-            let names = needed.into_iter().map(|(n, _)| n).collect();
             (Model::Target(cfg), names)
         };
         let mut by_dtype: BTreeMap<String, (usize, u64)> = BTreeMap::new();
@@ -133,6 +143,15 @@ impl fmt::Display for Info {
             c.declared_dtype.as_deref().unwrap_or("-"),
             c.eos_token_ids
         )?;
+        if let Some(q) = &c.quantization {
+            writeln!(
+                f,
+                "  quantization: fp8 e4m3 weights, block scales of {} × {}, dynamic activations; not converted: {}",
+                q.block[0],
+                q.block[1],
+                if q.not_converted.is_empty() { "-".to_string() } else { q.not_converted.join(", ") }
+            )?;
+        }
         writeln!(
             f,
             "weights: {} file(s), {} tensors, {} parameters, all required tensors present",

@@ -7,6 +7,7 @@
 //! * [`tokenizer`] — `tokenizer.json`, Qwen3's chat format and the ids that end a generation;
 //!   [`chat_template`] — the folder's own Jinja chat template (`tokenizer_config.json`);
 //!   [`detok`] — streaming text out, whole characters only.
+//! * [`fp8`] — block-scaled FP8 weights (`quantization_config`), dequantized for the CPU.
 //! * [`generation_config`] — `generation_config.json`'s sampling settings (`--sampling model`).
 //! * [`info`] — `dspark info DIR`: a folder summarised without loading its weights.
 //! * [`json`] — typed reads from a config object, each failure naming its field.
@@ -15,6 +16,7 @@ pub mod chat_template;
 pub mod config;
 pub mod detok;
 pub mod draft_config;
+pub mod fp8;
 pub mod generation_config;
 pub mod info;
 pub mod json;

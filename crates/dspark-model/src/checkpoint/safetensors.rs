@@ -193,6 +193,11 @@ impl Checkpoint {
         Ok((dtype, &self.files[t.file].map[t.start..t.end]))
     }
 
+    /// The bytes of a tensor of any dtype (the FP8 reader's, which checks it itself).
+    pub fn bytes_of(&self, t: &TensorInfo) -> &[u8] {
+        &self.files[t.file].map[t.start..t.end]
+    }
+
     /// Loads `name` as f32 after the checks of [`Checkpoint::check`].
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let (t, dtype) = self.check(name, shape)?;
@@ -294,12 +299,20 @@ fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, T
 /// Serialises tensors into safetensors bytes. Tests and fixture tools use it to write small
 /// (and deliberately broken) checkpoints; the engine itself only reads.
 pub fn serialize(tensors: &[(&str, DType, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
+    let named: Vec<(&str, &str, Vec<usize>, Vec<u8>)> =
+        tensors.iter().map(|(n, d, s, b)| (*n, d.safetensors_name(), s.clone(), b.clone())).collect();
+    serialize_named(&named)
+}
+
+/// [`serialize`] with the dtype given by its header name (also the ones the engine does not
+/// load as plain tensors, such as `F8_E4M3`).
+pub fn serialize_named(tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     let mut offset = 0usize;
     for (name, dtype, shape, data) in tensors {
         header.insert(
             name.to_string(),
-            serde_json::json!({"dtype": dtype.safetensors_name(), "shape": shape, "data_offsets": [offset, offset + data.len()]}),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + data.len()]}),
         );
         offset += data.len();
     }

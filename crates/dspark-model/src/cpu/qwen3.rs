@@ -91,11 +91,37 @@ pub fn expected_tensors(cfg: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
 }
 
 impl LayerWeights {
+    /// The projection named as in the checkpoint (`self_attn.q_proj.weight`, …), for writers of
+    /// test checkpoints.
+    pub fn linear_mut(&mut self, name: &str) -> Option<&mut Vec<f32>> {
+        Some(match name {
+            "self_attn.q_proj.weight" => &mut self.q_proj,
+            "self_attn.k_proj.weight" => &mut self.k_proj,
+            "self_attn.v_proj.weight" => &mut self.v_proj,
+            "self_attn.o_proj.weight" => &mut self.o_proj,
+            "mlp.gate_proj.weight" => &mut self.gate_proj,
+            "mlp.up_proj.weight" => &mut self.up_proj,
+            "mlp.down_proj.weight" => &mut self.down_proj,
+            _ => return None,
+        })
+    }
+
     /// Loads the layer under `prefix` (e.g. `model.layers.3.`), checking every tensor.
     pub fn load(cfg: &Qwen3Config, ck: &Checkpoint, prefix: &str) -> Result<LayerWeights> {
         let mut t = layer_tensors(cfg)
             .into_iter()
-            .map(|(name, shape)| ck.f32(&format!("{prefix}{name}"), &shape))
+            .map(|(name, shape)| {
+                // FP8 checkpoints: the projections dequantized by their block scales (W8A16).
+                let linear = name.ends_with("_proj.weight");
+                match &cfg.quantization {
+                    Some(q) if linear => q.load_linear(
+                        ck,
+                        &format!("{prefix}{}", name.trim_end_matches(".weight")),
+                        (shape[0], shape[1]),
+                    ),
+                    _ => ck.f32(&format!("{prefix}{name}"), &shape),
+                }
+            })
             .collect::<Result<Vec<_>>>()?
             .into_iter();
         // `layer_tensors` lists the fields in declaration order.
