@@ -197,7 +197,7 @@ pub fn write_fp8_target_dir(
     w: &Qwen3Weights,
     block: [usize; 2],
 ) -> std::io::Result<Qwen3Weights> {
-    use crate::checkpoint::fp8::{e4m3_to_f32, quantize_blocks, quantize_with, F8_E4M3};
+    use crate::checkpoint::fp8::{dequantize, quantize_blocks, quantize_with, F8_E4M3};
     write_target_dir_as(dir, cfg, w, DType::BF16)?;
     let path = dir.join("config.json");
     let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
@@ -234,9 +234,7 @@ pub fn write_fp8_target_dir(
             let scales = round(&scales);
             let (bytes, scales) = quantize_with(data, (n, k), block, scales);
             let sk = k.div_ceil(block[1]);
-            let deq: Vec<f32> = (0..n * k)
-                .map(|x| e4m3_to_f32(bytes[x]) * scales[(x / k / block[0]) * sk + (x % k) / block[1]])
-                .collect();
+            let deq = dequantize(&bytes, &scales, (n, k), block);
             let field = name.trim_start_matches(&prefix).to_string();
             *out.linear_mut(&field).ok_or_else(|| std::io::Error::other(format!("no field {field}")))? = deq;
             t.push((format!("{name}_scale_inv"), "BF16".into(), vec![n.div_ceil(block[0]), sk], bf(&scales)));

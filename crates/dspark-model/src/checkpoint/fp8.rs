@@ -95,15 +95,7 @@ impl Fp8Quant {
         let Some((bytes, scales)) = self.check_linear(ck, module, (n, k))? else {
             return ck.f32(&format!("{module}.weight"), &[n, k]);
         };
-        let [bn, bk] = self.block;
-        let sk = k.div_ceil(bk);
-        let mut w = Vec::with_capacity(n * k);
-        for i in 0..n {
-            for j in 0..k {
-                w.push(e4m3_to_f32(bytes[i * k + j]) * scales[(i / bn) * sk + j / bk]);
-            }
-        }
-        Ok(w)
+        Ok(dequantize(bytes, &scales, (n, k), self.block))
     }
 
     /// Checks `<module>.weight` `[n, k]` and, when the module is quantized, its scales: returns
@@ -149,6 +141,12 @@ impl Fp8Quant {
         }
         Ok(Some((bytes, scales)))
     }
+}
+
+/// W[i, j] = e4m3(bytes[i, j]) · scales[i / bn, j / bk] for `[n, k]` bytes.
+pub fn dequantize(bytes: &[u8], scales: &[f32], (n, k): (usize, usize), [bn, bk]: [usize; 2]) -> Vec<f32> {
+    let sk = k.div_ceil(bk);
+    (0..n * k).map(|x| e4m3_to_f32(bytes[x]) * scales[(x / k / bn) * sk + (x % k) / bk]).collect()
 }
 
 /// The f32 value of an E4M3 ("fn") byte; NaN for `S.1111.111`.

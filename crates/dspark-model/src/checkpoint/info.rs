@@ -54,7 +54,7 @@ impl Info {
             let mut names: BTreeSet<String> = BTreeSet::new();
             for (name, shape) in &needed {
                 match (&cfg.quantization, name.strip_suffix(".weight")) {
-                    (Some(q), Some(module)) if module.ends_with("_proj") && !module.starts_with("lm_head") => {
+                    (Some(q), Some(module)) if module.ends_with("_proj") => {
                         if q.check_linear(&ck, module, (shape[0], shape[1]))?.is_some() {
                             names.insert(format!("{module}.weight_scale_inv"));
                         }
