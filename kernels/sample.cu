@@ -1,6 +1,6 @@
 // The sampler on the device: a request's transform of logits rows (temperature, top-k, top-p,
-// min-p), the speculative accept/reject of a verify's rows against one-hot drafts, and the
-// residual or bonus draw — the same bits as the CPU reference (dspark_kernels::cpu::sample),
+// min-p), the speculative accept/reject of a verify's rows against its drafts (one-hot, or
+// drawn by the draft from its own filtered rows), and the residual or bonus draw — the same bits as the CPU reference (dspark_kernels::cpu::sample),
 // which defines every sum as a pairwise tree and the exponential as a fixed polynomial exactly
 // so that these kernels can reproduce it. See that file's header for the math.
 //
@@ -19,6 +19,8 @@
 //   sample_gather_f32, sample_cut_f32       the candidates, sorted; top-p's walk over them
 //   sample_tree_f32 phase 1                 Σ = tree sum over the kept set
 //   sample_draw_f32                         accept/reject of rows 0..k−1, then the draw
+// A sampled draft runs the same phases on each slot's logits row (rows = 1, k = 0), its state
+// kept per slot for the verify's ratio and residual (`q_logits`, `q_st` of sample_draw_f32).
 // `cfg` (device memory, written with the step's inputs so a CUDA graph replays it) holds the
 // filters and the uniforms. When top-p's walk does not end inside its candidates (more than
 // CAND_MAX tokens tied or needed), `out[2]` is set and the host redoes the round from the logits
@@ -390,14 +392,30 @@ extern "C" __global__ void sample_cut_f32(const float* logits, int ld, const Sam
     st[row].cut_id = ~(uint32_t)key[cut];
 }
 
+// One leaf of the draw's row: pp_i, or with `residual` the residual's — pp_i without the draft
+// `skip` (one-hot q), or max(0, pp_i − q_i) (a sampled draft's row `qx` of state `qs`).
+// `pp` is pp_i when the caller has it already (NAN: computed here).
+__device__ __forceinline__ double leaf(const float* x, int i, int vocab, const SampleRow& s, bool residual, uint32_t skip,
+                                       const float* qx, const SampleRow& qs, float t, float min_p, double pp = NAN) {
+    if (isnan(pp)) pp = normalised(x, i, vocab, s, t, min_p);
+    if (!residual) return pp;
+    if (qx == nullptr) return (uint32_t)i == skip ? 0.0 : pp;
+    return fmax(__dsub_rn(pp, normalised(qx, i, vocab, qs, t, min_p)), 0.0);
+}
+
 // The verify's decisions and the draw. Every block first judges drafts d_1..d_k (drafts[0..k))
-// against rows 0..k−1 exactly as the CPU loop does (accept d_{i+1} iff u_i < pp_i(d_{i+1}), the
-// greedy draft law's one-hot q), which fixes the draw's row m and whether it is a residual
-// (pp_m with d_{m+1} removed) or the bonus (pp_k); then the tree of that row's normalised
-// probabilities, and the last block descends it with u[k]. out = [m, token, overflow, row].
+// against rows 0..k−1 exactly as the CPU loop does — accept d_{i+1} iff q_i(d) > 0 and
+// u_i < pp_i(d) / q_i(d), where q is one-hot (the greedy draft law, q_logits null) or the
+// sampled draft's distribution: normalised(q_logits row i, its state q_st[i]), the very row the
+// draft drew d_{i+1} from — which fixes the draw's row m and whether it is a residual (pp_m
+// without d_{m+1}, or max(0, pp_m − q_m)) or the bonus (pp_k); a residual with no mass falls
+// back to pp_m itself, as the host does. Then the tree of that row's leaves, and the last block
+// descends it with u[k]. out = [m, token, overflow, row]; the token also goes to `token_out`
+// when it is not null (a draft slot's draw feeding the next slot and the verify).
 extern "C" __global__ void sample_draw_f32(const float* logits, int ld, int vocab, const SampleCfg* cfg,
-                                           const SampleRow* st, const uint32_t* drafts, double* part, uint32_t* tickets,
-                                           uint32_t* out) {
+                                           const SampleRow* st, const uint32_t* drafts, const float* q_logits,
+                                           int q_ld, const SampleRow* q_st, double* part, uint32_t* tickets,
+                                           uint32_t* out, uint32_t* token_out) {
     pdl_trigger();
     pdl_wait();
     const int b = blockIdx.x, nb = gridDim.x;
@@ -405,43 +423,35 @@ extern "C" __global__ void sample_draw_f32(const float* logits, int ld, int voca
     const float t = cfg->temperature, min_p = cfg->min_p;
     int m = 0;
     for (; m < k; m++) {
-        const SampleRow s = st[m];
-        double pp = normalised(logits + (size_t)m * ld, drafts[m], vocab, s, t, min_p);
-        if (!((double)cfg->u[m] < __ddiv_rn(pp, 1.0))) break;
+        const uint32_t d = drafts[m];
+        double pp = normalised(logits + (size_t)m * ld, d, vocab, st[m], t, min_p);
+        double qd = q_logits ? normalised(q_logits + (size_t)m * q_ld, d, vocab, q_st[m], t, min_p) : 1.0;
+        if (!(qd > 0.0 && (double)cfg->u[m] < __ddiv_rn(pp, qd))) break;
     }
     const int row = m;
     const bool residual = m < k;
-    const uint32_t skip = residual ? drafts[m] : 0xffffffffu;
+    const uint32_t skip = residual && q_logits == nullptr ? drafts[m] : 0xffffffffu;
+    const float* qx = residual && q_logits ? q_logits + (size_t)m * q_ld : nullptr;
+    const SampleRow qs = qx ? q_st[m] : SampleRow{};
     const SampleRow s = st[row];
     const float* x = logits + (size_t)row * ld;
-    // Leaves of this block: with and without the skipped draft (they differ in one block only).
-    double v[2], with_d = 0.0;
+    // This block's leaves of the residual (or bonus) row, and of pp itself for the fallback:
+    // they differ only in the skipped draft's block (one-hot) or anywhere (sampled q).
+    double v[2], w[2];
     bool has_d = false;
     for (int h = 0; h < 2; h++) {
         int i = b * LEAVES + 2 * threadIdx.x + h;
-        v[h] = normalised(x, i, vocab, s, t, min_p);
-        if ((uint32_t)i == skip) {
-            with_d = v[h];
-            has_d = true;
-            v[h] = 0.0;
-        }
+        w[h] = normalised(x, i, vocab, s, t, min_p);
+        v[h] = leaf(x, i, vocab, s, residual, skip, qx, qs, t, min_p, w[h]);
+        has_d |= (uint32_t)i == skip;
     }
+    const bool differs = __syncthreads_or(has_d) || qx != nullptr;
     __shared__ double leaf_tree[2 * LEAVES];
     double root = block_tree(v[0], v[1], leaf_tree);
-    __shared__ int d_here;
-    if (threadIdx.x == 0) d_here = 0;
-    __syncthreads();
-    if (has_d) d_here = 1;
-    __syncthreads();
     double* mine = part + 2 * b;
     if (threadIdx.x == 0) mine[0] = root;
-    if (d_here) {
-        // This block's root with d_{m+1} kept, for a residual with no mass (CPU: then pp itself).
-        int i0 = b * LEAVES + 2 * threadIdx.x;
-        double a = v[0], c = v[1];
-        if ((uint32_t)i0 == skip) a = with_d;
-        if ((uint32_t)i0 + 1 == skip) c = with_d;
-        double r2 = block_tree(a, c, leaf_tree);
+    if (differs) {
+        double r2 = block_tree(w[0], w[1], leaf_tree);
         if (threadIdx.x == 0) mine[1] = r2;
     } else if (threadIdx.x == 0) {
         mine[1] = root;
@@ -468,16 +478,18 @@ extern "C" __global__ void sample_draw_f32(const float* logits, int ld, int voca
     double a[2];
     for (int h = 0; h < 2; h++) {
         int i = lb * LEAVES + 2 * threadIdx.x + h;
-        a[h] = use_residual && (uint32_t)i == skip ? 0.0 : normalised(x, i, vocab, s, t, min_p);
+        a[h] = leaf(x, i, vocab, s, use_residual, skip, qx, qs, t, min_p);
     }
     block_tree(a[0], a[1], leaf_tree);
     if (threadIdx.x == 0) {
         const int q = descend(leaf_tree, LEAVES, target, &acc);
         uint32_t overflow = 0;
         for (int r = 0; r <= k; r++) overflow |= st[r].overflow;
+        const uint32_t token = (uint32_t)(lb * LEAVES + q);
         out[0] = m;
-        out[1] = (uint32_t)(lb * LEAVES + q);
+        out[1] = token;
         out[2] = overflow;
         out[3] = row;
+        if (token_out) *token_out = token;
     }
 }

@@ -130,8 +130,8 @@ pub struct GenerateArgs {
     /// How the draft proposes its block when sampling with a draft: `sampled` (each draft drawn
     /// from the draft's own distribution, kept for the acceptance ratio; the default, measured
     /// the better of the two on the demo coder) or `greedy` (the draft's argmax chain). Either
-    /// way the output follows the target's distribution. A draft that cannot sample its block
-    /// (the CUDA draft, for now) defaults to `greedy`.
+    /// way the output follows the target's distribution. The CUDA draft defaults to `greedy`
+    /// (its sampled block costs ~1.1× a round, more than it gains: docs/perf.md).
     #[arg(long, value_enum)]
     draft_law: Option<DraftLawArg>,
     /// Print one JSON object instead of streaming text.
@@ -305,17 +305,15 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         Some(d) => Some(parse_verify_len(args.verify_len.as_deref(), d.block_size(), target.as_mut())?),
         None => None,
     };
-    // The draft's law when sampling: dspark_spec's default where the draft can sample its block;
-    // one that cannot (the CUDA draft, until its sampling kernels exist) drafts its argmax chain.
+    // The draft's law when sampling: dspark_spec's default (sampled) where the draft prefers it
+    // (the CPU draft); the CUDA draft, whose sampled block costs more than it gains, and one
+    // that cannot sample its block draft their argmax chain unless told otherwise.
     let law = match (&draft, args.draft_law) {
         (Some(d), Some(DraftLawArg::Sampled)) if !params.is_greedy() && !d.can_sample_block() => {
-            bail!(
-                "--draft-law sampled: the draft on {} cannot sample its block yet; use --draft-law greedy",
-                device.name()
-            )
+            bail!("--draft-law sampled: the draft on {} cannot sample its block; use --draft-law greedy", device.name())
         }
         (_, Some(l)) => l.into(),
-        (Some(d), None) if !d.can_sample_block() => DraftLaw::Greedy,
+        (Some(d), None) if !d.prefers_sampled_block() => DraftLaw::Greedy,
         _ => DraftLaw::default(),
     };
     let eos = target_src.eos_ids(&target.config().eos_token_ids)?;

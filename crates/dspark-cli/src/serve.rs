@@ -93,7 +93,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let eos_token_ids = target_src.eos_ids(&target.config().eos_token_ids)?;
         let verify_len = VerifyLen::Fixed(draft.as_ref().map_or(1, |d| d.block_size()));
         let law = match &draft {
-            Some(d) if !d.can_sample_block() => DraftLaw::Greedy,
+            Some(d) if !d.prefers_sampled_block() => DraftLaw::Greedy,
             _ => DraftLaw::default(),
         };
         Ok(Engine {

@@ -120,11 +120,14 @@ pub trait TargetModel {
         verify_on_host(self, anchor, drafts, k)
     }
 
-    /// Verifies `[anchor, d_1 .. d_k]` under sampling with one-hot drafts (the greedy draft
-    /// law): with `uniforms` = the round's k accept uniforms and then the draw's, accept
-    /// `d_{i+1}` iff `u_i < p'_i(d_{i+1})`, and draw the token after the accepted ones from the
-    /// first rejecting row's residual (p' without its draft) or from row k — the speculative
-    /// loop's host rule, with `p'` = `filters`' transform (`dspark_kernels::cpu::sample`). A
+    /// Verifies `[anchor, d_1 .. d_k]` under sampling: with `uniforms` = the round's k accept
+    /// uniforms and then the draw's, accept `d_{i+1}` iff `u_i < p'_i(d_{i+1}) / q_i(d_{i+1})`,
+    /// and draw the token after the accepted ones from the first rejecting row's residual or
+    /// from row k — the speculative loop's host rule, with `p'` = `filters`' transform
+    /// (`dspark_kernels::cpu::sample`). q is one-hot (the greedy draft law; the residual is p'
+    /// without its draft) unless the drafts are a device-sampled block
+    /// ([`DeviceTokens::sampled`]: q is the row each was drawn from, the residual
+    /// max(0, p' − q)). A
     /// target that can decide on the device answers [`VerifyOutcome::Drawn`] (the CUDA target:
     /// no logits leave the GPU); any other, or one that cannot finish a round, returns the rows'
     /// logits and the caller applies the rule. k = 0 is a plain sampled step.
@@ -224,6 +227,19 @@ pub struct DeviceTokens {
     pub generation: u64,
     /// Draft tokens in the buffer (B).
     pub len: usize,
+    /// Drawn along the Markov chain (the sampled draft law, [`Drafter::propose_sampled_device`]):
+    /// the rows each draft was drawn from stay on the device beside the tokens, and a target's
+    /// [`TargetModel::verify_sampled`] judges the drafts against them. `false`: one-hot drafts.
+    pub sampled: bool,
+}
+
+/// A sampled-law block drawn on the device ([`Drafter::propose_sampled_device`]).
+#[derive(Clone, Debug)]
+pub struct DeviceSampled {
+    /// The tokens and their q rows, in the buffers the target's verify reads.
+    pub tokens: DeviceTokens,
+    /// Prefix survival along the sampled chain, as [`SampledProposal::survival`].
+    pub survival: Option<Vec<f32>>,
 }
 
 /// What a drafter proposes for one block.
@@ -296,9 +312,17 @@ pub trait Drafter {
     }
 
     /// Whether [`Drafter::propose_sampled`] is implemented (a caller picking a draft law asks
-    /// this; the CUDA draft samples on the host only once its sampling kernels exist).
+    /// this).
     fn can_sample_block(&self) -> bool {
         false
+    }
+
+    /// Whether the sampled draft law is the better default here: it accepts more at high
+    /// temperatures, but a draft whose sampled block costs clearly more than its argmax chain
+    /// can lose that gain in time (the CUDA draft, see its implementation). Callers default to
+    /// the greedy law when this is false; an explicit choice still gets either.
+    fn prefers_sampled_block(&self) -> bool {
+        self.can_sample_block()
     }
 
     /// Proposes `B` tokens following `anchor` by drawing each slot along the Markov chain:
@@ -309,6 +333,29 @@ pub trait Drafter {
     fn propose_sampled(&mut self, anchor: u32, sample_row: &mut SampleRow<'_>) -> Result<SampledProposal> {
         let _ = (anchor, sample_row);
         Err(Error::Request("this drafter cannot sample its block; use the greedy draft law".into()))
+    }
+
+    /// [`Drafter::propose_sampled`] on the device: slot `s` is drawn from the request's transform
+    /// (`filters`) of its logits with `uniforms[s]`, the tokens and each slot's q row staying on
+    /// the GPU for the target's verify ([`DeviceTokens::sampled`]). The same tokens and q as
+    /// `propose_sampled` with a sampler that draws slot `s` with `uniforms[s]`. `None` when this
+    /// draft cannot (no device sampler, or a slot that needs the host: the caller then calls
+    /// `propose_sampled` with the same uniforms, which gives the same block).
+    fn propose_sampled_device(
+        &mut self,
+        anchor: u32,
+        filters: &Filters,
+        uniforms: &[f64],
+    ) -> Result<Option<DeviceSampled>> {
+        let _ = (anchor, filters, uniforms);
+        Ok(None)
+    }
+
+    /// The `[B, V]` logits rows a device-sampled block was drawn from (Markov bias included), for
+    /// a host rule when the target hands its own rows back.
+    fn sampled_logits(&mut self, tokens: &DeviceTokens) -> Result<Vec<f32>> {
+        let _ = tokens;
+        Err(Error::Request("this draft holds no sampled block on a GPU".into()))
     }
 
     /// The host copy of a [`Drafter::propose_deferred`] proposal (read after the verify).

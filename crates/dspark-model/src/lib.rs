@@ -19,8 +19,8 @@ pub mod error;
 pub mod testing;
 
 pub use backend::{
-    Captured, Deferred, DeviceRows, DeviceTokens, Drafter, Filters, Forward, Greedy, LogitRows, Proposal,
-    SampledVerify, TargetModel, VerifyOutcome,
+    Captured, Deferred, DeviceRows, DeviceSampled, DeviceTokens, Drafter, Filters, Forward, Greedy, LogitRows,
+    Proposal, SampledVerify, TargetModel, VerifyOutcome,
 };
 pub use checkpoint::config::Qwen3Config;
 pub use error::{Error, Result};

@@ -9,8 +9,10 @@
 //!                                                   lm_head(h_s) + Markov bias(d_{s-1})), d_0 = anchor
 //!        k = verify_len(survival)                 (see "Verify length" below)
 //!        rows 0..=k = target([anchor, d_1..d_k])  TargetModel::verify_sampled for one-hot drafts
-//!                                                 (CUDA decides on the device, bit-equal to the
-//!                                                 host rule), else host logits (forward, All)
+//!                                                 or a block the draft sampled on the device
+//!                                                 (CUDA: chain, ratio and draws all there,
+//!                                                 bit-equal to the host rule), else host
+//!                                                 logits (forward, All)
 //!        for i in 0..k: accept d_{i+1} iff u_i < p'_i(d_{i+1}) / q_{i+1}(d_{i+1})
 //!        first rejection at row m: emit x ~ norm(max(0, p'_m − q_{m+1}))   (one-hot q: p'_m without d)
 //!        all k accepted:           emit x ~ p'_k                           (the bonus)
@@ -51,7 +53,10 @@
 //! | 0.7 | 20 | 0.8 | 2.18 | 2.13 |
 //!
 //! The sampled law wins at both asked temperatures (clearly at 1.0, where the one-hot draft
-//! accepts only with p'(argmax)); at Qwen's recommended filters the two are within noise.
+//! accepts only with p'(argmax)); at Qwen's recommended filters the two are within noise. A
+//! drafter whose sampled block costs more than that gain says so
+//! (`Drafter::prefers_sampled_block`: the CUDA draft, whose per-slot device sampler makes a
+//! round ~1.1× a greedy one), and the CLI and server then default to the greedy law.
 
 use crate::greedy::{check_prompt, greedy, GenerateOptions};
 use crate::logprobs::{emitted, Emitted};
@@ -282,12 +287,34 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
                     }
                 },
                 DraftLaw::Sampled => {
-                    let sp = draft.propose_sampled(anchor, &mut |z: &[f32]| {
-                        let q = transform(params, z);
-                        (draw(&q, u.next_uniform()), q)
-                    })?;
-                    let prop = Proposal { tokens: sp.tokens, survival: None };
-                    (Deferred::Ready(prop), Some(sp.q), sp.survival, sp.base_logits)
+                    // The chain's B uniforms, in slot order, whichever path draws with them.
+                    let chain: Vec<f64> = (0..block).map(|_| u.next_uniform()).collect();
+                    let on_device = if opts.logprobs.is_none() && fault == Fault::None {
+                        draft.propose_sampled_device(anchor, &params.filters(), &chain)?
+                    } else {
+                        None
+                    };
+                    match on_device {
+                        // Drawn on the GPU: the tokens and their q rows stay there for the verify.
+                        Some(ds) => (Deferred::OnDevice(ds.tokens), None, ds.survival, None),
+                        None => {
+                            let mut slot = chain.iter().copied();
+                            let sp = draft.propose_sampled(anchor, &mut |z: &[f32]| {
+                                let q = transform(params, z);
+                                // A draft calls once per slot; a surplus call (a drafter bug)
+                                // draws 0 and is caught by the length check below.
+                                (draw(&q, slot.next().unwrap_or(0.0)), q)
+                            })?;
+                            if sp.tokens.len() != block {
+                                return Err(Error::Request(format!(
+                                    "the draft drew {} tokens for a block of {block}",
+                                    sp.tokens.len()
+                                )));
+                            }
+                            let prop = Proposal { tokens: sp.tokens, survival: None };
+                            (Deferred::Ready(prop), Some(sp.q), sp.survival, sp.base_logits)
+                        }
+                    }
                 }
             };
             let proposed = match &deferred {
@@ -316,9 +343,10 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
             let mut us: Vec<f64> = (0..k).map(|_| u.next_uniform()).collect();
             us.push(u.next_uniform());
 
-            // One-hot drafts without logprobs: the target may decide the round itself (the
-            // CUDA target's device sampler, the same bits as the host rule below); otherwise,
-            // or when it hands back its rows, the host rule runs on the logits.
+            // Without logprobs, one-hot drafts or a block sampled on the device: the target may
+            // decide the round itself (the CUDA target's device sampler, the same bits as the
+            // host rule below); otherwise, or when it hands back its rows, the host rule runs on
+            // the logits.
             let (decided, logits, captured) = if q_used.is_none() && opts.logprobs.is_none() {
                 let v = target.verify_sampled(anchor, &deferred, k, &params.filters(), &us)?;
                 match v.outcome {
@@ -326,19 +354,31 @@ pub fn speculative_sampled_with_fault<T: TargetModel + ?Sized, D: Drafter + ?Siz
                     VerifyOutcome::Logits(l) => (None, Some(l), v.captured),
                 }
             } else {
-                let Deferred::Ready(prop) = &deferred else { unreachable!("only greedy blocks are deferred") };
+                let Deferred::Ready(prop) = &deferred else {
+                    unreachable!("device blocks are proposed only without logprobs or host q")
+                };
                 let mut input = Vec::with_capacity(k + 1);
                 input.push(anchor);
                 input.extend_from_slice(&prop.tokens[..k]);
                 let f = target.forward(&input, LogitRows::All)?;
                 (None, Some(f.logits), Captured::Host(f.captured))
             };
+            // A device-sampled block handed back with the target's rows (its sampler could not
+            // finish the round): the host rule takes q from the rows the draft drew from.
+            let device_q = match (&deferred, &logits) {
+                (Deferred::OnDevice(d), Some(_)) if d.sampled => {
+                    let z = draft.sampled_logits(d)?;
+                    Some((0..block).map(|s| transform(params, &z[s * vocab..(s + 1) * vocab])).collect::<Vec<_>>())
+                }
+                _ => None,
+            };
             let drafts = draft.finish_proposal(deferred)?.tokens;
             let (m, next) = match (decided, &logits) {
                 (Some(d), _) => d,
                 (None, Some(l)) => {
                     let row = |i: usize| &l[i * vocab..(i + 1) * vocab];
-                    host_rule(params, &row, &drafts[..k], q_used.as_deref(), &us, fault)
+                    let q = q_used.as_deref().or(device_q.as_deref());
+                    host_rule(params, &row, &drafts[..k], q, &us, fault)
                 }
                 (None, None) => unreachable!("a round is decided or has logits"),
             };

@@ -32,7 +32,7 @@ use dspark_model::backend::Captured;
 use dspark_model::cuda::dspark::CudaDraft;
 use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::cuda::weights::RandomWeights;
-use dspark_model::{Drafter, Filters, LogitRows, TargetModel, VerifyOutcome};
+use dspark_model::{Deferred, Drafter, Filters, LogitRows, TargetModel, VerifyOutcome};
 use report::{median, model, KernelRow, Phase, Profile, Projection, Report};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -214,6 +214,27 @@ pub fn run(args: BenchArgs) -> Result<()> {
             })?;
             phases.push(Phase::new(name, ctx, us, draft_bytes + verify_bytes, ceiling));
         }
+        // The sampled draft law: the block drawn along the Markov chain on the device, the
+        // drafts judged against the rows they were drawn from. Judge: the ratio to `round`.
+        let chain: Vec<f64> = (0..block).map(|i| (i as f64 + 0.25) / block as f64).collect();
+        let filters = Filters { temperature: 0.7, top_k: 20, top_p: 0.8, min_p: 0.0 };
+        let us = time(args.iters, || {
+            draft.append_captured(&pending)?;
+            let Some(ds) = draft.propose_sampled_device(anchor, &filters, &chain)? else {
+                return Err(dspark_model::Error::Request("round_sampled_law: the draft fell back to the host".into()));
+            };
+            let deferred = Deferred::OnDevice(ds.tokens);
+            let v = target.verify_sampled(anchor, &deferred, block, &filters, &uniforms)?;
+            if !matches!(v.outcome, VerifyOutcome::Drawn { .. }) {
+                return Err(dspark_model::Error::Request("round_sampled_law: the verify fell back to the host".into()));
+            }
+            draft.finish_proposal(deferred)?;
+            pending = v.captured.prefix(COMMITTED, 0);
+            target.truncate(ctx)?;
+            draft.truncate_context(ctx)?;
+            Ok(())
+        })?;
+        phases.push(Phase::new("round_sampled_law", ctx, us, draft_bytes + verify_bytes, ceiling));
         for tau in [2.0, 3.0, 4.0, 5.0, 6.0] {
             modelled.push(model(ctx, tau, round_us, decode));
         }

@@ -1,6 +1,8 @@
 //! Launch wrappers of the sampler (kernels/sample.cu): a verify's rows transformed by a
-//! request's filters, the greedy-law accept/reject of its drafts, and the residual or bonus draw,
+//! request's filters, the accept/reject of its drafts (one-hot under the greedy draft law, or
+//! against the rows a sampled draft drew from, [`SampleIo::q`]), and the residual or bonus draw,
 //! all on the device, with the same bits as `cpu::sample` and the speculative loop's host path.
+//! A sampled draft calls the same phases on each slot's row ([`Gpu::sample_rows`], k = 0).
 //!
 //! The filters and uniforms live in device memory (a [`SampleCfg`] written by the caller with
 //! the step's other inputs), so a captured graph replays a sampled verify; only which phases
@@ -13,7 +15,7 @@ use super::ops::check;
 use super::pdl::{dptr, dptr_mut, Arg};
 use super::{CudaResult, Gpu};
 use crate::cpu::sample::Filters;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, DriverError};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
 use std::sync::Arc;
 
 /// Leaf block of the sampler's trees (ids per block), as kernels/sample.cu's `LEAVES`.
@@ -29,7 +31,7 @@ pub const MAX_UNIFORMS: usize = 65;
 /// u32 words of a `SampleCfg`: 8 header words, then the uniforms as f64.
 pub const CFG_WORDS: usize = 8 + 2 * MAX_UNIFORMS;
 /// u32 words of one `SampleRow`.
-const ROW_WORDS: usize = 14;
+pub const ROW_WORDS: usize = 14;
 
 /// The u32 words of a `SampleCfg`: the filters, `k` drafts to judge, and the uniforms
 /// (`k` accept uniforms, then the draw's), each an f64 of the request's stream.
@@ -127,6 +129,24 @@ impl SampleScratch {
     }
 }
 
+/// Where a sampled call keeps its row states, whose draft law it judges, and where its result
+/// goes; [`SampleIo::default`] is a target's plain verify (the scratch's own state and out
+/// words, one-hot drafts).
+#[derive(Default)]
+pub struct SampleIo<'a> {
+    /// The rows' states (`rows` · [`ROW_WORDS`] words) instead of `scratch.state`: a draft keeps
+    /// each slot's for the verify's ratio.
+    pub state: Option<CudaViewMut<'a, u32>>,
+    /// A sampled draft's law: its logits rows (`[k, ld]`, the rows it drew each draft from) and
+    /// their states, as a draft's slot calls left them. `None`: one-hot drafts.
+    pub q: Option<(CudaView<'a, f32>, usize, CudaView<'a, u32>)>,
+    /// The out words instead of `scratch.out`.
+    pub out: Option<CudaViewMut<'a, u32>>,
+    /// Also write the drawn token here (a draft slot's token, read by the next slot's gather and
+    /// by the verify).
+    pub token: Option<CudaViewMut<'a, u32>>,
+}
+
 impl Gpu {
     /// A sampled verify of `rows` = k + 1 logits rows (`[rows, ld]`, `vocab` each) against the
     /// k drafts at `drafts`, with the filters and uniforms at `cfg` ([`sample_cfg`]); k = 0 is a
@@ -135,11 +155,26 @@ impl Gpu {
     pub fn sample_verify(
         &self,
         logits: &CudaView<f32>,
+        dims: (usize, usize, usize),
+        cfg: &CudaView<u32>,
+        drafts: &CudaView<u32>,
+        shape: SampleShape,
+        scratch: &mut SampleScratch,
+    ) -> CudaResult<()> {
+        self.sample_rows(logits, dims, cfg, drafts, shape, scratch, SampleIo::default())
+    }
+
+    /// [`Gpu::sample_verify`] with the states, the draft law and the outputs of `io`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_rows(
+        &self,
+        logits: &CudaView<f32>,
         (rows, vocab, ld): (usize, usize, usize),
         cfg: &CudaView<u32>,
         drafts: &CudaView<u32>,
         shape: SampleShape,
         scratch: &mut SampleScratch,
+        mut io: SampleIo<'_>,
     ) -> CudaResult<()> {
         let blocks = vocab.div_ceil(LEAVES).max(1);
         if rows == 0 || rows > scratch.rows || rows > MAX_UNIFORMS || blocks > scratch.blocks || blocks > MAX_BLOCKS {
@@ -150,12 +185,42 @@ impl Gpu {
         }
         check("sample logits", logits.len(), (rows - 1) * ld + vocab)?;
         check("sample cfg", cfg.len(), CFG_WORDS)?;
-        check("sample drafts", drafts.len(), rows - 1)?;
+        if drafts.len() < rows - 1 {
+            check("sample drafts", drafts.len(), rows - 1)?;
+        }
+        let s = scratch;
+        let state = match &mut io.state {
+            Some(v) => {
+                check("sample state", v.len(), rows * ROW_WORDS)?;
+                dptr_mut(self, v)
+            }
+            None => dptr_mut(self, &mut s.state),
+        };
+        let (q_logits, q_ld, q_st) = match &io.q {
+            Some((l, q_ld, st)) => {
+                if rows > 1 {
+                    check("sample q logits", l.len(), (rows - 2) * q_ld + vocab)?;
+                    check("sample q states", st.len(), (rows - 1) * ROW_WORDS)?;
+                }
+                (dptr(self, l), Arg::I32(*q_ld as i32), dptr(self, st))
+            }
+            None => (Arg::Ptr(0), Arg::I32(0), Arg::Ptr(0)),
+        };
+        let out = match &mut io.out {
+            Some(v) => {
+                check("sample out", v.len(), 4)?;
+                dptr_mut(self, v)
+            }
+            None => dptr_mut(self, &mut s.out),
+        };
+        let token = match &mut io.token {
+            Some(v) => dptr_mut(self, v),
+            None => Arg::Ptr(0),
+        };
         let grid = (blocks as u32, rows as u32, 1);
         let (v, l) = (Arg::I32(vocab as i32), Arg::I32(ld as i32));
-        let s = scratch;
         // sample_max_f32(logits, ld, vocab, cfg, st, part, tickets)
-        let args = [dptr(self, logits), l, v, dptr(self, cfg), dptr_mut(self, &mut s.state)];
+        let args = [dptr(self, logits), l, v, dptr(self, cfg), state];
         let tail = [dptr_mut(self, &mut s.part_f), dptr_mut(self, &mut s.tickets)];
         self.launch_pdl("sample_max_f32", grid, 1024, &[&args[..], &tail[..]].concat())?;
         let radix = |mode: i32, s: &mut SampleScratch| -> CudaResult<()> {
@@ -166,7 +231,7 @@ impl Gpu {
                     l,
                     v,
                     dptr(self, cfg),
-                    dptr_mut(self, &mut s.state),
+                    state,
                     dptr_mut(self, &mut s.part_u),
                     dptr_mut(self, &mut s.tickets),
                     Arg::I32(round),
@@ -183,7 +248,7 @@ impl Gpu {
                 l,
                 v,
                 dptr(self, cfg),
-                dptr_mut(self, &mut s.state),
+                state,
                 dptr_mut(self, &mut s.part_d),
                 dptr_mut(self, &mut s.tickets),
                 Arg::I32(phase),
@@ -199,24 +264,29 @@ impl Gpu {
                 radix(1, s)?;
             }
             // sample_gather_f32(logits, ld, vocab, st, cands)
-            let a = [dptr(self, logits), l, v, dptr_mut(self, &mut s.state), dptr_mut(self, &mut s.cands)];
+            let a = [dptr(self, logits), l, v, state, dptr_mut(self, &mut s.cands)];
             self.launch_pdl("sample_gather_f32", grid, 1024, &a)?;
             // sample_cut_f32(logits, ld, cfg, st, cands), one block per row
-            let a = [dptr(self, logits), l, dptr(self, cfg), dptr_mut(self, &mut s.state), dptr(self, &s.cands)];
+            let a = [dptr(self, logits), l, dptr(self, cfg), state, dptr(self, &s.cands)];
             self.launch_pdl("sample_cut_f32", (rows as u32, 1, 1), 1024, &a)?;
         }
         tree(1, s)?;
-        // sample_draw_f32(logits, ld, vocab, cfg, st, drafts, part, tickets, out), one row
+        // sample_draw_f32(logits, ld, vocab, cfg, st, drafts, q_logits, q_ld, q_st, part,
+        //                 tickets, out, token_out), one row
         let a = [
             dptr(self, logits),
             l,
             v,
             dptr(self, cfg),
-            dptr(self, &s.state),
+            state,
             dptr(self, drafts),
+            q_logits,
+            q_ld,
+            q_st,
             dptr_mut(self, &mut s.part_d),
             dptr_mut(self, &mut s.tickets),
-            dptr_mut(self, &mut s.out),
+            out,
+            token,
         ];
         self.launch_pdl("sample_draw_f32", (blocks as u32, 1, 1), 1024, &a)
     }

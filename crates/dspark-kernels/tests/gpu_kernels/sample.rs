@@ -2,10 +2,12 @@
 //! random logits rows, filters and injected uniforms, a sampled verify must give exactly the
 //! drafts accepted and the token the host loop would (the same law, the same bits). Rows are
 //! LLM-like (a few strong logits over a normal floor) and, in some cases, rounded to bf16 so
-//! ties at the top-k and top-p boundaries occur.
+//! ties at the top-k and top-p boundaries occur. The sampled draft law's path — each draft drawn
+//! on the device from its own q row, the verify judging it against that row's state — is
+//! compared with the host rule on q the same way.
 use super::{full_size, gpu};
 use dspark_kernels::cpu::sample::{draw, transform, Filters};
-use dspark_kernels::cuda::sample::{sample_cfg, SampleScratch, SampleShape, CAND};
+use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleShape, CAND, ROW_WORDS};
 use dspark_testkit::Rng;
 
 /// What the speculative loop's host path does with one-hot (greedy-law) drafts.
@@ -116,4 +118,119 @@ fn sampled_verify_equals_the_host_loop() {
     eprintln!("sampled verify: {cases} cases equal, {accepted} drafts accepted in all, {overflows} overflows");
     assert!(cases >= filters.len() * vocabs.len() * trials * 2 / 3, "too few compared cases ({cases})");
     assert!(accepted > 0, "no draft was ever accepted: the test exercises no accept path");
+}
+
+/// The host rule with a sampled draft's q rows (`dspark_spec`'s `host_rule`): accept d iff
+/// q(d) > 0 and u < p'(d) / q(d), residual max(0, p' − q), p' itself when that has no mass.
+fn host_verify_q(f: &Filters, logits: &[f32], vocab: usize, drafts: &[u32], q: &[Vec<f64>], u: &[f64]) -> (u32, u32) {
+    let k = drafts.len();
+    for (i, &d) in drafts.iter().enumerate() {
+        let pp = transform(f, &logits[i * vocab..(i + 1) * vocab]);
+        let qd = q[i][d as usize];
+        if qd > 0.0 && u[i] < pp[d as usize] / qd {
+            continue;
+        }
+        let mut r: Vec<f64> = pp.iter().zip(&q[i]).map(|(a, b)| (a - b).max(0.0)).collect();
+        if r.iter().sum::<f64>() <= 0.0 {
+            r = pp;
+        }
+        return (i as u32, draw(&r, u[k]));
+    }
+    (k as u32, draw(&transform(f, &logits[k * vocab..(k + 1) * vocab]), u[k]))
+}
+
+#[test]
+fn sampled_draft_law_equals_the_host_rule() {
+    let g = gpu();
+    let mut rng = Rng(0x9b17c3);
+    let filters = [
+        Filters { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 },
+        Filters { temperature: 0.7, top_k: 20, top_p: 0.8, min_p: 0.0 },
+        Filters { temperature: 0.6, top_k: 20, top_p: 0.95, min_p: 0.0 },
+        Filters { temperature: 1.3, top_k: 50, top_p: 1.0, min_p: 0.05 },
+        Filters { temperature: 2.0, top_k: 1, top_p: 1.0, min_p: 0.0 },
+    ];
+    let (vocabs, trials) = if full_size() { (vec![97usize, 1000, 151_936], 8) } else { (vec![97usize, 3000], 3) };
+    let uniform = |rng: &mut Rng| ((rng.next_u64() >> 40) as f64 + 0.5) / (1u64 << 24) as f64;
+    let (mut cases, mut accepted, mut rejected, mut slots) = (0, 0, 0, 0);
+    for &vocab in &vocabs {
+        let mut scratch = SampleScratch::new(&g.stream, 8, vocab).unwrap();
+        for f in &filters {
+            for trial in 0..trials {
+                let rows = 2 + rng.below(7);
+                let k = rows - 1;
+                let ties = trial % 2 == 1;
+                let logits: Vec<f32> = (0..rows).flat_map(|_| row(&mut rng, vocab, ties)).collect();
+                // q rows near the target's (so drafts are often accepted) or unrelated to it.
+                let near = trial % 3 != 2;
+                let q_logits: Vec<f32> = (0..k)
+                    .flat_map(|i| {
+                        if near {
+                            logits[i * vocab..(i + 1) * vocab].iter().map(|&x| x + rng.normal(0.7)).collect::<Vec<_>>()
+                        } else {
+                            row(&mut rng, vocab, ties)
+                        }
+                    })
+                    .collect();
+                let uq: Vec<f64> = (0..k).map(|_| uniform(&mut rng)).collect();
+                let u: Vec<f64> = (0..rows).map(|_| uniform(&mut rng)).collect();
+                // Each slot drawn on the device from its own row, state kept for the verify.
+                let dq = g.stream.clone_htod(&q_logits).unwrap();
+                let mut q_state = g.stream.clone_htod(&vec![0xdead_beefu32; k * ROW_WORDS]).unwrap();
+                let mut dd = g.stream.clone_htod(&vec![u32::MAX; k]).unwrap();
+                let shape = SampleShape::of(f, vocab);
+                let mut overflow = false;
+                for (i, &ui) in uq.iter().enumerate() {
+                    let cfg = g.stream.clone_htod(&sample_cfg(f, 0, &[ui])).unwrap();
+                    g.stream.memcpy_htod(&[0xdead_beefu32; 4], &mut scratch.out).unwrap();
+                    let io = SampleIo {
+                        state: Some(q_state.slice_mut(i * ROW_WORDS..(i + 1) * ROW_WORDS)),
+                        q: None,
+                        out: None,
+                        token: Some(dd.slice_mut(i..i + 1)),
+                    };
+                    let qi = dq.slice(i * vocab..(i + 1) * vocab);
+                    g.sample_rows(&qi, (1, vocab, vocab), &cfg.as_view(), &cfg.as_view(), shape, &mut scratch, io)
+                        .unwrap();
+                    overflow |= g.sample_result(&scratch).unwrap()[2] != 0;
+                }
+                if overflow {
+                    continue;
+                }
+                let q: Vec<Vec<f64>> = (0..k).map(|i| transform(f, &q_logits[i * vocab..(i + 1) * vocab])).collect();
+                let drafts: Vec<u32> = (0..k).map(|i| draw(&q[i], uq[i])).collect();
+                let got = g.stream.clone_dtoh(&dd).unwrap();
+                assert_eq!(got, drafts, "{f:?} V {vocab}: the slots' device draws != the CPU sampler's");
+                slots += k;
+                let want = host_verify_q(f, &logits, vocab, &drafts, &q, &u);
+                let dl = g.stream.clone_htod(&logits).unwrap();
+                let cfg = g.stream.clone_htod(&sample_cfg(f, k, &u)).unwrap();
+                g.stream.memcpy_htod(&[0xdead_beefu32; 4], &mut scratch.out).unwrap();
+                let io = SampleIo { q: Some((dq.as_view(), vocab, q_state.as_view())), ..Default::default() };
+                g.sample_rows(
+                    &dl.as_view(),
+                    (rows, vocab, vocab),
+                    &cfg.as_view(),
+                    &dd.as_view(),
+                    shape,
+                    &mut scratch,
+                    io,
+                )
+                .unwrap();
+                let out = g.sample_result(&scratch).unwrap();
+                if out[2] != 0 {
+                    continue;
+                }
+                assert_eq!((out[0], out[1]), want, "{f:?} V {vocab} rows {rows} ties {ties} near {near}");
+                cases += 1;
+                accepted += want.0;
+                rejected += usize::from((want.0 as usize) < k);
+            }
+        }
+    }
+    eprintln!(
+        "sampled draft law: {cases} verifies and {slots} slot draws equal, {accepted} accepted, {rejected} residuals"
+    );
+    assert!(cases >= filters.len() * vocabs.len() * trials / 2, "too few compared cases ({cases})");
+    assert!(accepted > 0 && rejected > 0, "the accept ({accepted}) or residual ({rejected}) path never ran");
 }

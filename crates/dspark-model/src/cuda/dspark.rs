@@ -8,7 +8,9 @@
 //! (the anchor, or the argmax just written for the previous slot) — so only the final draft
 //! ids and confidence logits are copied back.
 
-use crate::backend::{Captured, Deferred, DeviceTokens, Drafter, Proposal};
+use crate::backend::{
+    Captured, Deferred, DeviceSampled, DeviceTokens, Drafter, Filters, Proposal, SampleRow, SampledProposal,
+};
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::draft_config::{DraftConfig, MarkovKind};
 use crate::checkpoint::safetensors::Checkpoint;
@@ -19,13 +21,14 @@ use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch
 use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
 
 mod prefill;
-use crate::cuda::qwen3::{handoff_id, CudaQwen3, SharedCapture, SharedTokens, CHUNK};
+use crate::cuda::qwen3::{handoff_id, CudaQwen3, DraftRows, SharedCapture, SharedDraftRows, SharedTokens, CHUNK};
 use crate::cuda::weights::{CheckpointUpload, WeightSource};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::kv_layers::LayerCaches;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
+use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleShape, CFG_WORDS, ROW_WORDS};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
 use std::path::Path;
@@ -52,11 +55,21 @@ struct Confidence {
 
 /// The shape of a draft step, the key of its CUDA graph: appending `rows` context rows from the
 /// feature buffer at device address `features`, or a proposal whose attention covers `kv_cap`
-/// keys.
+/// keys, its chain taking argmaxes or (with `sample`) drawing each slot into the draft rows at
+/// address `rows`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum DraftStep {
     Append { rows: usize, features: u64 },
-    Propose { kv_cap: usize },
+    Propose { kv_cap: usize, sample: Option<SampleShape>, rows: u64 },
+}
+
+/// How a proposal's chain picks each slot's token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pick {
+    /// The argmax (the greedy chain, fused into the W2 product when it can be).
+    Argmax,
+    /// A draw by the device sampler with the slot's cfg words in `step_in` (the sampled law).
+    Sample(SampleShape),
 }
 
 /// A DSpark draft on one GPU.
@@ -92,12 +105,24 @@ pub struct CudaDraft {
     c: CudaSlice<f32>,
     x: CudaSlice<f32>,
     hidden: CudaSlice<f32>,
-    logits: CudaSlice<f32>,
-    /// `[first_pos, kv_len, anchor, mask × (B−1)]`: the step's [`StepLens`] and, for a
-    /// proposal, the block's ids.
+    /// The block's logits rows `[B, V]` and the slots' sampler states, in the slot the target's
+    /// verify reads them from (a sampled block's q).
+    rows: SharedDraftRows,
+    /// `[first_pos, kv_len, anchor, mask × (B−1), pad, cfg × B]`: the step's [`StepLens`], for a
+    /// proposal the block's ids, and for a sampled one each slot's sampler cfg words from
+    /// [`cfg_at`].
     step_in: CudaSlice<u32>,
+    /// The sampler's scratch for one slot's row at a time.
+    sample: SampleScratch,
+    /// Each slot's sampler out words `[m, token, overflow, row]` (4 · B).
+    slot_out: CudaSlice<u32>,
     /// The B chosen tokens, in the buffer the target's verify reads them from.
     tokens: SharedTokens,
+    /// Whether a sampled block is drawn on the device (tests turn it off to compare with the
+    /// host reference, [`Drafter::propose_sampled`]).
+    device_sampling: bool,
+    /// Sampled blocks drawn wholly on the device so far (tests check the path ran).
+    device_blocks: usize,
     graphs: StepGraphs<DraftStep>,
     e: CudaSlice<f32>,
     u: CudaSlice<f32>,
@@ -233,9 +258,13 @@ impl CudaDraft {
             c: z(CHUNK * h)?,
             x: z(rows * h)?,
             hidden: z(b * h)?,
-            logits: z(b * v)?,
-            step_in: arena.zeros::<u32>(2 + b).map_err(drv)?,
+            rows: install_rows(&arena, target, b * v, b * ROW_WORDS)?,
+            step_in: arena.zeros::<u32>(cfg_at(b) + b * CFG_WORDS).map_err(drv)?,
+            sample: plan_sample(&arena, v)?,
+            slot_out: arena.zeros::<u32>(4 * b).map_err(drv)?,
             graphs: StepGraphs::new(),
+            device_sampling: true,
+            device_blocks: 0,
             tokens: target.shared_tokens(),
             e: z((b * r).max(1))?,
             u: z(r.max(1))?,
@@ -327,9 +356,43 @@ impl CudaDraft {
         Ok(())
     }
 
-    /// The launches of a proposal at context length `p` (block ids already in `step_in`):
-    /// the block forward, lm_head, the Markov chain and the confidence head.
-    fn launch_propose(&mut self, p: usize, kv_cap: usize) -> Result<()> {
+    /// The launches of a proposal at context length `p` (block ids, and with [`Pick::Sample`]
+    /// each slot's cfg words, already in `step_in`): the block forward and lm_head, the Markov
+    /// chain slot by slot, and the confidence head.
+    fn launch_propose(&mut self, p: usize, kv_cap: usize, pick: Pick) -> Result<()> {
+        self.launch_block(p, kv_cap)?;
+        let b = self.cfg.block_size;
+        let shared = self.tokens.clone();
+        let mut chosen = shared.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
+        let rows = self.rows.clone();
+        let mut rows = rows.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
+        let rows = rows.as_mut().ok_or_else(|| Error::Request("draft rows missing".into()))?;
+        for s in 0..b {
+            match pick {
+                Pick::Argmax => self.slot_argmax(s, &mut chosen.data, &mut rows.logits)?,
+                Pick::Sample(shape) => {
+                    self.slot_logits(s, &mut rows.logits)?;
+                    let gpu = self.gpu.clone();
+                    let v = self.cfg.layer.vocab_size;
+                    let cfg = self.step_in.slice(cfg_at(b) + s * CFG_WORDS..cfg_at(b) + (s + 1) * CFG_WORDS);
+                    let io = SampleIo {
+                        state: Some(rows.state.slice_mut(s * ROW_WORDS..(s + 1) * ROW_WORDS)),
+                        q: None,
+                        out: Some(self.slot_out.slice_mut(4 * s..4 * s + 4)),
+                        token: Some(chosen.data.slice_mut(s..s + 1)),
+                    };
+                    let logits_s = rows.logits.slice(s * v..(s + 1) * v);
+                    gpu.sample_rows(&logits_s, (1, v, v), &cfg, &cfg, shape, &mut self.sample, io).map_err(gpu_err)?;
+                    self.gather_next(s, &chosen.data)?;
+                }
+            }
+        }
+        self.launch_confidence()
+    }
+
+    /// The block forward up to the final logits `[B, V]` (before any Markov bias), and the
+    /// chain's start: the RNN state zeroed and e₀ = W1[anchor].
+    fn launch_block(&mut self, p: usize, kv_cap: usize) -> Result<()> {
         let l = self.cfg.layer.clone();
         let (b, h, v, eps) = (self.cfg.block_size, l.hidden_size, l.vocab_size, l.rms_norm_eps as f32);
         let gpu = self.gpu.clone();
@@ -353,77 +416,192 @@ impl CudaDraft {
         )?;
         gpu.rmsnorm(&self.x.slice(..b * h), &self.norm.as_view(), eps, b, &mut self.hidden.slice_mut(..b * h))
             .map_err(gpu_err)?;
-        gpu.matvec(&self.lm_head, &self.hidden.slice(..b * h), &mut self.logits.slice_mut(..b * v), (b, h, v), false)
+        let rows = self.rows.clone();
+        let mut rows = rows.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
+        let rows = rows.as_mut().ok_or_else(|| Error::Request("draft rows missing".into()))?;
+        gpu.matvec(&self.lm_head, &self.hidden.slice(..b * h), &mut rows.logits.slice_mut(..b * v), (b, h, v), false)
             .map_err(gpu_err)?;
-
         // The sequential chain: slot s reads its previous token from device memory.
         if let Some(Markov { variant: Variant::Rnn { state, .. }, .. }) = &mut self.markov {
             gpu.stream.memset_zeros(state).map_err(drv)?;
         }
-        // e holds every slot's W1 row: slot 0's is gathered here, slot s + 1's by slot s's argmax.
-        let r = self.markov.as_ref().map_or(0, |m| m.rank);
+        // e holds every slot's W1 row: slot 0's is gathered here, slot s + 1's after slot s.
         if let Some(m) = &self.markov {
+            let r = m.rank;
             gpu.gather_row(&m.w1, r, &ids.slice(0..1), &mut self.e.slice_mut(..r)).map_err(gpu_err)?;
         }
-        // The chosen tokens go to the buffer the target's verify reads.
-        let shared = self.tokens.clone();
-        let mut chosen = shared.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
-        for s in 0..b {
-            let h_s = self.hidden.slice(s * h..(s + 1) * h);
-            let mut logits_s = self.logits.slice_mut(s * v..(s + 1) * v);
-            let mut token_s = chosen.data.slice_mut(s..s + 1);
-            let Some(m) = &mut self.markov else {
-                gpu.argmax_split(&logits_s.as_view(), v, v, 1, &mut token_s, &mut self.scratch.ops).map_err(gpu_err)?;
-                continue;
-            };
-            // e_s, and the slot of the W1 row this step's token picks (none after the last slot).
-            let mut pair = self.e.slice_mut(s * r..(s + 2).min(b) * r);
-            let (e_s, mut e_next) = pair.split_at_mut(r);
-            let e_s = e_s.as_view();
-            let input = match &mut m.variant {
-                Variant::Vanilla => e_s,
-                Variant::Gated { weight, bias } => {
-                    gpu.markov_gated_prep(&weight.as_view(), &bias.as_view(), &h_s, &e_s, &mut self.u.slice_mut(..r))
-                        .map_err(gpu_err)?;
-                    self.u.slice(..r)
-                }
-                Variant::Rnn { weight, bias, state, scratch } => {
-                    gpu.markov_rnn_prep(
-                        &weight.as_view(),
-                        &bias.as_view(),
-                        &h_s,
-                        &e_s,
-                        &mut state.as_view_mut(),
-                        &mut scratch.as_view_mut(),
-                        &mut self.u.slice_mut(..r),
-                    )
-                    .map_err(gpu_err)?;
-                    self.u.slice(..r)
-                }
-            };
-            // logits_s += W2·u, its argmax, and the next W1 row: one launch on the tensor cores.
-            let gather = if s + 1 < b { Some(((&m.w1, r), &mut e_next)) } else { None };
-            gpu.matvec_argmax(&m.w2, &input, &mut logits_s, (r, v), true, &mut token_s, &mut self.scratch.ops, gather)
+        Ok(())
+    }
+
+    /// Slot `s`'s Markov input: e_s itself (vanilla), or u from the gated / RNN prep kernel,
+    /// which it runs. Returns whether the input is in `self.u`; `None` without a Markov head.
+    fn slot_prep(&mut self, s: usize) -> Result<Option<bool>> {
+        let h = self.cfg.layer.hidden_size;
+        let gpu = self.gpu.clone();
+        let Some(m) = &mut self.markov else { return Ok(None) };
+        let r = m.rank;
+        let h_s = self.hidden.slice(s * h..(s + 1) * h);
+        let e_s = self.e.slice(s * r..(s + 1) * r);
+        match &mut m.variant {
+            Variant::Vanilla => return Ok(Some(false)),
+            Variant::Gated { weight, bias } => gpu
+                .markov_gated_prep(&weight.as_view(), &bias.as_view(), &h_s, &e_s, &mut self.u.slice_mut(..r))
+                .map_err(gpu_err)?,
+            Variant::Rnn { weight, bias, state, scratch } => gpu
+                .markov_rnn_prep(
+                    &weight.as_view(),
+                    &bias.as_view(),
+                    &h_s,
+                    &e_s,
+                    &mut state.as_view_mut(),
+                    &mut scratch.as_view_mut(),
+                    &mut self.u.slice_mut(..r),
+                )
+                .map_err(gpu_err)?,
+        }
+        Ok(Some(true))
+    }
+
+    /// The greedy chain's slot `s`: logits_s += W2·u, its argmax into `tokens[s]` and the next
+    /// W1 row — one launch on the tensor cores for bf16 W2 and W1.
+    fn slot_argmax(&mut self, s: usize, tokens: &mut CudaSlice<u32>, logits: &mut CudaSlice<f32>) -> Result<()> {
+        let (b, v) = (self.cfg.block_size, self.cfg.layer.vocab_size);
+        let gpu = self.gpu.clone();
+        let uses_u = self.slot_prep(s)?;
+        let mut logits_s = logits.slice_mut(s * v..(s + 1) * v);
+        let mut token_s = tokens.slice_mut(s..s + 1);
+        let Some(m) = &self.markov else {
+            return gpu
+                .argmax_split(&logits_s.as_view(), v, v, 1, &mut token_s, &mut self.scratch.ops)
+                .map_err(gpu_err);
+        };
+        let r = m.rank;
+        let mut pair = self.e.slice_mut(s * r..(s + 2).min(b) * r);
+        let (e_s, mut e_next) = pair.split_at_mut(r);
+        let input = if uses_u == Some(true) { self.u.slice(..r) } else { e_s.as_view() };
+        let gather = if s + 1 < b { Some(((&m.w1, r), &mut e_next)) } else { None };
+        gpu.matvec_argmax(&m.w2, &input, &mut logits_s, (r, v), true, &mut token_s, &mut self.scratch.ops, gather)
+            .map_err(gpu_err)
+    }
+
+    /// The sampled chain's slot `s` up to its final logits: logits_s += W2·u, through the plain
+    /// accumulating matvec (the device and host sampled paths share it, so they see the same
+    /// bits).
+    fn slot_logits(&mut self, s: usize, logits: &mut CudaSlice<f32>) -> Result<()> {
+        let v = self.cfg.layer.vocab_size;
+        let uses_u = self.slot_prep(s)?;
+        let Some(m) = &self.markov else { return Ok(()) };
+        let r = m.rank;
+        let input = if uses_u == Some(true) { self.u.slice(..r) } else { self.e.slice(s * r..(s + 1) * r) };
+        self.gpu.matvec(&m.w2, &input, &mut logits.slice_mut(s * v..(s + 1) * v), (1, r, v), true).map_err(gpu_err)
+    }
+
+    /// e_{s+1} = W1[tokens[s]] for the next slot (nothing after the last, or without a head).
+    fn gather_next(&mut self, s: usize, tokens: &CudaSlice<u32>) -> Result<()> {
+        let b = self.cfg.block_size;
+        match &self.markov {
+            Some(m) if s + 1 < b => {
+                let r = m.rank;
+                let mut e_next = self.e.slice_mut((s + 1) * r..(s + 2) * r);
+                self.gpu.gather_row(&m.w1, r, &tokens.slice(s..s + 1), &mut e_next).map_err(gpu_err)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The confidence logits of every slot, from h_s and the chain's e_s.
+    fn launch_confidence(&mut self) -> Result<()> {
+        let (b, h) = (self.cfg.block_size, self.cfg.layer.hidden_size);
+        let r = self.markov.as_ref().map_or(0, |m| m.rank);
+        if let Some(c) = &self.confidence {
+            self.gpu
+                .confidence(
+                    &c.weight.as_view(),
+                    c.bias,
+                    &self.hidden.slice(..b * h),
+                    &self.e.slice(..(b * r).max(1)),
+                    (b, h, r),
+                    c.with_markov && r > 0,
+                    &mut self.conf_logits.slice_mut(..b),
+                )
                 .map_err(gpu_err)?;
         }
-        if let Some(c) = &self.confidence {
-            gpu.confidence(
-                &c.weight.as_view(),
-                c.bias,
-                &self.hidden.slice(..b * h),
-                &self.e.slice(..(b * r).max(1)),
-                (b, h, r),
-                c.with_markov && r > 0,
-                &mut self.conf_logits.slice_mut(..b),
-            )
-            .map_err(gpu_err)?;
-        }
         Ok(())
+    }
+
+    /// Writes a proposal's step words (`[first_pos, kv_len, anchor, mask × (B−1)]`, then `cfg`)
+    /// into `step_in`; the copy also waits for every earlier kernel, which the attention kernels
+    /// rely on to read settled cache rows before their PDL wait (ARCHITECTURE.md).
+    fn write_step(&mut self, anchor: u32, cfg: &[u32]) -> Result<()> {
+        let (b, v) = (self.cfg.block_size, self.cfg.layer.vocab_size);
+        if anchor as usize >= v {
+            return Err(Error::Request(format!("anchor token {anchor} is outside the vocabulary ({v})")));
+        }
+        let p = self.ctx_len;
+        let mut step = vec![self.cfg.mask_token_id; if cfg.is_empty() { 2 + b } else { cfg_at(b) }];
+        step[0] = p as u32;
+        step[1] = (p + b) as u32;
+        step[2] = anchor;
+        step.extend_from_slice(cfg);
+        self.gpu.stream.memcpy_htod(&step, &mut self.step_in.slice_mut(..step.len())).map_err(drv)
+    }
+
+    /// Runs a proposal (its step words written) through the graph for its shape, and returns
+    /// the handle of the tokens it left in the shared buffer.
+    fn run_propose(&mut self, pick: Pick) -> Result<DeviceTokens> {
+        use cudarc::driver::DevicePtr;
+        let b = self.cfg.block_size;
+        let gpu = self.gpu.clone();
+        let p = self.ctx_len;
+        let kv_cap = self.graphs.kv_cap(&gpu, b, p + b, self.max_len + b);
+        let rows = {
+            let r = self.rows.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
+            let addr = r.as_ref().map_or(0, |r| r.logits.device_ptr(&gpu.stream).0);
+            addr
+        };
+        let sample = match pick {
+            Pick::Argmax => None,
+            Pick::Sample(shape) => Some(shape),
+        };
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let ran =
+            graphs.run(&gpu, b, DraftStep::Propose { kv_cap, sample, rows }, || self.launch_propose(p, kv_cap, pick));
+        self.graphs = graphs;
+        ran?;
+        let generation = {
+            let mut t = self.tokens.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
+            t.generation += 1;
+            t.generation
+        };
+        Ok(DeviceTokens { buffer: handoff_id(&self.tokens), generation, len: b, sampled: sample.is_some() })
+    }
+
+    /// The prefix survival of the last proposal (from the confidence logits), when the draft has
+    /// a confidence head.
+    fn survival(&self) -> Result<Option<Vec<f32>>> {
+        if self.confidence.is_none() {
+            return Ok(None);
+        }
+        let b = self.cfg.block_size;
+        let mut logits = vec![0f32; b];
+        self.gpu.stream.memcpy_dtoh(&self.conf_logits.slice(..b), &mut logits).map_err(drv)?;
+        Ok(Some(prefix_survival(&logits)))
     }
 
     /// Turns CUDA graphs on or off for later steps (tests compare both paths).
     pub fn set_graphs(&mut self, on: bool) {
         self.graphs.set_enabled(on);
+    }
+
+    /// Turns the device sampler of sampled blocks on or off: off, every sampled block is drawn
+    /// by the host reference (tests compare both paths).
+    pub fn set_device_sampling(&mut self, on: bool) {
+        self.device_sampling = on;
+    }
+
+    /// How many sampled blocks were drawn wholly on the device (none sent to the host path).
+    pub fn sampled_on_device(&self) -> usize {
+        self.device_blocks
     }
 
     fn check_room(&self, n: usize) -> Result<()> {
@@ -501,31 +679,100 @@ impl Drafter for CudaDraft {
     }
 
     fn propose_deferred(&mut self, anchor: u32) -> Result<Deferred> {
+        self.write_step(anchor, &[])?;
+        Ok(Deferred::OnDevice(self.run_propose(Pick::Argmax)?))
+    }
+
+    fn can_sample_block(&self) -> bool {
+        true
+    }
+
+    /// No: the sampled chain runs the device sampler once per slot (7 × 10 launches at Qwen's
+    /// recommended filters), and `dspark bench`'s `round_sampled_law` costs 1.10–1.11× a greedy
+    /// round on an H200 (2026-12-04, docs/perf.md) against 1.02–1.03× for the greedy law's
+    /// sampled verify — more than the sampled law's measured acceptance gain at top-k 20 /
+    /// top-p 0.8 (none) or T 0.7 (4%).
+    fn prefers_sampled_block(&self) -> bool {
+        false
+    }
+
+    /// The host reference of [`Drafter::propose_sampled_device`]: the same launches, eagerly,
+    /// with each slot's final logits row copied to the host for `sample_row` and the drawn
+    /// token copied back before the next slot's W1 gather.
+    fn propose_sampled(&mut self, anchor: u32, sample_row: &mut SampleRow<'_>) -> Result<SampledProposal> {
         let (b, v) = (self.cfg.block_size, self.cfg.layer.vocab_size);
-        if anchor as usize >= v {
-            return Err(Error::Request(format!("anchor token {anchor} is outside the vocabulary ({v})")));
-        }
-        let gpu = self.gpu.clone();
+        self.write_step(anchor, &[])?;
         let p = self.ctx_len;
-        // [first_pos, kv_len, anchor, mask × (B−1)] in one copy.
-        let mut step = vec![self.cfg.mask_token_id; 2 + b];
-        step[0] = p as u32;
-        step[1] = (p + b) as u32;
-        step[2] = anchor;
-        // The copy also waits for every earlier kernel: the attention kernels rely on it to read
-        // settled cache rows before their PDL wait (ARCHITECTURE.md).
-        gpu.stream.memcpy_htod(&step, &mut self.step_in.slice_mut(..2 + b)).map_err(drv)?;
-        let kv_cap = self.graphs.kv_cap(&gpu, b, p + b, self.max_len + b);
-        let mut graphs = std::mem::take(&mut self.graphs);
-        let ran = graphs.run(&gpu, b, DraftStep::Propose { kv_cap }, || self.launch_propose(p, kv_cap));
-        self.graphs = graphs;
-        ran?;
-        let generation = {
-            let mut t = self.tokens.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
-            t.generation += 1;
-            t.generation
-        };
-        Ok(Deferred::OnDevice(DeviceTokens { buffer: handoff_id(&self.tokens), generation, len: b }))
+        self.launch_block(p, p + b)?;
+        let shared = self.tokens.clone();
+        let mut chosen = shared.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
+        let rows = self.rows.clone();
+        let mut rows = rows.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
+        let rows = rows.as_mut().ok_or_else(|| Error::Request("draft rows missing".into()))?;
+        let (mut tokens, mut q) = (Vec::with_capacity(b), Vec::with_capacity(b));
+        let mut row = vec![0f32; v];
+        for s in 0..b {
+            self.slot_logits(s, &mut rows.logits)?;
+            self.gpu.stream.memcpy_dtoh(&rows.logits.slice(s * v..(s + 1) * v), &mut row).map_err(drv)?;
+            let (t, q_s) = sample_row(&row);
+            if t as usize >= v {
+                return Err(Error::Request(format!("the sampler drew token {t} outside the vocabulary ({v})")));
+            }
+            self.gpu.stream.memcpy_htod(&[t], &mut chosen.data.slice_mut(s..s + 1)).map_err(drv)?;
+            self.gather_next(s, &chosen.data)?;
+            tokens.push(t);
+            q.push(q_s);
+        }
+        self.launch_confidence()?;
+        chosen.generation += 1;
+        drop(chosen);
+        Ok(SampledProposal { tokens, q, survival: self.survival()?, base_logits: None })
+    }
+
+    fn propose_sampled_device(
+        &mut self,
+        anchor: u32,
+        filters: &Filters,
+        uniforms: &[f64],
+    ) -> Result<Option<DeviceSampled>> {
+        let (b, v) = (self.cfg.block_size, self.cfg.layer.vocab_size);
+        if !self.device_sampling {
+            return Ok(None);
+        }
+        if uniforms.len() != b {
+            return Err(Error::Request(format!(
+                "a sampled block of {b} slots takes {b} uniforms, got {}",
+                uniforms.len()
+            )));
+        }
+        let cfg: Vec<u32> = uniforms.iter().flat_map(|&u| sample_cfg(filters, 0, &[u])).collect();
+        self.write_step(anchor, &cfg)?;
+        let tokens = self.run_propose(Pick::Sample(SampleShape::of(filters, v)))?;
+        // One read of every slot's out words: a slot whose top-p outgrew the sampler's
+        // candidates sends the whole block to the host path (the same block, drawn there).
+        let mut out = vec![0u32; 4 * b];
+        self.gpu.stream.memcpy_dtoh(&self.slot_out.slice(..4 * b), &mut out).map_err(drv)?;
+        if out.chunks(4).any(|o| o[2] != 0) {
+            return Ok(None);
+        }
+        if let Some(bad) = out.chunks(4).find(|o| o[1] as usize >= v) {
+            return Err(Error::Request(format!("the device sampler answered {bad:?} for a draft slot")));
+        }
+        self.device_blocks += 1;
+        Ok(Some(DeviceSampled { tokens, survival: self.survival()? }))
+    }
+
+    fn sampled_logits(&mut self, tokens: &DeviceTokens) -> Result<Vec<f32>> {
+        let (b, v) = (self.cfg.block_size, self.cfg.layer.vocab_size);
+        let t = self.tokens.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
+        if !tokens.sampled || tokens.buffer != handoff_id(&self.tokens) || tokens.generation != t.generation {
+            return Err(Error::Request("device draft rows are stale, greedy, or from another draft".into()));
+        }
+        let rows = self.rows.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
+        let rows = rows.as_ref().ok_or_else(|| Error::Request("draft rows missing".into()))?;
+        let mut host = vec![0f32; b * v];
+        self.gpu.stream.memcpy_dtoh(&rows.logits.slice(..b * v), &mut host).map_err(drv)?;
+        Ok(host)
     }
 
     fn finish_proposal(&mut self, deferred: Deferred) -> Result<Proposal> {
@@ -534,21 +781,54 @@ impl Drafter for CudaDraft {
             Deferred::OnDevice(d) => d,
         };
         let (b, gpu) = (self.cfg.block_size, self.gpu.clone());
-        let t = self.tokens.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
-        if d.buffer != handoff_id(&self.tokens) || d.generation != t.generation || d.len != b {
-            return Err(Error::Request("device draft tokens are stale or from another draft".into()));
-        }
         let mut tokens = vec![0u32; b];
-        gpu.stream.memcpy_dtoh(&t.data.slice(..b), &mut tokens).map_err(drv)?;
-        let survival = if self.confidence.is_some() {
-            let mut logits = vec![0f32; b];
-            gpu.stream.memcpy_dtoh(&self.conf_logits.slice(..b), &mut logits).map_err(drv)?;
-            Some(prefix_survival(&logits))
-        } else {
-            None
-        };
-        Ok(Proposal { tokens, survival })
+        {
+            let t = self.tokens.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
+            if d.buffer != handoff_id(&self.tokens) || d.generation != t.generation || d.len != b {
+                return Err(Error::Request("device draft tokens are stale or from another draft".into()));
+            }
+            gpu.stream.memcpy_dtoh(&t.data.slice(..b), &mut tokens).map_err(drv)?;
+        }
+        Ok(Proposal { tokens, survival: self.survival()? })
     }
+}
+
+/// Where the slots' sampler cfg words start in a draft's `step_in` (after the `2 + B` step
+/// words): a multiple of four words, because a `SampleCfg` holds f64 uniforms (and B = 7, the
+/// published draft's block, would put them at an odd word otherwise: a misaligned address).
+fn cfg_at(block: usize) -> usize {
+    (2 + block).next_multiple_of(4)
+}
+
+/// The draft rows' slot of `target`, with buffers of at least `logits` and `state` elements
+/// installed (a draft loaded before with a smaller block gets larger ones; graphs key on their
+/// address, so none replays a freed buffer).
+fn install_rows(arena: &Arena, target: &CudaQwen3, logits: usize, state: usize) -> Result<SharedDraftRows> {
+    let shared = target.shared_draft_rows();
+    {
+        let mut slot = shared.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
+        if slot.as_ref().is_none_or(|r| r.logits.len() < logits || r.state.len() < state) {
+            *slot =
+                Some(DraftRows { logits: arena.zeros(logits).map_err(drv)?, state: arena.zeros(state).map_err(drv)? });
+        }
+    }
+    Ok(shared)
+}
+
+/// The sampler's scratch for one row of `vocab` (a draft slot at a time).
+fn plan_sample(arena: &Arena, vocab: usize) -> Result<SampleScratch> {
+    let z = SampleScratch::sizes(1, vocab);
+    Ok(SampleScratch {
+        rows: 1,
+        blocks: z.blocks,
+        state: arena.zeros(z.state).map_err(drv)?,
+        part_f: arena.zeros(z.part_f).map_err(drv)?,
+        part_u: arena.zeros(z.part_u).map_err(drv)?,
+        part_d: arena.zeros(z.part_d).map_err(drv)?,
+        cands: arena.zeros(z.cands).map_err(drv)?,
+        tickets: arena.zeros(z.tickets).map_err(drv)?,
+        out: arena.zeros(z.out).map_err(drv)?,
+    })
 }
 
 /// Every layer's k_proj|v_proj rows — rows `q .. q + 2·kv` of its stacked q|k|v matrix — in one

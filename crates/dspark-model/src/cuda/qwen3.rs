@@ -30,7 +30,7 @@ use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::kv::{KvCaches, KvDtype};
 use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
-use dspark_kernels::cuda::sample::{SampleScratch, SampleShape, CFG_WORDS};
+use dspark_kernels::cuda::sample::{SampleIo, SampleScratch, SampleShape, CFG_WORDS};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
 use std::path::Path;
@@ -52,6 +52,19 @@ pub type SharedCapture = Arc<Mutex<Handoff<f32>>>;
 /// the host before its verify ([`Deferred::OnDevice`]). `generation` counts proposals.
 pub type SharedTokens = Arc<Mutex<Handoff<u32>>>;
 
+/// What a sampled draft drew its block from, for the target's verify to judge the drafts
+/// against: the block's final logits rows `[B, V]` (Markov bias included) and each slot's
+/// sampler state (`sample::ROW_WORDS` words). The draft allocates them at load and installs them
+/// here; a proposal with [`DeviceTokens::sampled`] filled them, valid while the shared tokens'
+/// generation is that proposal's.
+pub struct DraftRows {
+    pub logits: CudaSlice<f32>,
+    pub state: CudaSlice<u32>,
+}
+
+/// The slot a draft on the target's GPU installs its [`DraftRows`] in.
+pub type SharedDraftRows = Arc<Mutex<Option<DraftRows>>>;
+
 /// Identity of a shared buffer, as carried in [`DeviceRows::buffer`] and
 /// [`DeviceTokens::buffer`].
 pub fn handoff_id<T>(h: &Arc<Mutex<Handoff<T>>>) -> usize {
@@ -61,8 +74,9 @@ pub fn handoff_id<T>(h: &Arc<Mutex<Handoff<T>>>) -> usize {
 /// Most rows one device step processes (prefill runs in chunks of this size).
 pub const CHUNK: usize = 64;
 
-/// A step's graph key: (rows, first logits row, attention key capacity, argmax, sampler phases).
-type StepKey = (usize, Option<usize>, usize, bool, Option<SampleShape>);
+/// A step's graph key: (rows, first logits row, attention key capacity, argmax, sampler phases
+/// and the address of the draft rows it judges against, 0 for one-hot drafts).
+type StepKey = (usize, Option<usize>, usize, bool, Option<(SampleShape, u64)>);
 
 /// A Qwen3 target on one GPU.
 pub struct CudaQwen3 {
@@ -99,6 +113,7 @@ pub struct CudaQwen3 {
     next_ids: CudaSlice<u32>,
     pub(crate) captured: SharedCapture,
     pub(crate) drafted: SharedTokens,
+    pub(crate) draft_rows: SharedDraftRows,
     /// The GEMM path for forwards of more than [`CHUNK`] rows (`None` when `max_len` ≤ CHUNK).
     prefill: Option<Prefill>,
     /// `[first_pos, kv_len, ids…]` of a prefill chunk.
@@ -207,6 +222,7 @@ impl CudaQwen3 {
             next_ids,
             captured,
             drafted,
+            draft_rows: Arc::new(Mutex::new(None)),
             prefill,
             prefill_in,
             prefill_mode: PrefillMode::default(),
@@ -243,6 +259,11 @@ impl CudaQwen3 {
         self.drafted.clone()
     }
 
+    /// The slot a sampled draft installs its rows in (see [`DraftRows`]).
+    pub fn shared_draft_rows(&self) -> SharedDraftRows {
+        self.draft_rows.clone()
+    }
+
     /// The capture buffer shared with drafts loaded onto this target's GPU.
     pub fn shared_capture(&self) -> SharedCapture {
         self.captured.clone()
@@ -258,7 +279,7 @@ impl CudaQwen3 {
         // A sampled prefill's last row: the sampler instead of the argmax.
         if let (true, Some(from), Some((words, shape))) = (argmax, logit_from, self.prefill_sample.take()) {
             let ran = if host.len() + drafted == from + 1 {
-                Some(self.run_step_with(host, drafted, logit_from, false, Some((&words, shape))))
+                Some(self.run_step_with(host, drafted, logit_from, false, Some((&words, shape, false))))
             } else {
                 None
             };
@@ -270,15 +291,16 @@ impl CudaQwen3 {
         self.run_step_with(host, drafted, logit_from, argmax, None)
     }
 
-    /// [`CudaQwen3::run_step`], and with `sample` (the sampler's cfg words and phases) the
-    /// logits rows go through the device sampler (`cuda::qwen3::sampled`).
+    /// [`CudaQwen3::run_step`], and with `sample` (the sampler's cfg words, its phases, and
+    /// whether the drafts are judged against the shared [`DraftRows`]) the logits rows go through
+    /// the device sampler (`cuda::qwen3::sampled`).
     fn run_step_with(
         &mut self,
         host: &[u32],
         drafted: usize,
         logit_from: Option<usize>,
         argmax: bool,
-        sample: Option<(&[u32], SampleShape)>,
+        sample: Option<(&[u32], SampleShape, bool)>,
     ) -> Result<usize> {
         let n = host.len() + drafted;
         let gpu = self.gpu.clone();
@@ -290,7 +312,7 @@ impl CudaQwen3 {
         up[1] = kv_len as u32;
         up[2..2 + host.len()].copy_from_slice(host);
         let m = 2 + host.len();
-        if let Some((words, _)) = sample {
+        if let Some((words, ..)) = sample {
             up[2 + CHUNK..].copy_from_slice(words);
         }
         let copied = if sample.is_some() { up.len() } else { m };
@@ -308,7 +330,11 @@ impl CudaQwen3 {
         let shared = self.captured.clone();
         shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?.generation += 1;
         let mut graphs = std::mem::take(&mut self.graphs);
-        let shape = sample.map(|(_, s)| s);
+        let shape = match sample {
+            Some((_, shape, true)) => Some((shape, self.draft_rows_addr()?)),
+            Some((_, shape, false)) => Some((shape, 0)),
+            None => None,
+        };
         let key = (n, logit_from, kv_cap, argmax, shape);
         let ran = graphs.run(&gpu, n, key, || self.launch_step(n, (first_pos, kv_cap), logit_from, argmax, shape));
         self.graphs = graphs;
@@ -325,7 +351,7 @@ impl CudaQwen3 {
         (first_pos, kv_cap): (usize, usize),
         logit_from: Option<usize>,
         argmax: bool,
-        sample: Option<SampleShape>,
+        sample: Option<(SampleShape, u64)>,
     ) -> Result<()> {
         let c = &self.cfg;
         let (h, v) = (c.hidden_size, c.vocab_size);
@@ -378,14 +404,33 @@ impl CudaQwen3 {
             let logits = self.logits.slice(..rows * v);
             gpu.argmax_split(&logits, v, v, rows, &mut self.next_ids.slice_mut(..rows), &mut s.ops).map_err(gpu_err)?;
         }
-        if let Some(shape) = sample {
+        if let Some((shape, q)) = sample {
             // The drafts are the step's ids after the anchor; a plain step (one row) has none.
             let drafts = self.step_in.slice(3..3 + rows.max(2) - 1);
             let cfg = self.step_in.slice(2 + CHUNK..);
-            gpu.sample_verify(&self.logits.slice(..rows * v), (rows, v, v), &cfg, &drafts, shape, &mut self.sample)
-                .map_err(gpu_err)?;
+            let logits = self.logits.slice(..rows * v);
+            let shared = self.draft_rows.clone();
+            let rows_q = shared.lock().map_err(|_| crate::error::Error::Request("draft rows poisoned".into()))?;
+            let io = match (&*rows_q, q) {
+                (Some(d), q) if q != 0 => {
+                    SampleIo { q: Some((d.logits.as_view(), v, d.state.as_view())), ..Default::default() }
+                }
+                (_, 0) => SampleIo::default(),
+                _ => return Err(crate::error::Error::Request("no draft rows to judge a sampled block against".into())),
+            };
+            gpu.sample_rows(&logits, (rows, v, v), &cfg, &drafts, shape, &mut self.sample, io).map_err(gpu_err)?;
         }
         Ok(())
+    }
+
+    /// The device address of the installed [`DraftRows`]' logits (part of a graph's key, so a
+    /// draft loaded later with other buffers gets graphs of its own).
+    fn draft_rows_addr(&self) -> Result<u64> {
+        use cudarc::driver::DevicePtr;
+        let rows = self.draft_rows.lock().map_err(|_| crate::error::Error::Request("draft rows poisoned".into()))?;
+        let d = rows.as_ref().ok_or_else(|| crate::error::Error::Request("no draft rows installed".into()))?;
+        let addr = d.logits.device_ptr(&self.gpu.stream).0;
+        Ok(addr)
     }
 
     /// Copies the first `n` capture rows to the host, appending to `out`.

@@ -56,7 +56,7 @@ impl CudaQwen3 {
             )));
         }
         let rows = k + 1;
-        let (host, drafted): (Vec<u32>, usize) = match drafts {
+        let (host, drafted, q): (Vec<u32>, usize, bool) = match drafts {
             Deferred::OnDevice(d) => {
                 let current = {
                     let t = self.drafted.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
@@ -67,7 +67,7 @@ impl CudaQwen3 {
                         "device draft tokens are stale, from another target, or fewer than the verify needs".into(),
                     ));
                 }
-                (vec![anchor], k)
+                (vec![anchor], k, d.sampled && k > 0)
             }
             Deferred::Ready(p) => {
                 if k > p.tokens.len() {
@@ -76,7 +76,7 @@ impl CudaQwen3 {
                 let mut v = vec![anchor];
                 v.extend_from_slice(&p.tokens[..k]);
                 check_forward(&self.cfg, self.len, self.max_len, &v)?;
-                (v, 0)
+                (v, 0, false)
             }
         };
         check_forward(&self.cfg, self.len, self.max_len.saturating_sub(k), &[anchor])?;
@@ -86,7 +86,7 @@ impl CudaQwen3 {
         let v = self.cfg.vocab_size;
         let words = sample_cfg(filters, k, uniforms);
         let shape = SampleShape::of(filters, v);
-        let n = self.run_step_with(&host, drafted, Some(0), false, Some((&words, shape)))?;
+        let n = self.run_step_with(&host, drafted, Some(0), false, Some((&words, shape, q)))?;
         let out = self.gpu.sample_result(&self.sample).map_err(crate::cuda::layers::gpu_err)?;
         let captured = self.device_captures(rows)?;
         if out[2] != 0 {
