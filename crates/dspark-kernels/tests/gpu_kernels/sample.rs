@@ -10,16 +10,33 @@ use dspark_kernels::cpu::sample::{draw, transform, Filters};
 use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleShape, CAND, ROW_WORDS};
 use dspark_testkit::Rng;
 
-/// What the speculative loop's host path does with one-hot (greedy-law) drafts.
-fn host_verify(f: &Filters, logits: &[f32], vocab: usize, drafts: &[u32], u: &[f64]) -> (u32, u32) {
+/// What the speculative loop's host path does (`dspark_spec`'s `host_rule`): accept d iff
+/// q(d) > 0 and u < p'(d) / q(d), with q one-hot on d (`q` None, the greedy draft law) or the
+/// sampled draft's rows; at a rejection the residual — p' without d (one-hot) or
+/// max(0, p' − q) — or p' itself when that has no mass; after all k the bonus from row k.
+fn host_verify(
+    f: &Filters,
+    logits: &[f32],
+    vocab: usize,
+    drafts: &[u32],
+    q: Option<&[Vec<f64>]>,
+    u: &[f64],
+) -> (u32, u32) {
     let k = drafts.len();
     for (i, &d) in drafts.iter().enumerate() {
         let pp = transform(f, &logits[i * vocab..(i + 1) * vocab]);
-        if u[i] < pp[d as usize] / 1.0 {
+        let qd = q.map_or(1.0, |q| q[i][d as usize]);
+        if qd > 0.0 && u[i] < pp[d as usize] / qd {
             continue;
         }
-        let mut r = pp.clone();
-        r[d as usize] = 0.0;
+        let mut r = match q {
+            None => {
+                let mut r = pp.clone();
+                r[d as usize] = 0.0;
+                r
+            }
+            Some(q) => pp.iter().zip(&q[i]).map(|(a, b)| (a - b).max(0.0)).collect(),
+        };
         if r.iter().sum::<f64>() <= 0.0 {
             r = pp;
         }
@@ -82,7 +99,7 @@ fn sampled_verify_equals_the_host_loop() {
                     .collect();
                 let u: Vec<f64> =
                     (0..rows).map(|_| ((rng.next_u64() >> 40) as f64 + 0.5) / (1u64 << 24) as f64).collect();
-                let want = host_verify(f, &logits, vocab, &drafts, &u);
+                let want = host_verify(f, &logits, vocab, &drafts, None, &u);
                 let dl = g.stream.clone_htod(&logits).unwrap();
                 let cfg = g.stream.clone_htod(&sample_cfg(f, k, &u)).unwrap();
                 let dd = g.stream.clone_htod(&if drafts.is_empty() { vec![0u32] } else { drafts.clone() }).unwrap();
@@ -118,25 +135,6 @@ fn sampled_verify_equals_the_host_loop() {
     eprintln!("sampled verify: {cases} cases equal, {accepted} drafts accepted in all, {overflows} overflows");
     assert!(cases >= filters.len() * vocabs.len() * trials * 2 / 3, "too few compared cases ({cases})");
     assert!(accepted > 0, "no draft was ever accepted: the test exercises no accept path");
-}
-
-/// The host rule with a sampled draft's q rows (`dspark_spec`'s `host_rule`): accept d iff
-/// q(d) > 0 and u < p'(d) / q(d), residual max(0, p' − q), p' itself when that has no mass.
-fn host_verify_q(f: &Filters, logits: &[f32], vocab: usize, drafts: &[u32], q: &[Vec<f64>], u: &[f64]) -> (u32, u32) {
-    let k = drafts.len();
-    for (i, &d) in drafts.iter().enumerate() {
-        let pp = transform(f, &logits[i * vocab..(i + 1) * vocab]);
-        let qd = q[i][d as usize];
-        if qd > 0.0 && u[i] < pp[d as usize] / qd {
-            continue;
-        }
-        let mut r: Vec<f64> = pp.iter().zip(&q[i]).map(|(a, b)| (a - b).max(0.0)).collect();
-        if r.iter().sum::<f64>() <= 0.0 {
-            r = pp;
-        }
-        return (i as u32, draw(&r, u[k]));
-    }
-    (k as u32, draw(&transform(f, &logits[k * vocab..(k + 1) * vocab]), u[k]))
 }
 
 #[test]
@@ -202,7 +200,7 @@ fn sampled_draft_law_equals_the_host_rule() {
                 let got = g.stream.clone_dtoh(&dd).unwrap();
                 assert_eq!(got, drafts, "{f:?} V {vocab}: the slots' device draws != the CPU sampler's");
                 slots += k;
-                let want = host_verify_q(f, &logits, vocab, &drafts, &q, &u);
+                let want = host_verify(f, &logits, vocab, &drafts, Some(&q), &u);
                 let dl = g.stream.clone_htod(&logits).unwrap();
                 let cfg = g.stream.clone_htod(&sample_cfg(f, k, &u)).unwrap();
                 g.stream.memcpy_htod(&[0xdead_beefu32; 4], &mut scratch.out).unwrap();

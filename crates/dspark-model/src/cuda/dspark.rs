@@ -21,7 +21,9 @@ use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch
 use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
 
 mod prefill;
-use crate::cuda::qwen3::{handoff_id, CudaQwen3, DraftRows, SharedCapture, SharedDraftRows, SharedTokens, CHUNK};
+use crate::cuda::qwen3::{
+    handoff_id, plan_sample, CudaQwen3, DraftRows, SharedCapture, SharedDraftRows, SharedTokens, CHUNK,
+};
 use crate::cuda::weights::{CheckpointUpload, WeightSource};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaView};
@@ -260,7 +262,7 @@ impl CudaDraft {
             hidden: z(b * h)?,
             rows: install_rows(&arena, target, b * v, b * ROW_WORDS)?,
             step_in: arena.zeros::<u32>(cfg_at(b) + b * CFG_WORDS).map_err(drv)?,
-            sample: plan_sample(&arena, v)?,
+            sample: plan_sample(&arena, 1, v)?,
             slot_out: arena.zeros::<u32>(4 * b).map_err(drv)?,
             graphs: StepGraphs::new(),
             device_sampling: true,
@@ -813,22 +815,6 @@ fn install_rows(arena: &Arena, target: &CudaQwen3, logits: usize, state: usize) 
         }
     }
     Ok(shared)
-}
-
-/// The sampler's scratch for one row of `vocab` (a draft slot at a time).
-fn plan_sample(arena: &Arena, vocab: usize) -> Result<SampleScratch> {
-    let z = SampleScratch::sizes(1, vocab);
-    Ok(SampleScratch {
-        rows: 1,
-        blocks: z.blocks,
-        state: arena.zeros(z.state).map_err(drv)?,
-        part_f: arena.zeros(z.part_f).map_err(drv)?,
-        part_u: arena.zeros(z.part_u).map_err(drv)?,
-        part_d: arena.zeros(z.part_d).map_err(drv)?,
-        cands: arena.zeros(z.cands).map_err(drv)?,
-        tickets: arena.zeros(z.tickets).map_err(drv)?,
-        out: arena.zeros(z.out).map_err(drv)?,
-    })
 }
 
 /// Every layer's k_proj|v_proj rows — rows `q .. q + 2·kv` of its stacked q|k|v matrix — in one

@@ -33,6 +33,7 @@ use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::sample::{SampleIo, SampleScratch, SampleShape, CFG_WORDS};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
+pub(crate) use sampled::plan as plan_sample;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -182,7 +183,7 @@ impl CudaQwen3 {
         let caches = kv_caches(&arena, kv_dtype, n, max_len * kv)?;
         let scratch = Scratch::new(&arena, &cfg, CHUNK)?;
         let step_in = arena.zeros::<u32>(2 + CHUNK + CFG_WORDS).map_err(drv)?;
-        let sample = sampled::plan(&arena, v)?;
+        let sample = sampled::plan(&arena, sampled::SAMPLE_ROWS, v)?;
         let x = arena.zeros::<f32>(CHUNK * h).map_err(drv)?;
         let logits = arena.zeros::<f32>(CHUNK * v).map_err(drv)?;
         let captured = Arc::new(Mutex::new(Handoff { data: arena.zeros::<f32>(1).map_err(drv)?, generation: 0 }));

@@ -22,11 +22,12 @@ use dspark_tensor::arena::Arena;
 /// Rows a device-sampled verify takes (a block of up to 15 drafts and its anchor).
 pub(super) const SAMPLE_ROWS: usize = MAX_GRAPH_ROWS;
 
-/// The sampler's buffers, planned at load.
-pub(super) fn plan(arena: &Arena, vocab: usize) -> Result<SampleScratch> {
-    let z = SampleScratch::sizes(SAMPLE_ROWS, vocab);
+/// The sampler's buffers for `rows` rows of `vocab`, planned at load (the target's verify, or a
+/// draft's slot at a time).
+pub(crate) fn plan(arena: &Arena, rows: usize, vocab: usize) -> Result<SampleScratch> {
+    let z = SampleScratch::sizes(rows, vocab);
     Ok(SampleScratch {
-        rows: SAMPLE_ROWS,
+        rows,
         blocks: z.blocks,
         state: arena.zeros(z.state).map_err(drv)?,
         part_f: arena.zeros(z.part_f).map_err(drv)?,
