@@ -13,8 +13,9 @@
 //! * `round`: what one speculative round costs: draft round + verify of 8 + the host work
 //!   between them (choose k, compare, roll back);
 //! * `round_sampled`, `round_sampled_t1`: the same round sampled on the device (greedy draft
-//!   law, `TargetModel::verify_sampled`) at T 0.7 / top-k 20 / top-p 0.8 and at plain T 1 —
-//!   read as a ratio to `round`.
+//!   law, `TargetModel::verify_sampled`) at T 0.7 / top-k 20 / top-p 0.8 and at plain T 1, and
+//!   `round_sampled_law` (the sampled draft law, the block drawn on the device,
+//!   `Drafter::propose_sampled_device`) at the former — read as a ratio to `round`.
 //!
 //! Each is timed on the host around the call (median of `--iters`), because that is what a user
 //! waits for; the floor is the bytes the phase must stream over the copy ceiling.
@@ -190,21 +191,32 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Ok(())
         })?;
         phases.push(Phase::new("round", ctx, round_us, draft_bytes + verify_bytes, ceiling));
-        // The same round sampled on the device (greedy draft law): Qwen's recommended filters,
-        // and plain temperature 1. Judge: the ratio to `round` above (same verify length).
+        // The same round sampled on the device: under the greedy draft law (the argmax chain,
+        // one-hot q) at Qwen's recommended filters and at plain temperature 1, and under the
+        // sampled law (the block drawn along the Markov chain on the device, each draft judged
+        // against the row it was drawn from). Judge: the ratio to `round` above (same verify
+        // length).
         let uniforms: Vec<f64> = (0..=block).map(|i| (i as f64 + 0.5) / (block + 1) as f64).collect();
-        for (name, filters) in [
-            ("round_sampled", Filters { temperature: 0.7, top_k: 20, top_p: 0.8, min_p: 0.0 }),
-            ("round_sampled_t1", Filters { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 }),
-        ] {
+        let chain: Vec<f64> = (0..block).map(|i| (i as f64 + 0.25) / block as f64).collect();
+        let qwen = Filters { temperature: 0.7, top_k: 20, top_p: 0.8, min_p: 0.0 };
+        let t1 = Filters { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 };
+        for (name, filters, sampled_law) in
+            [("round_sampled", qwen, false), ("round_sampled_t1", t1, false), ("round_sampled_law", qwen, true)]
+        {
+            let fell_back =
+                |what: &str| dspark_model::Error::Request(format!("{name}: the {what} fell back to the host"));
             let us = time(args.iters, || {
                 draft.append_captured(&pending)?;
-                let deferred = draft.propose_deferred(anchor)?;
+                let deferred = if sampled_law {
+                    let ds =
+                        draft.propose_sampled_device(anchor, &filters, &chain)?.ok_or_else(|| fell_back("draft"))?;
+                    Deferred::OnDevice(ds.tokens)
+                } else {
+                    draft.propose_deferred(anchor)?
+                };
                 let v = target.verify_sampled(anchor, &deferred, block, &filters, &uniforms)?;
                 if !matches!(v.outcome, VerifyOutcome::Drawn { .. }) {
-                    return Err(dspark_model::Error::Request(format!(
-                        "{name}: the device sampler fell back to the host"
-                    )));
+                    return Err(fell_back("verify's sampler"));
                 }
                 draft.finish_proposal(deferred)?;
                 pending = v.captured.prefix(COMMITTED, 0);
@@ -214,27 +226,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
             })?;
             phases.push(Phase::new(name, ctx, us, draft_bytes + verify_bytes, ceiling));
         }
-        // The sampled draft law: the block drawn along the Markov chain on the device, the
-        // drafts judged against the rows they were drawn from. Judge: the ratio to `round`.
-        let chain: Vec<f64> = (0..block).map(|i| (i as f64 + 0.25) / block as f64).collect();
-        let filters = Filters { temperature: 0.7, top_k: 20, top_p: 0.8, min_p: 0.0 };
-        let us = time(args.iters, || {
-            draft.append_captured(&pending)?;
-            let Some(ds) = draft.propose_sampled_device(anchor, &filters, &chain)? else {
-                return Err(dspark_model::Error::Request("round_sampled_law: the draft fell back to the host".into()));
-            };
-            let deferred = Deferred::OnDevice(ds.tokens);
-            let v = target.verify_sampled(anchor, &deferred, block, &filters, &uniforms)?;
-            if !matches!(v.outcome, VerifyOutcome::Drawn { .. }) {
-                return Err(dspark_model::Error::Request("round_sampled_law: the verify fell back to the host".into()));
-            }
-            draft.finish_proposal(deferred)?;
-            pending = v.captured.prefix(COMMITTED, 0);
-            target.truncate(ctx)?;
-            draft.truncate_context(ctx)?;
-            Ok(())
-        })?;
-        phases.push(Phase::new("round_sampled_law", ctx, us, draft_bytes + verify_bytes, ceiling));
         for tau in [2.0, 3.0, 4.0, 5.0, 6.0] {
             modelled.push(model(ctx, tau, round_us, decode));
         }

@@ -333,7 +333,7 @@ impl Report {
             }
             // Sampling's goal (issue 27): a device-sampled round ≤ 1.03× a greedy one.
             if let Some(r) = find("round", ctx) {
-                for name in ["round_sampled", "round_sampled_t1"] {
+                for name in ["round_sampled", "round_sampled_t1", "round_sampled_law"] {
                     if let Some(sr) = find(name, ctx) {
                         out.push(goal(format!("{name} / round, ctx {ctx}"), 1.03, sr.micros / r.micros));
                     }
