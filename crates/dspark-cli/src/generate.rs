@@ -131,7 +131,7 @@ pub struct GenerateArgs {
     /// from the draft's own distribution, kept for the acceptance ratio; the default, measured
     /// the better of the two on the demo coder) or `greedy` (the draft's argmax chain). Either
     /// way the output follows the target's distribution. The CUDA draft defaults to `greedy`
-    /// (its sampled block costs ~1.1× a round, more than it gains: docs/perf.md).
+    /// (its sampled block costs 1.04–1.07× a round, no clear gain: docs/perf.md).
     #[arg(long, value_enum)]
     draft_law: Option<DraftLawArg>,
     /// Print one JSON object instead of streaming text.

@@ -200,12 +200,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let chain: Vec<f64> = (0..block).map(|i| (i as f64 + 0.25) / block as f64).collect();
         let qwen = Filters { temperature: 0.7, top_k: 20, top_p: 0.8, min_p: 0.0 };
         let t1 = Filters { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 };
+        let mut sampled_rounds = Vec::new();
         for (name, filters, sampled_law) in
             [("round_sampled", qwen, false), ("round_sampled_t1", t1, false), ("round_sampled_law", qwen, true)]
         {
-            let fell_back =
-                |what: &str| dspark_model::Error::Request(format!("{name}: the {what} fell back to the host"));
-            let us = time(args.iters, || {
+            let mut sampled_round = || -> dspark_model::Result<()> {
+                let fell_back =
+                    |what: &str| dspark_model::Error::Request(format!("{name}: the {what} fell back to the host"));
                 draft.append_captured(&pending)?;
                 let deferred = if sampled_law {
                     let ds =
@@ -223,8 +224,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 target.truncate(ctx)?;
                 draft.truncate_context(ctx)?;
                 Ok(())
-            })?;
+            };
+            let us = time(args.iters, &mut sampled_round)?;
             phases.push(Phase::new(name, ctx, us, draft_bytes + verify_bytes, ceiling));
+            if name != "round_sampled_t1" {
+                sampled_rounds.push((name, filters, sampled_law, us));
+            }
         }
         for tau in [2.0, 3.0, 4.0, 5.0, 6.0] {
             modelled.push(model(ctx, tau, round_us, decode));
@@ -243,6 +248,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
         draft.propose(anchor)?;
         draft.truncate_context(ctx)?;
         profiles.push(profile(&gpu, "draft_round", ctx, draft_us)?);
+        // And the two sampled rounds at Qwen's filters (where the sampler's launches go).
+        for (name, filters, sampled_law, us) in sampled_rounds {
+            let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
+            target.truncate(ctx)?;
+            gpu.take_profile()?; // that verify is not part of the round
+            draft.append_captured(&pending)?;
+            let deferred = match sampled_law {
+                true => match draft.propose_sampled_device(anchor, &filters, &chain)? {
+                    Some(ds) => Deferred::OnDevice(ds.tokens),
+                    None => bail!("{name}: the draft fell back to the host while profiled"),
+                },
+                false => draft.propose_deferred(anchor)?,
+            };
+            target.verify_sampled(anchor, &deferred, block, &filters, &uniforms)?;
+            draft.finish_proposal(deferred)?;
+            target.truncate(ctx)?;
+            draft.truncate_context(ctx)?;
+            profiles.push(profile(&gpu, name, ctx, us)?);
+        }
         gpu.set_profiling(false)?;
     }
     let prefill = if args.projections_only || args.prefill.is_empty() {

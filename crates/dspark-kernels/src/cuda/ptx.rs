@@ -143,4 +143,10 @@ pub const MODULES: &[PtxModule] = &[
             "sample_draw_f32",
         ],
     },
+    PtxModule {
+        name: "sample_topk",
+        sm90: include_str!("../../ptx/sample_topk.sm90.ptx"),
+        sm80: include_str!("../../ptx/sample_topk.sm80.ptx"),
+        functions: &["sample_topk_f32"],
+    },
 ];

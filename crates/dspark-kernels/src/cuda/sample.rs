@@ -3,6 +3,8 @@
 //! against the rows a sampled draft drew from, [`SampleIo::q`]), and the residual or bonus draw,
 //! all on the device, with the same bits as `cpu::sample` and the speculative loop's host path.
 //! A sampled draft calls the same phases on each slot's row ([`Gpu::sample_rows`], k = 0).
+//! With top-k on and at most [`TOPK_FUSED_MAX`] the whole sequence is one launch
+//! (kernels/sample_topk.cu, [`SampleShape::fused`]), compared with the phases by the GPU tier.
 //!
 //! The filters and uniforms live in device memory (a [`SampleCfg`] written by the caller with
 //! the step's other inputs), so a captured graph replays a sampled verify; only which phases
@@ -51,6 +53,9 @@ pub fn sample_cfg(f: &Filters, k: usize, uniforms: &[f64]) -> Vec<u32> {
     w
 }
 
+/// top-k values up to this take the fused sampler (kernels/sample_topk.cu: one launch).
+pub const TOPK_FUSED_MAX: usize = 64;
+
 /// Which phases a sampled verify runs (fixed when a graph captures it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SampleShape {
@@ -58,13 +63,25 @@ pub struct SampleShape {
     pub top_p: bool,
     /// top-p over more than [`CAND`] tokens: select a candidate bound first.
     pub select: bool,
+    /// The whole sampler in one launch (`sample_topk_f32`): top-k on and at most
+    /// [`TOPK_FUSED_MAX`]. The phase-per-launch sequence is its reference (`DSPARK_NO_FUSED_SAMPLE=1`
+    /// takes it for A/B runs).
+    pub fused: bool,
 }
 
 impl SampleShape {
     pub fn of(f: &Filters, vocab: usize) -> SampleShape {
+        static NO_FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let no_fused = *NO_FUSED.get_or_init(|| std::env::var_os("DSPARK_NO_FUSED_SAMPLE").is_some_and(|v| v == "1"));
         let top_k = f.top_k > 0 && f.top_k < vocab;
         let top_p = f.top_p < 1.0;
-        SampleShape { top_k, top_p, select: top_p && !(top_k && f.top_k <= CAND) }
+        let fused = top_k && f.top_k <= TOPK_FUSED_MAX && !no_fused;
+        SampleShape { top_k, top_p, select: top_p && !(top_k && f.top_k <= CAND), fused }
+    }
+
+    /// The same filters through the phase-per-launch sequence (the fused path's reference).
+    pub fn unfused(self) -> SampleShape {
+        SampleShape { fused: false, ..self }
     }
 }
 
@@ -104,10 +121,12 @@ impl SampleScratch {
             blocks,
             state: rows * ROW_WORDS,
             part_f: rows * blocks,
+            // The radix histograms; the fused sampler's per-block lists (128 u64 each) reuse them.
             part_u: rows * blocks * 256,
             part_d: (rows * blocks).max(2 * blocks),
             cands: rows * CAND_MAX,
-            tickets: rows,
+            // One per row, and the fused sampler's ticket over rows.
+            tickets: rows + 1,
             out: 4,
         }
     }
@@ -219,6 +238,29 @@ impl Gpu {
         };
         let grid = (blocks as u32, rows as u32, 1);
         let (v, l) = (Arg::I32(vocab as i32), Arg::I32(ld as i32));
+        if shape.fused {
+            // sample_topk_f32(logits, ld, vocab, cfg, st, drafts, q_logits, q_ld, q_st, part,
+            //                 lists, kept, tickets, out, token_out); the lists use part_u's
+            //                 words as u64 (128 per row and block), the kept ids cands.
+            let a = [
+                dptr(self, logits),
+                l,
+                v,
+                dptr(self, cfg),
+                state,
+                dptr(self, drafts),
+                q_logits,
+                q_ld,
+                q_st,
+                dptr_mut(self, &mut s.part_f),
+                dptr_mut(self, &mut s.part_u),
+                dptr_mut(self, &mut s.cands),
+                dptr_mut(self, &mut s.tickets),
+                out,
+                token,
+            ];
+            return self.launch_pdl("sample_topk_f32", grid, 1024, &a);
+        }
         // sample_max_f32(logits, ld, vocab, cfg, st, part, tickets)
         let args = [dptr(self, logits), l, v, dptr(self, cfg), state];
         let tail = [dptr_mut(self, &mut s.part_f), dptr_mut(self, &mut s.tickets)];

@@ -71,13 +71,14 @@ fn sampled_verify_equals_the_host_loop() {
         Filters { temperature: 0.3, top_k: 0, top_p: 1.0, min_p: 0.2 },
         Filters { temperature: 1.0, top_k: 1500, top_p: 0.7, min_p: 0.0 },
         Filters { temperature: 2.0, top_k: 1, top_p: 1.0, min_p: 0.0 },
+        Filters { temperature: 0.9, top_k: 64, top_p: 0.9, min_p: 0.02 },
     ];
     // Under compute-sanitizer (small shapes) two vocabularies and fewer trials.
     let (mut vocabs, trials) = if full_size() { (vec![97usize, 1000, 5000], 6) } else { (vec![97usize, 3000], 2) };
     if full_size() {
         vocabs.push(151_936);
     }
-    let (mut cases, mut accepted, mut overflows) = (0, 0, 0);
+    let (mut cases, mut accepted, mut overflows, mut fused) = (0, 0, 0, 0);
     for &vocab in &vocabs {
         let mut scratch = SampleScratch::new(&g.stream, 8, vocab).unwrap();
         for f in &filters {
@@ -103,18 +104,26 @@ fn sampled_verify_equals_the_host_loop() {
                 let dl = g.stream.clone_htod(&logits).unwrap();
                 let cfg = g.stream.clone_htod(&sample_cfg(f, k, &u)).unwrap();
                 let dd = g.stream.clone_htod(&if drafts.is_empty() { vec![0u32] } else { drafts.clone() }).unwrap();
-                g.stream.memcpy_htod(&[0xdead_beefu32; 4], &mut scratch.out).unwrap();
                 let shape = SampleShape::of(f, vocab);
-                g.sample_verify(
-                    &dl.as_view(),
-                    (rows, vocab, vocab),
-                    &cfg.as_view(),
-                    &dd.as_view(),
-                    shape,
-                    &mut scratch,
-                )
-                .unwrap();
-                let out = g.sample_result(&scratch).unwrap();
+                // The fused sampler and its phase-per-launch reference, each from poisoned out words.
+                let mut run = |shape: SampleShape| {
+                    g.stream.memcpy_htod(&[0xdead_beefu32; 4], &mut scratch.out).unwrap();
+                    g.sample_verify(
+                        &dl.as_view(),
+                        (rows, vocab, vocab),
+                        &cfg.as_view(),
+                        &dd.as_view(),
+                        shape,
+                        &mut scratch,
+                    )
+                    .unwrap();
+                    g.sample_result(&scratch).unwrap()
+                };
+                let out = run(shape);
+                if shape.fused {
+                    assert_eq!(out, run(shape.unfused()), "{f:?} V {vocab} rows {rows}: fused != phase per launch");
+                    fused += 1;
+                }
                 if out[2] != 0 {
                     // The candidates ran out: only allowed when top-p keeps more than they hold.
                     let kept = (0..rows)
@@ -132,7 +141,10 @@ fn sampled_verify_equals_the_host_loop() {
             }
         }
     }
-    eprintln!("sampled verify: {cases} cases equal, {accepted} drafts accepted in all, {overflows} overflows");
+    eprintln!(
+        "sampled verify: {cases} cases equal ({fused} fused, equal to the phases too), {accepted} drafts accepted in all, {overflows} overflows"
+    );
+    assert!(fused >= filters.len() * vocabs.len() * trials / 3, "too few fused cases ({fused})");
     assert!(cases >= filters.len() * vocabs.len() * trials * 2 / 3, "too few compared cases ({cases})");
     assert!(accepted > 0, "no draft was ever accepted: the test exercises no accept path");
 }
@@ -147,6 +159,7 @@ fn sampled_draft_law_equals_the_host_rule() {
         Filters { temperature: 0.6, top_k: 20, top_p: 0.95, min_p: 0.0 },
         Filters { temperature: 1.3, top_k: 50, top_p: 1.0, min_p: 0.05 },
         Filters { temperature: 2.0, top_k: 1, top_p: 1.0, min_p: 0.0 },
+        Filters { temperature: 0.9, top_k: 64, top_p: 0.9, min_p: 0.02 },
     ];
     let (vocabs, trials) = if full_size() { (vec![97usize, 1000, 151_936], 8) } else { (vec![97usize, 3000], 3) };
     let uniform = |rng: &mut Rng| ((rng.next_u64() >> 40) as f64 + 0.5) / (1u64 << 24) as f64;

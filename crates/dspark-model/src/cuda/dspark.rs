@@ -689,11 +689,12 @@ impl Drafter for CudaDraft {
         true
     }
 
-    /// No: the sampled chain runs the device sampler once per slot (7 × 10 launches at Qwen's
-    /// recommended filters), and `dspark bench`'s `round_sampled_law` costs 1.10–1.11× a greedy
-    /// round on an H200 (2026-12-04, docs/perf.md) against 1.02–1.03× for the greedy law's
-    /// sampled verify — more than the sampled law's measured acceptance gain at top-k 20 /
-    /// top-p 0.8 (none) or T 0.7 (4%).
+    /// No, for now: the sampled chain runs the device sampler once per slot (one fused launch at
+    /// Qwen's recommended filters, three at plain temperature), and `dspark bench`'s
+    /// `round_sampled_law` costs 1.04–1.07× a greedy round on an H200 (2026-12-04,
+    /// docs/perf.md) against 1.02–1.10× for the greedy law's sampled verify — no clear margin
+    /// over the sampled law's measured acceptance gain at top-k 20 / top-p 0.8 (none) or T 0.7
+    /// (4%), and its plain-temperature round is not measured yet.
     fn prefers_sampled_block(&self) -> bool {
         false
     }
