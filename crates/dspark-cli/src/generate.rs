@@ -30,8 +30,8 @@ use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::cuda::weights::CheckpointUpload;
 use dspark_model::{Drafter, Qwen3Config, TargetModel};
 use dspark_spec::{
-    greedy, sample, speculative, speculative_sampled, CostTable, DraftLaw, Emitted, GenerateOptions, Generation,
-    SamplingParams, VerifyLen,
+    greedy, sample, speculative, speculative_sampled, AcceptanceCheck, CostTable, DraftLaw, Emitted, GenerateOptions,
+    Generation, SamplingParams, VerifyLen,
 };
 use serde_json::json;
 use std::io::Write;
@@ -365,9 +365,18 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     // Greedy decoding's draft proposes its argmax chain whatever --draft-law says.
     let law = if params.is_greedy() { DraftLaw::Greedy } else { law };
     let sampling = Sampling { source: args.sampling, params, law: draft.as_ref().map(|_| law_name(law)) };
+    // The start-up check of the draft: a run whose first rounds accept almost nothing says so
+    // loudly (the output is exact either way).
+    let low = gen.spec.as_ref().and_then(|s| AcceptanceCheck::new().observe(s));
+    if let Some(low) = &low {
+        eprintln!("warning: {low}");
+    }
     if args.json {
         let mut stats = stats_json(&gen, load, dev);
         stats["sampling"] = sampling.json();
+        if let Some(low) = &low {
+            stats["warnings"] = json!([low.to_string()]);
+        }
         let _ = writeln!(out, "{}", json!({ "tokens": gen.tokens, "text": text, "stats": stats }));
     } else {
         let _ = writeln!(out);

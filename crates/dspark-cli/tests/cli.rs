@@ -369,6 +369,33 @@ fn generate_with_a_draft_prints_the_plain_greedy_tokens_and_round_stats() {
 }
 
 #[test]
+fn a_draft_that_accepts_nothing_is_warned_about_and_a_trained_one_is_not() {
+    // The tiny fixture drafts are random, so on the tiny target they accept ~nothing: the run
+    // stays exact but must say so, on stderr and in the JSON stats.
+    let (t, d) = (fixture("qwen3-tiny-f32"), fixture("dspark-tiny-vanilla"));
+    let prompt = csv(&golden_ids("qwen3-tiny-f32", "prompt_ids"));
+    let mut args = vec!["generate", "--target", t.to_str().unwrap(), "--draft", d.to_str().unwrap()];
+    args.extend(["--prompt-ids", &prompt, "--max-tokens", "64", "--device", "cpu"]);
+    let out = dspark(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("warning: the draft's first 16 rounds committed 1."), "{err}");
+    args.push("--json");
+    let out = dspark(&args);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let warnings = v["stats"]["warnings"].as_array().expect("a warnings array");
+    assert!(warnings[0].as_str().unwrap().contains("target_layer_ids"), "{warnings:?}");
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 64);
+    // The trained demo pair (τ ≈ 4 greedy) is not warned about.
+    let out = dspark(&["generate", "--device", "cpu", "--max-tokens", "64", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["stats"]["speculative"]["rounds"].as_u64().unwrap() >= 16);
+    assert!(v["stats"].get("warnings").is_none(), "{}", v["stats"]);
+}
+
+#[test]
 fn generate_with_a_bf16_kv_cache_stays_lossless() {
     // With --kv-cache bf16 the target rounds its keys and values to bf16 as it caches them, so
     // its greedy output may differ from the f32 cache's; speculative decoding on the same cache

@@ -136,10 +136,32 @@ fn completions_and_chat_match_generate() {
         "dspark_tokens_per_second",
         "dspark_speculative_rounds_total",
         "dspark_mean_accepted_length",
+        "dspark_draft_low_acceptance",
     ] {
         assert!(m.contains(name), "{name} missing from /metrics:\n{m}");
     }
+    // The trained demo pair is not flagged by the start-up acceptance check.
+    assert!(m.lines().any(|l| l == "dspark_draft_low_acceptance 0"), "{m}");
     eprintln!("completions_and_chat_match_generate: {:.2} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn a_draft_that_accepts_nothing_is_flagged_in_metrics() {
+    // The tiny fixture draft is random: on the tiny target it accepts ~nothing. The server's
+    // first 16 rounds (here one 64-token request) set the gauge; the answer is still served.
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let (t, d) = (fixtures.join("qwen3-tiny-f32"), fixtures.join("dspark-tiny-vanilla"));
+    let s = Server::start(&["--target", t.to_str().unwrap(), "--draft", d.to_str().unwrap()]);
+    let gauge = |s: &Server| -> String {
+        let m = client().get(s.url("/metrics")).send().unwrap().text().unwrap();
+        m.lines().find(|l| l.starts_with("dspark_draft_low_acceptance ")).unwrap_or("missing").to_string()
+    };
+    assert_eq!(gauge(&s), "dspark_draft_low_acceptance 0", "before any round");
+    let r = s.post("/v1/completions", &json!({"prompt": "hello", "max_tokens": 64}));
+    assert_eq!(r.status(), 200);
+    let v = r.json_value();
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > 16, "{v}");
+    assert_eq!(gauge(&s), "dspark_draft_low_acceptance 1");
 }
 
 #[test]

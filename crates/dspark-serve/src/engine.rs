@@ -331,8 +331,8 @@ fn run_choice(engine: &mut Engine, job: &Job, index: usize, params: SamplingPara
     let finish_reason = if st.stopped || g.stop == StopReason::Eos { "stop" } else { "length" };
     let spec = g.spec.as_ref().map(|s| (s.rounds(), s.mean_accepted_length()));
     metrics.tokens_per_second.set(g.decode_tokens_per_second());
-    if let Some((rounds, mean)) = spec {
-        metrics.record_rounds(rounds, mean);
+    if let Some(s) = &g.spec {
+        metrics.record_spec(s);
     }
     let done = Done { finish_reason, prompt_tokens: req.prompt.len(), tokens: st.ids, spec };
     job.tx.send(Event::Done { index, done }).is_ok()

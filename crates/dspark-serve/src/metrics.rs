@@ -1,5 +1,6 @@
 //! `/metrics`: Prometheus text through the `prometheus` crate's registry and encoder.
 
+use dspark_spec::{AcceptanceCheck, SpecStats};
 use prometheus::{Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use std::sync::Mutex;
 
@@ -17,6 +18,10 @@ pub struct Metrics {
     pub mean_accepted_length: Gauge,
     /// (Σ rounds × mean accepted length, Σ rounds) behind `mean_accepted_length`.
     accepted: Mutex<(f64, f64)>,
+    /// 1 when the start-up check judged the draft's first rounds far below its usual acceptance
+    /// (also logged once), else 0.
+    pub draft_low_acceptance: IntGauge,
+    check: Mutex<AcceptanceCheck>,
 }
 
 impl Metrics {
@@ -40,7 +45,12 @@ impl Metrics {
         registry.register(Box::new(generated_tokens.clone()))?;
         registry.register(Box::new(tokens_per_second.clone()))?;
         registry.register(Box::new(rounds.clone()))?;
+        let draft_low_acceptance = IntGauge::new(
+            "dspark_draft_low_acceptance",
+            "1 when the draft's first speculative rounds accepted almost nothing (a draft that does not match the target)",
+        )?;
         registry.register(Box::new(mean_accepted_length.clone()))?;
+        registry.register(Box::new(draft_low_acceptance.clone()))?;
         Ok(Metrics {
             registry,
             requests,
@@ -50,11 +60,20 @@ impl Metrics {
             rounds,
             mean_accepted_length,
             accepted: Mutex::new((0.0, 0.0)),
+            draft_low_acceptance,
+            check: Mutex::new(AcceptanceCheck::new()),
         })
     }
 
-    /// Records one speculative generation's rounds.
-    pub fn record_rounds(&self, rounds: usize, mean: f64) {
+    /// Records one speculative generation's rounds, and feeds the server's first rounds to the
+    /// start-up acceptance check (dspark_spec::acceptance), which logs its warning once.
+    pub fn record_spec(&self, spec: &SpecStats) {
+        let low = self.check.lock().unwrap_or_else(|p| p.into_inner()).observe(spec);
+        if let Some(low) = low {
+            eprintln!("dspark serve: warning: {low}");
+            self.draft_low_acceptance.set(1);
+        }
+        let (rounds, mean) = (spec.rounds(), spec.mean_accepted_length());
         if rounds == 0 {
             return;
         }

@@ -12,6 +12,7 @@
 //! returns [`std::ops::ControlFlow`]: `Break` ends generation right after that token with
 //! [`StopReason::Stopped`]; the tokens before it are exactly those of an unbroken run.
 
+pub mod acceptance;
 pub mod greedy;
 pub mod logprobs;
 pub mod sampled;
@@ -20,6 +21,7 @@ pub mod speculative;
 pub mod stats;
 pub mod verify_len;
 
+pub use acceptance::{AcceptanceCheck, LowAcceptance};
 pub use greedy::{greedy, GenerateOptions};
 pub use logprobs::{token_logprob, Emitted, TokenLogprob};
 pub use sampled::{sample, speculative_sampled, DraftLaw};
