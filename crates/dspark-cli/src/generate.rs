@@ -21,6 +21,7 @@ use dspark_model::checkpoint::chat_template::{ChatMessage, ChatTemplate};
 use dspark_model::checkpoint::draft_config::DraftConfig;
 use dspark_model::checkpoint::generation_config::{GenerationConfig, SamplingDefaults};
 use dspark_model::checkpoint::safetensors::Checkpoint;
+use dspark_model::checkpoint::shared_heads::SharedHeads;
 use dspark_model::checkpoint::tokenizer::{eos_ids, eos_ids_from, Tokenizer};
 use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
 use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
@@ -365,6 +366,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     // Greedy decoding's draft proposes its argmax chain whatever --draft-law says.
     let law = if params.is_greedy() { DraftLaw::Greedy } else { law };
     let sampling = Sampling { source: args.sampling, params, law: draft.as_ref().map(|_| law_name(law)) };
+    let shared = draft.as_ref().map_or(0, |d| d.shared_with_target());
     // The start-up check of the draft: a run whose first rounds accept almost nothing says so
     // loudly (the output is exact either way).
     let low = gen.spec.as_ref().and_then(|s| AcceptanceCheck::new().observe(s));
@@ -372,7 +374,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         eprintln!("warning: {low}");
     }
     if args.json {
-        let mut stats = stats_json(&gen, load, dev);
+        let mut stats = stats_json(&gen, load, dev, shared);
         stats["sampling"] = sampling.json();
         if let Some(low) = &low {
             stats["warnings"] = json!([low.to_string()]);
@@ -380,7 +382,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         let _ = writeln!(out, "{}", json!({ "tokens": gen.tokens, "text": text, "stats": stats }));
     } else {
         let _ = writeln!(out);
-        eprintln!("{}", stats_line(&gen, load, dev, &sampling));
+        eprintln!("{}", stats_line(&gen, load, dev, &sampling, shared));
     }
     Ok(())
 }
@@ -402,16 +404,19 @@ pub(crate) fn load_models(
 ) -> Result<Models> {
     Ok(match device {
         Device::Cpu => {
-            let ck = target_src.checkpoint()?;
-            let w = Qwen3Weights::load(&cfg, &ck)?;
-            drop(ck);
+            // The target's checkpoint stays mapped until the draft is in: the draft's own
+            // embed_tokens / lm_head copies are compared with its bytes, and shared when equal.
+            let tck = target_src.checkpoint()?;
+            let w = Qwen3Weights::load(&cfg, &tck)?;
+            let (tied, shape) = (cfg.tie_word_embeddings, [cfg.vocab_size, cfg.hidden_size]);
             let t = CpuQwen3::new(cfg, w).with_kv_dtype(kv_cache);
             let d = match draft_src {
                 Some(src) => {
                     let dcfg = src.draft_config()?;
                     dcfg.validate_against(t.config())?;
                     let ck = src.checkpoint()?;
-                    let w = DraftWeights::load(&dcfg, &ck, t.weights())?;
+                    let shared = SharedHeads::find(&ck, &tck, tied, shape);
+                    let w = DraftWeights::load_sharing(&dcfg, &ck, t.weights(), shared)?;
                     Some(Box::new(CpuDraft::new(dcfg, w).with_kv_dtype(kv_cache)) as Box<dyn Drafter>)
                 }
                 None => None,
@@ -420,23 +425,31 @@ pub(crate) fn load_models(
         }
         Device::Cuda => {
             let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
-            let ck = target_src.checkpoint()?;
+            let tck = target_src.checkpoint()?;
             // Weights through pinned staging buffers, after a check that they and the caches fit.
             let reserve = CudaQwen3::planned_bytes(&cfg, max_context, kv_cache);
             let up =
-                CheckpointUpload::new(&ck, &gpu.ctx, reserve)?.with_progress(crate::progress::load_bar(), "target");
+                CheckpointUpload::new(&tck, &gpu.ctx, reserve)?.with_progress(crate::progress::load_bar(), "target");
+            let (tied, shape) = (cfg.tie_word_embeddings, [cfg.vocab_size, cfg.hidden_size]);
             let mut t = CudaQwen3::from_source_kv(gpu, cfg, &up, max_context, kv_cache)?;
             up.finish()?;
-            drop(ck);
             t.set_prefill(prefill);
             let d = match draft_src {
                 Some(src) => {
                     let dcfg = src.draft_config()?;
                     let ck = src.checkpoint()?;
                     check_tensors(&dcfg, &ck)?;
-                    let up =
-                        CheckpointUpload::new(&ck, &t.gpu.ctx, 0)?.with_progress(crate::progress::load_bar(), "draft");
-                    let d = CudaDraft::from_source(dcfg, &up, &t)?;
+                    // The draft's copies of the target's matrices, when byte-equal, stay on the
+                    // host: the draft uses the target's buffers.
+                    let shared = SharedHeads::find(&ck, &tck, tied, shape);
+                    let skip: Vec<&str> =
+                        [("embed_tokens.weight", shared.embed_tokens), ("lm_head.weight", shared.lm_head)]
+                            .into_iter()
+                            .filter_map(|(n, s)| s.then_some(n))
+                            .collect();
+                    let up = CheckpointUpload::new_without(&ck, &t.gpu.ctx, 0, &skip)?
+                        .with_progress(crate::progress::load_bar(), "draft");
+                    let d = CudaDraft::from_source_sharing(dcfg, &up, &t, shared)?;
                     up.finish()?;
                     Some(Box::new(d) as Box<dyn Drafter>)
                 }
@@ -474,7 +487,7 @@ fn parse_verify_len(arg: Option<&str>, block: usize, target: &mut dyn TargetMode
 
 /// `load` is the wall time from reading the target's config to the draft being ready (device
 /// set-up, every check, conversion and upload included; the tokenizer not).
-fn stats_json(g: &Generation, load: Duration, device: &str) -> serde_json::Value {
+fn stats_json(g: &Generation, load: Duration, device: &str, shared: usize) -> serde_json::Value {
     let mut v = json!({
         "prompt_tokens": g.prompt_tokens,
         "generated_tokens": g.tokens.len(),
@@ -486,6 +499,7 @@ fn stats_json(g: &Generation, load: Duration, device: &str) -> serde_json::Value
         "device": device,
     });
     if let Some(s) = &g.spec {
+        v["draft_shared_bytes"] = json!(shared);
         v["speculative"] = json!({
             "block_size": s.block_size,
             "rounds": s.rounds(),
@@ -498,10 +512,14 @@ fn stats_json(g: &Generation, load: Duration, device: &str) -> serde_json::Value
     v
 }
 
-fn stats_line(g: &Generation, load: Duration, device: &str, sampling: &Sampling) -> String {
+fn stats_line(g: &Generation, load: Duration, device: &str, sampling: &Sampling, shared: usize) -> String {
     let spec = match &g.spec {
         Some(s) => format!("; {} rounds, mean accepted length {:.2}", s.rounds(), s.mean_accepted_length()),
         None => String::new(),
+    };
+    let spec = match shared {
+        0 => spec,
+        b => format!("{spec}; the draft shares the target's embeddings/lm_head ({:.1} MB not copied)", b as f64 / 1e6),
     };
     let sampled = sampling.line();
     format!(

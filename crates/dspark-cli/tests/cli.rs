@@ -353,6 +353,9 @@ fn generate_with_a_draft_prints_the_plain_greedy_tokens_and_round_stats() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let tokens: Vec<u64> = v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
         assert_eq!(tokens, golden_ids("qwen3-tiny-f32", "continuation"), "{draft}");
+        // The vanilla draft's own embed_tokens / lm_head are byte copies of the target's: shared.
+        let shared = if draft == "dspark-tiny-vanilla" { 2 * 512 * 64 * 4 } else { 0 };
+        assert_eq!(v["stats"]["draft_shared_bytes"].as_u64(), Some(shared), "{draft}");
         let s = &v["stats"]["speculative"];
         let rounds = s["rounds"].as_u64().unwrap();
         assert!(rounds > 0);

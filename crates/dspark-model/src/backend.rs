@@ -285,6 +285,11 @@ pub trait Drafter {
     fn block_size(&self) -> usize;
     /// Target layers whose outputs the drafter consumes, in feature order.
     fn target_layer_ids(&self) -> &[usize];
+    /// Bytes of the drafter's own `embed_tokens` / `lm_head` copies it does not hold because
+    /// they equal the target's (`checkpoint::shared_heads`): the memory sharing saved.
+    fn shared_with_target(&self) -> usize {
+        0
+    }
     /// Committed positions in the drafter's context.
     fn context_len(&self) -> usize;
     /// Forgets all context.

@@ -70,10 +70,10 @@ pub fn target_weights(seed: u64, cfg: &Qwen3Config) -> Qwen3Weights {
     let mut rng = Rng(seed);
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
     Qwen3Weights {
-        embed_tokens: rng.normal_vec(v * h, 0.5),
+        embed_tokens: rng.normal_vec(v * h, 0.5).into(),
         layers: (0..cfg.num_hidden_layers).map(|_| layer(&mut rng, cfg, 0.3)).collect(),
         norm: rng.norm(h),
-        lm_head: if cfg.tie_word_embeddings { None } else { Some(rng.normal_vec(v * h, 0.5)) },
+        lm_head: if cfg.tie_word_embeddings { None } else { Some(rng.normal_vec(v * h, 0.5).into()) },
     }
 }
 
@@ -139,7 +139,8 @@ pub fn random_draft(seed: u64, target_cfg: &Qwen3Config, target: &Qwen3Weights, 
     });
     let w = DraftWeights {
         embed_tokens: target.embed_tokens.clone(),
-        lm_head: target.lm_head.clone().unwrap_or_else(|| target.embed_tokens.clone()),
+        lm_head: target.head().clone(),
+        shared: Default::default(),
         fc: rng.normal_vec(h * cfg.num_taps() * h, 0.3),
         hidden_norm: rng.norm(h),
         layers: (0..spec.layers).map(|_| layer(&mut rng, &cfg.layer, 0.3)).collect(),
@@ -207,10 +208,10 @@ pub fn write_fp8_target_dir(
     std::fs::write(&path, config.to_string())?;
     let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| f32::from_bits((bf16_bits(x) as u32) << 16)).collect() };
     let mut held = Qwen3Weights {
-        embed_tokens: round(&w.embed_tokens),
+        embed_tokens: round(&w.embed_tokens).into(),
         layers: Vec::new(),
         norm: round(&w.norm),
-        lm_head: w.lm_head.as_deref().map(round),
+        lm_head: w.lm_head.as_deref().map(|x| round(x).into()),
     };
     let mut t: Vec<(String, String, Vec<usize>, Vec<u8>)> = Vec::new();
     let bf = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&x| bf16_bits(x).to_le_bytes()).collect() };

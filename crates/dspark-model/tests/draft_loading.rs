@@ -174,3 +174,39 @@ fn missing_draft_keys() {
         assert_names(&load_err(d.path()), &["config.json", key, "missing"]);
     }
 }
+
+#[test]
+fn copies_of_the_target_s_matrices_are_shared_and_draft_the_same() {
+    use dspark_model::checkpoint::draft_config::DraftConfig;
+    use dspark_model::checkpoint::safetensors::Checkpoint;
+    use dspark_model::checkpoint::shared_heads::SharedHeads;
+    use dspark_model::cpu::dspark::DraftWeights;
+    use dspark_model::Drafter;
+    use std::sync::Arc;
+    // dspark-tiny-vanilla carries f32 copies of qwen3-tiny-f32's embed_tokens and lm_head, as
+    // a published DSpark draft carries its target's.
+    let target = CpuQwen3::load(&fixture("qwen3-tiny-f32")).unwrap();
+    let (dir, tdir) = (fixture("dspark-tiny-vanilla"), fixture("qwen3-tiny-f32"));
+    let (ck, tck) = (Checkpoint::open_dir(&dir).unwrap(), Checkpoint::open_dir(&tdir).unwrap());
+    let cfg = DraftConfig::from_dir(&dir).unwrap();
+    let shared = SharedHeads::find(&ck, &tck, false, [512, 64]);
+    assert_eq!(shared, SharedHeads { embed_tokens: true, lm_head: true });
+    let w = DraftWeights::load_sharing(&cfg, &ck, target.weights(), shared).unwrap();
+    assert!(Arc::ptr_eq(&w.embed_tokens, &target.weights().embed_tokens), "embed_tokens is a copy");
+    assert!(Arc::ptr_eq(&w.lm_head, target.weights().head()), "lm_head is a copy");
+    // Loaded without sharing, the draft holds its own copies — of the same values.
+    let own = DraftWeights::load(&cfg, &ck, target.weights()).unwrap();
+    assert!(!Arc::ptr_eq(&own.embed_tokens, &target.weights().embed_tokens));
+    assert_eq!(own.embed_tokens, w.embed_tokens);
+    let (mut a, mut b) = (CpuDraft::new(cfg.clone(), w), CpuDraft::new(cfg, own));
+    assert_eq!(a.shared_with_target(), 2 * 512 * 64 * 4, "the memory saved");
+    assert_eq!(b.shared_with_target(), 0);
+    let h = target.config().hidden_size;
+    let features: Vec<f32> =
+        (0..3 * a.target_layer_ids().len() * h).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+    a.append_context(&features).unwrap();
+    b.append_context(&features).unwrap();
+    for anchor in [0u32, 7, 300, 511] {
+        assert_eq!(a.propose(anchor).unwrap(), b.propose(anchor).unwrap(), "anchor {anchor}");
+    }
+}

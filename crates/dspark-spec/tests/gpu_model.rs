@@ -152,6 +152,41 @@ fn draft_proposals_match_the_cpu_draft() {
 }
 
 #[test]
+fn a_draft_sharing_the_target_s_matrices_drafts_the_same() {
+    // dspark-tiny-vanilla's own embed_tokens / lm_head are byte copies of qwen3-tiny-f32's: the
+    // CUDA draft loaded as `dspark generate` loads it uses the target's buffers instead, and
+    // proposes what the CPU draft does.
+    use dspark_model::checkpoint::draft_config::DraftConfig;
+    use dspark_model::checkpoint::safetensors::Checkpoint;
+    use dspark_model::checkpoint::shared_heads::SharedHeads;
+    use dspark_model::cuda::weights::CheckpointUpload;
+    let tdir = root().join("fixtures/qwen3-tiny-f32");
+    let ddir = root().join("fixtures/dspark-tiny-vanilla");
+    let cpu_t = CpuQwen3::load(&tdir).unwrap();
+    let cuda_t = CudaQwen3::load(gpu(), &tdir, 256).unwrap();
+    let (ck, tck) = (Checkpoint::open_dir(&ddir).unwrap(), Checkpoint::open_dir(&tdir).unwrap());
+    let shared = SharedHeads::find(&ck, &tck, false, [512, 64]);
+    assert_eq!(shared.count(), 2);
+    let up =
+        CheckpointUpload::new_without(&ck, &cuda_t.gpu.ctx, 0, &["embed_tokens.weight", "lm_head.weight"]).unwrap();
+    let full = CheckpointUpload::new(&ck, &cuda_t.gpu.ctx, 0).unwrap();
+    assert_eq!(full.weight_bytes() - up.weight_bytes(), 2 * 512 * 64 * 4, "the skipped copies' bytes");
+    let mut b = CudaDraft::from_source_sharing(DraftConfig::from_dir(&ddir).unwrap(), &up, &cuda_t, shared).unwrap();
+    up.finish().unwrap();
+    assert_eq!(b.shared_with_target(), 2 * 512 * 64 * 4);
+    let mut a = CpuDraft::load(&ddir, cpu_t.config(), cpu_t.weights()).unwrap();
+    let row = a.config().num_taps() * 64;
+    let mut rng = Rng(17);
+    for round in 0..4 {
+        let feats = rng.normal_vec([9, 1, 4, 7][round] * row, 1.0);
+        a.append_context(&feats).unwrap();
+        b.append_context(&feats).unwrap();
+        let anchor = rng.below(500) as u32;
+        assert_eq!(b.propose(anchor).unwrap().tokens, a.propose(anchor).unwrap().tokens, "round {round}");
+    }
+}
+
+#[test]
 fn lossless_on_random_pairs() {
     let kinds = [MarkovKind::Vanilla, MarkovKind::Gated, MarkovKind::Rnn];
     let mut cases = 0;

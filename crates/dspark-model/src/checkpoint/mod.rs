@@ -21,5 +21,6 @@ pub mod generation_config;
 pub mod info;
 pub mod json;
 pub mod safetensors;
+pub mod shared_heads;
 pub mod speculators;
 pub mod tokenizer;

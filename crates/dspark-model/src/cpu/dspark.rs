@@ -21,6 +21,7 @@ use crate::backend::{Drafter, Proposal, SampleRow, SampledProposal};
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::draft_config::{DraftConfig, MarkovKind, Packaging};
 use crate::checkpoint::safetensors::Checkpoint;
+use crate::checkpoint::shared_heads::SharedHeads;
 use crate::cpu::markov::{chain_with, greedy_chain, prefix_survival, Chain, ConfidenceHead, MarkovHead, MarkovVariant};
 use crate::cpu::qwen3::{layer_tensors, LayerWeights, Qwen3Weights};
 use crate::error::{Error, Result};
@@ -31,14 +32,18 @@ use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::KvDtype;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// All draft weights, f32.
 #[derive(Clone, Debug)]
 pub struct DraftWeights {
-    /// `[V, H]`: the draft's own copy, or the target's when the draft file has none.
-    pub embed_tokens: Vec<f32>,
-    /// `[V, H]`: likewise.
-    pub lm_head: Vec<f32>,
+    /// `[V, H]`: the target's matrix when the draft file has none or its copy is byte for byte
+    /// the target's ([`SharedHeads`]), else the draft's own.
+    pub embed_tokens: Arc<Vec<f32>>,
+    /// `[V, H]`: likewise, against the target's output head.
+    pub lm_head: Arc<Vec<f32>>,
+    /// Which of the draft's own copies were found equal to the target's and not kept.
+    pub shared: SharedHeads,
     /// `[H, T·H]`.
     pub fc: Vec<f32>,
     pub hidden_norm: Vec<f32>,
@@ -124,23 +129,32 @@ pub fn check_tensors(cfg: &DraftConfig, ck: &Checkpoint) -> Result<()> {
 
 impl DraftWeights {
     /// Loads a draft checkpoint after [`check_tensors`]. `embed_tokens` / `lm_head` are taken
-    /// from the draft when present, else from `target`.
+    /// from the draft when present, else from `target` (the same matrices, not copies).
     pub fn load(cfg: &DraftConfig, ck: &Checkpoint, target: &Qwen3Weights) -> Result<DraftWeights> {
+        DraftWeights::load_sharing(cfg, ck, target, SharedHeads::default())
+    }
+
+    /// [`DraftWeights::load`], also using the target's matrices for the draft's own copies that
+    /// `shared` found equal to them.
+    pub fn load_sharing(
+        cfg: &DraftConfig,
+        ck: &Checkpoint,
+        target: &Qwen3Weights,
+        shared: SharedHeads,
+    ) -> Result<DraftWeights> {
         let l = &cfg.layer;
         let (h, v, r) = (l.hidden_size, l.vocab_size, cfg.markov_rank);
         check_tensors(cfg, ck)?;
-        let own = |name: &str| -> Result<Option<Vec<f32>>> {
-            if ck.contains(name) {
-                Ok(Some(ck.f32(name, &[v, h])?))
+        let own = |name: &str, share: bool| -> Result<Option<Arc<Vec<f32>>>> {
+            if ck.contains(name) && !share {
+                Ok(Some(Arc::new(ck.f32(name, &[v, h])?)))
             } else {
                 Ok(None)
             }
         };
-        let embed_tokens = own("embed_tokens.weight")?.unwrap_or_else(|| target.embed_tokens.clone());
-        let lm_head = match own("lm_head.weight")? {
-            Some(w) => w,
-            None => target.lm_head.clone().unwrap_or_else(|| target.embed_tokens.clone()),
-        };
+        let embed_tokens =
+            own("embed_tokens.weight", shared.embed_tokens)?.unwrap_or_else(|| target.embed_tokens.clone());
+        let lm_head = own("lm_head.weight", shared.lm_head)?.unwrap_or_else(|| target.head().clone());
         let markov = if r > 0 {
             let variant = match cfg.markov_kind {
                 MarkovKind::Vanilla => MarkovVariant::Vanilla,
@@ -179,6 +193,7 @@ impl DraftWeights {
         Ok(DraftWeights {
             embed_tokens,
             lm_head,
+            shared,
             fc: ck.f32("fc.weight", &[h, cfg.num_taps() * h])?,
             hidden_norm: ck.f32("hidden_norm.weight", &[h])?,
             layers: (0..l.num_hidden_layers)
@@ -320,6 +335,11 @@ impl Drafter for CpuDraft {
 
     fn target_layer_ids(&self) -> &[usize] {
         &self.cfg.target_layer_ids
+    }
+
+    fn shared_with_target(&self) -> usize {
+        let l = &self.cfg.layer;
+        self.w.shared.count() * l.vocab_size * l.hidden_size * std::mem::size_of::<f32>()
     }
 
     fn context_len(&self) -> usize {

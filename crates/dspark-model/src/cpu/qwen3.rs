@@ -27,6 +27,7 @@ use dspark_kernels::cpu::rmsnorm::{rmsnorm, rmsnorm_inplace};
 use dspark_kernels::cpu::rope::{inv_freq, rope_inplace};
 use dspark_kernels::KvDtype;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Weights of one decoder layer, f32, PyTorch `[out, in]` layout.
 #[derive(Clone, Debug)]
@@ -47,11 +48,12 @@ pub struct LayerWeights {
 /// All weights of a Qwen3 causal LM.
 #[derive(Clone, Debug)]
 pub struct Qwen3Weights {
-    pub embed_tokens: Vec<f32>,
+    /// Shared (`Arc`) so a draft can use the same matrix instead of a copy.
+    pub embed_tokens: Arc<Vec<f32>>,
     pub layers: Vec<LayerWeights>,
     pub norm: Vec<f32>,
     /// `None` when the output projection is tied to `embed_tokens`.
-    pub lm_head: Option<Vec<f32>>,
+    pub lm_head: Option<Arc<Vec<f32>>>,
 }
 
 /// The tensors of one decoder layer (name suffix after the layer prefix, shape), in the order
@@ -182,14 +184,19 @@ impl Qwen3Weights {
     /// Loads every tensor of [`expected_tensors`] from `ck`, checking names, shapes and dtypes.
     pub fn load(cfg: &Qwen3Config, ck: &Checkpoint) -> Result<Qwen3Weights> {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let embed_tokens = ck.f32("model.embed_tokens.weight", &[v, h])?;
+        let embed_tokens = Arc::new(ck.f32("model.embed_tokens.weight", &[v, h])?);
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| LayerWeights::load(cfg, ck, &format!("model.layers.{l}.")))
             .collect::<Result<Vec<_>>>()?;
         let norm = ck.f32("model.norm.weight", &[h])?;
         crate::checkpoint::config::check_tied_head(cfg, ck.contains("lm_head.weight"))?;
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(ck.f32("lm_head.weight", &[v, h])?) };
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(Arc::new(ck.f32("lm_head.weight", &[v, h])?)) };
         Ok(Qwen3Weights { embed_tokens, layers, norm, lm_head })
+    }
+
+    /// The output head: `lm_head`, or the embedding when tied.
+    pub fn head(&self) -> &Arc<Vec<f32>> {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 }
 

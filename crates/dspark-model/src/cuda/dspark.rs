@@ -14,6 +14,7 @@ use crate::backend::{
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::draft_config::{DraftConfig, MarkovKind};
 use crate::checkpoint::safetensors::Checkpoint;
+use crate::checkpoint::shared_heads::SharedHeads;
 use crate::cpu::dspark::check_tensors;
 use crate::cpu::markov::prefix_survival;
 use crate::cuda::graphs::StepGraphs;
@@ -82,6 +83,8 @@ pub struct CudaDraft {
     max_len: usize,
     embed_tokens: Arc<WeightBuf>,
     lm_head: Arc<WeightBuf>,
+    /// Bytes of the draft's own copies left on the host because the target's equal them.
+    shared_bytes: usize,
     fc: WeightBuf,
     hidden_norm: CudaSlice<f32>,
     layers: Vec<GpuLayer>,
@@ -151,6 +154,18 @@ impl CudaDraft {
 
     /// Builds the draft from any [`WeightSource`] (a checkpoint, or random bench weights).
     pub fn from_source(cfg: DraftConfig, ck: &dyn WeightSource, target: &CudaQwen3) -> Result<CudaDraft> {
+        Self::from_source_sharing(cfg, ck, target, SharedHeads::default())
+    }
+
+    /// [`CudaDraft::from_source`], using the target's buffers for the draft's own
+    /// `embed_tokens` / `lm_head` copies that `shared` found byte for byte equal to the target's
+    /// (`checkpoint::shared_heads`): they are not uploaded.
+    pub fn from_source_sharing(
+        cfg: DraftConfig,
+        ck: &dyn WeightSource,
+        target: &CudaQwen3,
+        shared: SharedHeads,
+    ) -> Result<CudaDraft> {
         use crate::backend::TargetModel;
         let tcfg: &Qwen3Config = target.config();
         cfg.validate_against(tcfg)?;
@@ -165,18 +180,21 @@ impl CudaDraft {
                 msg: format!("{b}: the CUDA draft verifies at most {} drafts per round", CHUNK - 1),
             });
         }
-        let own = |name: &str| -> Result<Option<Arc<WeightBuf>>> {
-            if ck.contains(name) {
+        let own = |name: &str, share: bool| -> Result<Option<Arc<WeightBuf>>> {
+            if ck.contains(name) && !share {
                 Ok(Some(Arc::new(ck.matrix(&arena, name, &[v, h])?)))
             } else {
                 Ok(None)
             }
         };
-        let embed_tokens = own("embed_tokens.weight")?.unwrap_or_else(|| target.embed_tokens.clone());
-        let lm_head = match own("lm_head.weight")? {
+        let embed_tokens =
+            own("embed_tokens.weight", shared.embed_tokens)?.unwrap_or_else(|| target.embed_tokens.clone());
+        let lm_head = match own("lm_head.weight", shared.lm_head)? {
             Some(w) => w,
             None => target.lm_head.clone().unwrap_or_else(|| target.embed_tokens.clone()),
         };
+        let shared_bytes =
+            usize::from(shared.embed_tokens) * embed_tokens.bytes() + usize::from(shared.lm_head) * lm_head.bytes();
         let markov = if r > 0 {
             let variant = match cfg.markov_kind {
                 MarkovKind::Vanilla => Variant::Vanilla,
@@ -277,6 +295,7 @@ impl CudaDraft {
             max_len,
             embed_tokens,
             lm_head,
+            shared_bytes,
             markov,
             confidence,
             ctx_len: 0,
@@ -625,6 +644,10 @@ impl Drafter for CudaDraft {
 
     fn target_layer_ids(&self) -> &[usize] {
         &self.cfg.target_layer_ids
+    }
+
+    fn shared_with_target(&self) -> usize {
+        self.shared_bytes
     }
 
     fn context_len(&self) -> usize {

@@ -383,8 +383,16 @@ impl Drop for Uploader {
 /// Bytes a checkpoint's tensors take on the device: matrices in their stored dtype, tensors
 /// of one dimension (norms, biases) widened to f32 as the CUDA backends keep them.
 pub fn device_bytes(ck: &Checkpoint) -> usize {
+    device_bytes_without(ck, &[])
+}
+
+/// [`device_bytes`] of every tensor but those named in `skip` (a draft's copies of the target's
+/// matrices that it will not upload).
+pub fn device_bytes_without(ck: &Checkpoint, skip: &[&str]) -> usize {
     ck.tensors
-        .values()
+        .iter()
+        .filter(|(name, _)| !skip.contains(&name.as_str()))
+        .map(|(_, t)| t)
         .map(|t| match t.dtype {
             Some(_) if t.shape.len() <= 1 => 4 * t.numel(),
             _ => t.end - t.start,

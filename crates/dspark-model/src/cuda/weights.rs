@@ -21,7 +21,9 @@
 
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::layers::drv;
-use crate::cuda::upload::{check_fits, checkpoint_dir, device_bytes, Image, LoadProgress, UploadOptions, Uploader};
+use crate::cuda::upload::{
+    check_fits, checkpoint_dir, device_bytes, device_bytes_without, Image, LoadProgress, UploadOptions, Uploader,
+};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaSlice};
 use dspark_kernels::cuda::ops::WeightBuf;
@@ -131,10 +133,24 @@ impl<'a> CheckpointUpload<'a> {
     /// free memory of `ctx`'s GPU — an error naming the folder, the bytes needed and the bytes
     /// free if not — then allocates the pinned staging buffer.
     pub fn new(ck: &'a Checkpoint, ctx: &Arc<CudaContext>, reserve: usize) -> Result<CheckpointUpload<'a>> {
-        let weights = device_bytes(ck);
+        Self::new_without(ck, ctx, reserve, &[])
+    }
+
+    /// [`CheckpointUpload::new`] for a load that will not upload the tensors named in `skip`
+    /// (a draft's copies of its target's matrices, shared instead): they count neither in the
+    /// memory check nor in the progress.
+    pub fn new_without(
+        ck: &'a Checkpoint,
+        ctx: &Arc<CudaContext>,
+        reserve: usize,
+        skip: &[&str],
+    ) -> Result<CheckpointUpload<'a>> {
+        let weights = device_bytes_without(ck, skip);
         check_fits(ctx, &checkpoint_dir(ck), weights, reserve)?;
         let sync = std::env::var("DSPARK_LOAD_SYNC").is_ok_and(|v| v == "1");
-        Self::with_options(ck, ctx, (!sync).then(|| UploadOptions::from_env(weights)))
+        let mut up = Self::with_options(ck, ctx, (!sync).then(|| UploadOptions::from_env(weights)))?;
+        up.weights = weights;
+        Ok(up)
     }
 
     /// [`CheckpointUpload::new`] without the memory check, staged as `opts` says (`None`: the
