@@ -46,6 +46,8 @@ commands:
   ptx                    compile kernels/*.cu to committed PTX (pinned nvcc 13.0 in .venv-nvcc)
   soak [cases]           release run of the lossless property (default 10000 cases);
                          record the result in docs/soak.md
+  fuzz [runs]            the checkpoint readers' coverage-guided fuzz target (fuzz/, cargo-fuzz
+                         on the nightly toolchain), seeded from the fixtures; default 1000000 runs
   help                   print this message
 ";
 
@@ -60,6 +62,7 @@ fn main() -> ExitCode {
         Some("fixtures") if rest.is_empty() => fixtures(),
         Some("ptx") if rest.is_empty() => ptx().map(|()| 0),
         Some("soak") if rest.len() <= 1 => soak(rest.first().and_then(|c| c.to_str()).unwrap_or("10000")),
+        Some("fuzz") if rest.len() <= 1 => fuzz(rest.first().and_then(|c| c.to_str()).unwrap_or("1000000")),
         Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
             Ok(0)
@@ -395,6 +398,30 @@ fn ptx() -> Result<()> {
     // Written in rustfmt's layout, so regenerating leaves `cargo fmt --check` clean.
     run(Command::new("rustfmt").args(["--edition", "2021"]).arg(&table_path))?;
     Ok(())
+}
+
+/// Seeds `fuzz/corpus/readers` from the fixtures and runs the `readers` target for `runs`
+/// executions under libFuzzer (address sanitizer, debug assertions, a 2 GB RSS and 10 s
+/// per-input limit): a panic, hang or out-of-memory fails the command and leaves the input in
+/// `fuzz/artifacts/`. Needs the nightly toolchain and `cargo install cargo-fuzz`.
+fn fuzz(runs: &str) -> Result<i32> {
+    let runs: u64 = runs.parse().with_context(|| format!("fuzz: runs must be a number, got {runs:?}"))?;
+    let root = workspace_root();
+    let corpus = root.join("fuzz/corpus/readers");
+    let manifest = root.join("fuzz/Cargo.toml");
+    run(Command::new("cargo")
+        .args(["+nightly", "run", "-q", "--manifest-path"])
+        .arg(&manifest)
+        .args(["--bin", "seed", "--"])
+        .arg(&corpus))?;
+    let status = Command::new("cargo")
+        .args(["+nightly", "fuzz", "run", "readers"])
+        .arg(&corpus)
+        .args(["--", &format!("-runs={runs}"), "-rss_limit_mb=2048", "-timeout=10"])
+        .current_dir(&root)
+        .status()
+        .context("cargo fuzz (install it with `cargo install cargo-fuzz`; it needs the nightly toolchain)")?;
+    Ok(status.code().unwrap_or(1))
 }
 
 /// The lossless property (speculative == plain greedy) over many random target/draft pairs,

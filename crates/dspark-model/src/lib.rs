@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod cpu;
 pub mod cuda;
 pub mod error;
+pub mod fuzzing;
 pub mod testing;
 
 pub use backend::{

@@ -53,6 +53,7 @@ pub struct ShardFile {
 enum ShardBytes {
     Mapped(Mmap),
     Static(&'static [u8]),
+    Owned(Vec<u8>),
 }
 
 impl std::ops::Deref for ShardBytes {
@@ -61,6 +62,7 @@ impl std::ops::Deref for ShardBytes {
         match self {
             ShardBytes::Mapped(m) => m,
             ShardBytes::Static(b) => b,
+            ShardBytes::Owned(b) => b,
         }
     }
 }
@@ -95,24 +97,8 @@ impl Checkpoint {
     /// of its `weight_map` is in the shard it claims.
     pub fn open_index(index: &Path) -> Result<Checkpoint> {
         let j = JsonObject::read(index)?;
-        let map = j.opt_object("weight_map")?.ok_or_else(|| j.err("weight_map", "missing (required)"))?;
+        let IndexEntries { files: names, claimed } = index_entries(&j)?;
         let dir = index.parent().unwrap_or(Path::new("."));
-        let mut names: Vec<String> = Vec::new();
-        let mut claimed: Vec<(String, String)> = Vec::new();
-        for (tensor, file) in &map.map {
-            let file =
-                file.as_str().ok_or_else(|| j.err("weight_map", format!("entry `{tensor}` is not a file name")))?;
-            if file.contains('/') || file.contains('\\') {
-                return Err(j.err("weight_map", format!("entry `{tensor}` names a path outside the folder: {file}")));
-            }
-            if !names.iter().any(|n| n == file) {
-                names.push(file.to_string());
-            }
-            claimed.push((tensor.clone(), file.to_string()));
-        }
-        if names.is_empty() {
-            return Err(j.err("weight_map", "is empty"));
-        }
         let paths: Vec<PathBuf> = names.iter().map(|n| dir.join(n)).collect();
         let ck = Self::open_files(&paths)?;
         for (tensor, file) in claimed {
@@ -153,6 +139,13 @@ impl Checkpoint {
     pub fn from_static(path: impl Into<PathBuf>, bytes: &'static [u8]) -> Result<Checkpoint> {
         let (mut files, mut tensors) = (Vec::new(), BTreeMap::new());
         add_shard(&mut files, &mut tensors, path.into(), ShardBytes::Static(bytes))?;
+        Ok(Checkpoint { files, tensors })
+    }
+
+    /// [`Checkpoint::from_static`] over bytes it owns (the readers' fuzz target, tests).
+    pub fn from_bytes(path: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Checkpoint> {
+        let (mut files, mut tensors) = (Vec::new(), BTreeMap::new());
+        add_shard(&mut files, &mut tensors, path.into(), ShardBytes::Owned(bytes))?;
         Ok(Checkpoint { files, tensors })
     }
 
@@ -203,6 +196,35 @@ impl Checkpoint {
         let (t, dtype) = self.check(name, shape)?;
         Ok(dtype.to_f32(&self.files[t.file].map[t.start..t.end]))
     }
+}
+
+/// An index's `weight_map`: the shard file names in first-seen order, and each tensor with the
+/// file it claims.
+pub struct IndexEntries {
+    pub files: Vec<String>,
+    pub claimed: Vec<(String, String)>,
+}
+
+/// Reads an index's `weight_map` ([`IndexEntries`]). Every entry must name a file in the
+/// index's own folder.
+pub fn index_entries(j: &JsonObject) -> Result<IndexEntries> {
+    let map = j.opt_object("weight_map")?.ok_or_else(|| j.err("weight_map", "missing (required)"))?;
+    let mut names: Vec<String> = Vec::new();
+    let mut claimed: Vec<(String, String)> = Vec::new();
+    for (tensor, file) in &map.map {
+        let file = file.as_str().ok_or_else(|| j.err("weight_map", format!("entry `{tensor}` is not a file name")))?;
+        if file.contains('/') || file.contains('\\') {
+            return Err(j.err("weight_map", format!("entry `{tensor}` names a path outside the folder: {file}")));
+        }
+        if !names.iter().any(|n| n == file) {
+            names.push(file.to_string());
+        }
+        claimed.push((tensor.clone(), file.to_string()));
+    }
+    if names.is_empty() {
+        return Err(j.err("weight_map", "is empty"));
+    }
+    Ok(IndexEntries { files: names, claimed })
 }
 
 /// Parses shard number `files.len()` and adds it and its tensors. A tensor name already taken
