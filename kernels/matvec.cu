@@ -40,6 +40,7 @@
 //   warp, lanes strided over k, up to 16 rows of x per launch. Prefill chunks, f16/f32
 //   checkpoints and odd shapes use it.
 #include "common.cuh"
+#include "fp8.cuh"
 #include "mma_bf16.cuh"
 
 #define MAXM 16
@@ -160,19 +161,39 @@ __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("pref
 // in flight instead of idling through each round trip. SWIGLU: W's rows interleave gate and up
 // (row 2i = gate_i, 2i+1 = up_i) and the epilogue writes act[m, i] = silu(gate_i) · up_i to
 // y [m, out/2] instead.
-template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0>
-__device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m, int in,
-                          int out, int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
-                          const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am) {
+//
+// FP8: W holds E4M3 bytes (fp8.cuh). A 16-byte load is then 16 weights, so a chunk is 64 k
+// (the same bytes per chunk and per step as bf16), widened to two bf16 chunks for the same
+// MMAs; each chunk's products go to fresh accumulators, whose parts are summed and added to the
+// row's total times the chunk's block scale (rows g and g + 8 each their own: a tile may hold
+// rows of two matrices, gate and up). x is loaded per 8-wide half chunk inside the multiply
+// (16 values a chunk would not fit the registers of x prefetching), so FP8 takes no XP / HOLD.
+template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false>
+__device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__ x, float* y, int m, int in, int out,
+                          int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
+                          const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am,
+                          const Fp8Scales& fs) {
+    static_assert(!FP8 || (!XP && HOLD == 0), "FP8 loads x inside the multiply");
+    constexpr int EPV = FP8 ? 16 : 8;  // weights per 16-byte load
+    constexpr int CW = 4 * EPV;        // k per chunk (4 lanes of a row)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int tiles_per_block = TC_WARPS / ksplit;
     const int tile = blockIdx.x * tiles_per_block + warp / ksplit, kpart = warp % ksplit;
     const int row0 = tile * 16;
     const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);  // clamped: loads stay in bounds
-    const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
-    const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
+    const char* w = reinterpret_cast<const char*>(wp);
+    constexpr size_t ESZ = FP8 ? 1 : 2;
+    const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in * ESZ);
+    const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in * ESZ);
     const bool has_x = g < m;
+    // FP8: the scale rows of this lane's two weight rows (weights, not inputs: read before the wait).
+    const float* sa = nullptr;
+    const float* sb = nullptr;
+    if constexpr (FP8) {
+        sa = fs.scale + (size_t)__ldg(fs.srow + ra) * fs.cols;
+        sb = fs.scale + (size_t)__ldg(fs.srow + rb) * fs.cols;
+    }
     pdl_trigger();
 
     float acc[3][4];
@@ -184,14 +205,51 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
     // Warp kpart takes chunks kpart, kpart + ksplit, … (stride ksplit·32), so the block's warps
     // together read each row's k contiguously. The loop bounds are per warp, not per lane:
     // mma.sync needs all 32 lanes, so lanes past the end of k load zeros instead of leaving.
-    const int kbeg = kpart * 32, kend = in;
-    const int stride = ksplit * 32;  // k between a warp's consecutive chunks
+    const int kbeg = kpart * CW, kend = in;
+    const int stride = ksplit * CW;  // k between a warp's consecutive chunks
     const int step = stride * UNROLL;
-    auto load = [&](uint4* va, uint4* vb, int chunk) { load_w_step<UNROLL>(wa, wb, chunk, stride, kend, t, va, vb); };
-    auto load_x = [&](float (*xv)[8], int chunk) { load_x_step<UNROLL>(x, g, chunk, stride, kend, in, has_x, t, xv); };
-    auto compute = [&](const uint4* va, const uint4* vb, float (*xv)[8]) {
+    auto load = [&](uint4* va, uint4* vb, int chunk) {
+        load_w_step<UNROLL, EPV>(wa, wb, chunk, stride, kend, t, va, vb);
+    };
+    auto load_x = [&](float (*xv)[8], int chunk) {
+        if constexpr (!FP8) load_x_step<UNROLL>(x, g, chunk, stride, kend, in, has_x, t, xv);
+    };
+    // bf16: the step's MMAs on x loaded by load_x. FP8: per chunk, x loaded here, fresh
+    // accumulators, then the block-scaled sum (the chunk's k lie in one scale block).
+    auto compute_at = [&](const uint4* va, const uint4* vb, float (*xv)[8], int chunk) {
+        if constexpr (!FP8) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) mma_chunk3(acc, va[u], vb[u], xv[u]);
+            for (int u = 0; u < UNROLL; u++) mma_chunk3(acc, va[u], vb[u], xv[u]);
+        } else {
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                const int kc = chunk + u * stride;  // warp-uniform
+                if (kc >= kend) break;
+                float tmp[3][4];
+#pragma unroll
+                for (int p = 0; p < 3; p++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) tmp[p][i] = 0.f;
+                const int k = kc + 16 * t;
+                float xh[8];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    if (has_x && k < kend) {
+                        load_x8(x, g, k + 8 * h, in, xh);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) xh[i] = 0.f;
+                    }
+                    mma_chunk3(tmp, e4m3x8_to_bf16(va[u], h), e4m3x8_to_bf16(vb[u], h), xh);
+                }
+                // Plain loads: the scales are weights, but pdl_audit admits only weight streams
+                // through the non-coherent path after the wait (they hit L1 across chunks).
+                const int kb = kc >> fs.kb_log2;
+                const float s_a = sa[kb], s_b = sb[kb];
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[0][i] = fmaf(i < 2 ? s_a : s_b, (tmp[2][i] + tmp[1][i]) + tmp[0][i], acc[0][i]);
+            }
+        }
     };
     // The first step's weights are in flight while the previous kernel finishes (PDL). With XP
     // (x prefetch) each step's x is loaded with the step's weights — after the wait — so its
@@ -223,17 +281,17 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
         for (int s = 0; s < HOLD; s += 2) {
             if (kbeg + s * step >= kend) break;
             if (s + 1 < HOLD) load_x(x1, kbeg + (s + 1) * step);
-            compute(ha[s], hb[s], x0);
+            compute_at(ha[s], hb[s], x0, kbeg + s * step);
             if (s + 1 >= HOLD || kbeg + (s + 1) * step >= kend) break;
             if (s + 2 < HOLD) load_x(x0, kbeg + (s + 2) * step);
-            compute(ha[s + 1], hb[s + 1], x1);
+            compute_at(ha[s + 1], hb[s + 1], x1, kbeg + (s + 1) * step);
         }
     } else {
         uint4 a0[UNROLL], b0[UNROLL], a1[UNROLL], b1[UNROLL];
         float x0[UNROLL][8], x1[UNROLL][8];
         load(a0, b0, kbeg);
         prefetch_gamma();
-        if (SWIGLU || XP) anchor_loads(wa);  // the others' loads stay above the wait without it (SASS)
+        if (SWIGLU || XP || FP8) anchor_loads(wa);  // the others' loads stay above the wait without it (SASS)
         pdl_wait();
         if (XP) load_x(x0, kbeg);
         for (int chunk = kbeg; chunk < kend;) {
@@ -243,16 +301,16 @@ __device__ void matvec_tc(const __nv_bfloat16* __restrict__ w, const float* __re
             } else {
                 load_x(x0, chunk);
             }
-            compute(a0, b0, x0);
+            compute_at(a0, b0, x0, chunk);
             chunk += step;
             if (chunk >= kend) break;
             load(a0, b0, chunk + step);
             if (XP) {
                 load_x(x0, chunk + step);
-                compute(a1, b1, x1);
+                compute_at(a1, b1, x1, chunk);
             } else {
                 load_x(x0, chunk);
-                compute(a1, b1, x0);
+                compute_at(a1, b1, x0, chunk);
             }
             chunk += step;
         }
@@ -453,7 +511,8 @@ __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float*
              uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
              float* am_gathered, int am_dim) {                                                                    \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, XP, AM, HOLD>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, am); \
+        matvec_tc<U, SW, XP, AM, HOLD>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, am, \
+                                       Fp8Scales{});                                                             \
     }
 #define MATVEC_TC(NAME, U, SW, XP, AM, MINB) MATVEC_TC_H(NAME, U, SW, XP, AM, MINB, 0)
 MATVEC_TC(matvec_tc_bf16, 2, false, false, false, 3)
@@ -465,6 +524,25 @@ MATVEC_TC_H(matvec_tc_u4b1h_bf16, 4, false, true, false, 1, 4)
 MATVEC_TC(matvec_tc_swiglu_bf16, 2, true, false, false, 3)
 // One row; its outputs also reduced to the greedy token, whose row of a table is gathered.
 MATVEC_TC(matvec_tc_argmax_bf16, 2, false, false, true, 3)
+
+// The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
+// k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block
+// scales (fp8.cuh `Fp8Scales`). The argmax epilogue's arguments stay for one launch signature.
+#define MATVEC_TC_FP8(NAME, U, SW, MINB)                                                                         \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
+        NAME(const uint8_t* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,            \
+             const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
+             uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
+             float* am_gathered, int am_dim, const float* scale, const uint32_t* srow, int scale_cols,          \
+             int kb_log2) {                                                                                       \
+        const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
+        matvec_tc<U, SW, false, false, 0, true>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg,  \
+                                                ss_out, am, Fp8Scales{scale, srow, scale_cols, kb_log2});        \
+    }
+MATVEC_TC_FP8(matvec_tc_fp8, 2, false, 3)
+MATVEC_TC_FP8(matvec_tc_u4_fp8, 4, false, 2)
+MATVEC_TC_FP8(matvec_tc_u4b1_fp8, 4, false, 1)
+MATVEC_TC_FP8(matvec_tc_swiglu_fp8, 2, true, 3)
 
 // The tile-looping twins (matvec_tc_loop): same arguments, K never split (ksplit, the norm
 // fold's and, without ARGMAX, the argmax epilogue's arguments unused).

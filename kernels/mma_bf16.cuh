@@ -68,17 +68,17 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 }
 
 // One step's weights for a lane: UNROLL 16-byte chunks of rows wa and wb (its rows g and g + 8 of
-// the tile) at k = chunk + u·stride + 8t. Lanes past kend load zeros instead of leaving: mma.sync
-// needs all 32 lanes.
-template <int UNROLL>
+// the tile) at k = chunk + u·stride + EPV·t, EPV weights per 16 bytes (8 bf16, 16 E4M3). Lanes
+// past kend load zeros instead of leaving: mma.sync needs all 32 lanes.
+template <int UNROLL, int EPV = 8>
 __device__ __forceinline__ void load_w_step(const uint4* wa, const uint4* wb, int chunk, int stride, int kend, int t,
                                             uint4* va, uint4* vb) {
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
-        const int k = chunk + u * stride + 8 * t;
+        const int k = chunk + u * stride + EPV * t;
         if (k < kend) {
-            va[u] = ldg_stream(wa + k / 8);
-            vb[u] = ldg_stream(wb + k / 8);
+            va[u] = ldg_stream(wa + k / EPV);
+            vb[u] = ldg_stream(wb + k / EPV);
         } else {
             va[u] = make_uint4(0, 0, 0, 0);
             vb[u] = make_uint4(0, 0, 0, 0);

@@ -19,3 +19,12 @@ extern "C" __global__ void fill_uniform_bf16(__nv_bfloat16* out, size_t n, uint6
         out[i] = __float2bfloat16_rn(scale * u);
     }
 }
+
+// Random E4M3 bytes for the benchmark's FP8 weights: a hashed byte with exponent bit 3 cleared
+// (exponents 0..7: |value| < 2, no NaN code), which the bench scales by its block scales.
+extern "C" __global__ void fill_random_fp8(uint8_t* out, size_t n, uint64_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t z = splitmix64(seed * 0x632BE59BD9B4E019ull + i);
+        out[i] = (uint8_t)(z >> 56) & 0xbf;
+    }
+}

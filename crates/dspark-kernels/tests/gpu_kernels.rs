@@ -63,6 +63,53 @@ fn weight(g: &Gpu, v: &[f32], dtype: &str) -> (WeightBuf, Vec<f32>) {
     }
 }
 
+/// A block-scaled FP8 weight `[v.len() / cols, cols]` in `[bn, bk]` blocks made from `v` (its
+/// bits pick each E4M3 byte: sign, exponents 0..7 so |value| < 2 and no NaN code, any
+/// mantissa), scales in [0.5, 1), and rows reading their scale rows through an `srow` that is not
+/// `o / bn` (so the lookup is exercised as fused projections use it), with the exact f32 values
+/// it holds (`cpu::fp8::dequantize_rows`).
+fn fp8_weight(g: &Gpu, v: &[f32], cols: usize, [bn, bk]: [usize; 2]) -> (WeightBuf, Vec<f32>) {
+    use dspark_kernels::cuda::ops::Fp8Buf;
+    let rows = v.len() / cols;
+    let q: Vec<u8> = v.iter().map(|x| ((x.to_bits() >> 13) as u8 & 0x3f) | if *x < 0.0 { 0x80 } else { 0 }).collect();
+    let (sr, sc) = (rows.div_ceil(bn), cols.div_ceil(bk));
+    let mut rng = Rng(rows as u64 * 31 + cols as u64);
+    let scale: Vec<f32> = (0..sr * sc).map(|_| 0.5 + 0.5 * rng.f32().abs().fract()).collect();
+    let srow: Vec<u32> = (0..rows).map(|o| (((o / bn) * 5 + 3) % sr) as u32).collect();
+    let want = cpu::fp8::dequantize_rows(&q, &scale, &srow, cols, bk);
+    let buf = Fp8Buf {
+        q: g.stream.clone_htod(&q).unwrap(),
+        scale: up(g, &scale),
+        srow: g.stream.clone_htod(&srow).unwrap(),
+        cols,
+        scale_cols: sc,
+        block_k: bk,
+    };
+    buf.check(srow.iter().copied().max().unwrap_or(0)).unwrap();
+    (WeightBuf::Fp8(buf), want)
+}
+
+/// [`weight`] for a matrix of `cols` columns, with the FP8 layouts too: `fp8` in Qwen's
+/// 128 × 128 blocks, `fp8b` in 16 × 64 blocks (the smallest the tensor-core kernel takes), `fp8s`
+/// in 4 × 4 blocks (the general kernel's only).
+fn weight_cols(g: &Gpu, v: &[f32], cols: usize, dtype: &str) -> (WeightBuf, Vec<f32>) {
+    match dtype {
+        "fp8" => fp8_weight(g, v, cols, [128, 128]),
+        "fp8b" => fp8_weight(g, v, cols, [16, 64]),
+        "fp8s" => fp8_weight(g, v, cols, [4, 4]),
+        _ => weight(g, v, dtype),
+    }
+}
+
+/// Whether `matvec` takes a tensor-core kernel for `dtype` at `d_in` (the wrapper's rule).
+fn takes_tc(dtype: &str, d_in: usize) -> bool {
+    match dtype {
+        "bf16" => d_in.is_multiple_of(8),
+        "fp8" | "fp8b" => d_in.is_multiple_of(16),
+        _ => false,
+    }
+}
+
 #[test]
 fn matvec_all_dtypes_and_qwen3_8b_shapes() {
     let g = gpu();
@@ -72,19 +119,33 @@ fn matvec_all_dtypes_and_qwen3_8b_shapes() {
         (7, 96, 40),
         (16, 128, 50),
         (20, 64, 24),
+        (5, 72, 33),
         (7, 4096, 1024),
         (7, 4096, 4096),
+        (1, 4096, 6144),
         (1, 4096, 12288),
         (8, 12288, 4096),
+        (16, 4096, 24576),
     ];
-    for dtype in ["bf16", "f16", "f32"] {
+    for dtype in ["bf16", "f16", "f32", "fp8", "fp8b", "fp8s"] {
         for &(m, d_in, d_out) in shapes.iter().filter(|s| full_size() || s.1 * s.2 <= 1 << 16) {
             let x = rng.vec(m * d_in);
-            let (w, wf) = weight(&g, &rng.vec(d_out * d_in), dtype);
+            let (w, wf) = weight_cols(&g, &rng.vec(d_out * d_in), d_in, dtype);
             let want = cpu::matmul::linear(&x, &wf, m, d_in, d_out);
             let xd = up(&g, &x);
             let mut y = poisoned(&g, m * d_out);
+            g.set_profiling(true).unwrap();
             g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap();
+            let ran: Vec<String> = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
+            g.set_profiling(false).unwrap();
+            // FP8 weights take their own kernels: the tensor-core twins where the shape allows.
+            if dtype.starts_with("fp8") {
+                let tc = takes_tc(dtype, d_in);
+                assert!(
+                    ran.iter().all(|k| k.ends_with("_fp8") && k.starts_with("matvec_tc") == tc),
+                    "{dtype} {m}x{d_in}->{d_out}: ran {ran:?}"
+                );
+            }
             let e = rel_err(&down(&g, &y), &want);
             assert!(e <= 1e-5, "matvec {dtype} {m}x{d_in}->{d_out}: rel err {e}");
             // Accumulate mode adds onto what is there.
@@ -303,23 +364,26 @@ fn tensor_core_matvec_rows_and_swiglu_epilogue() {
     let g = gpu();
     let mut rng = Rng(11);
     // matvec_rows: a block of rows of a stacked matrix (the k|v rows of q|k|v).
-    for &(m, d_in, row0, d_out) in &[(3usize, 64usize, 48usize, 32usize), (7, 4096, 4096, 2048)] {
+    for (dtype, &(m, d_in, row0, d_out)) in ["bf16", "fp8", "fp8b", "fp8s"]
+        .iter()
+        .flat_map(|d| [(3usize, 64usize, 48usize, 32usize), (7, 4096, 4096, 2048)].iter().map(move |s| (*d, s)))
+    {
         if !full_size() && d_in > 1000 {
             continue;
         }
         let total = row0 + d_out;
-        let (w, wf) = weight(&g, &rng.vec(total * d_in), "bf16");
+        let (w, wf) = weight_cols(&g, &rng.vec(total * d_in), d_in, dtype);
         let x = rng.vec(m * d_in);
         let want = cpu::matmul::linear(&x, &wf[row0 * d_in..], m, d_in, d_out);
         let xd = up(&g, &x);
         let mut y = poisoned(&g, m * d_out);
         g.matvec_rows(&w, row0, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap();
         let e = rel_err(&down(&g, &y), &want);
-        assert!(e <= 1e-5, "matvec_rows {m}x{d_in} rows {row0}..: {e}");
+        assert!(e <= 1e-5, "matvec_rows {dtype} {m}x{d_in} rows {row0}..: {e}");
     }
     // gate|up with interleaved rows and the SwiGLU as epilogue, on bf16 (tensor cores) and
     // f32 (general matvec + pairwise SwiGLU).
-    for dtype in ["bf16", "f32"] {
+    for dtype in ["bf16", "f32", "fp8", "fp8b", "fp8s"] {
         for &(m, d_in, inter) in &[(1usize, 48usize, 24usize), (7, 136, 40), (8, 4096, 12288)] {
             if !full_size() && inter > 1000 {
                 continue;
@@ -331,7 +395,7 @@ fn tensor_core_matvec_rows_and_swiglu_epilogue() {
                 inter_rows.extend_from_slice(&gate[r * d_in..][..d_in]);
                 inter_rows.extend_from_slice(&upw[r * d_in..][..d_in]);
             }
-            let (w, wf) = weight(&g, &inter_rows, dtype);
+            let (w, wf) = weight_cols(&g, &inter_rows, d_in, dtype);
             let both = cpu::matmul::linear(&x, &wf, m, d_in, 2 * inter);
             let mut want = Vec::new();
             for r in 0..m {
@@ -463,6 +527,9 @@ mod attention_prefill;
 
 #[path = "gpu_kernels/norm_fold.rs"]
 mod norm_fold;
+
+#[path = "gpu_kernels/fp8.rs"]
+mod fp8;
 
 #[path = "gpu_kernels/kv_layers.rs"]
 mod kv_layers;

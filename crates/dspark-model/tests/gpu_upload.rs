@@ -53,7 +53,62 @@ fn download(gpu: &Gpu, w: &WeightBuf) -> (&'static str, Vec<u8>) {
             ("bf16", gpu.stream.clone_dtoh(s).unwrap().iter().flat_map(|x| x.to_le_bytes()).collect())
         }
         WeightBuf::F16(s) => ("f16", gpu.stream.clone_dtoh(s).unwrap().iter().flat_map(|x| x.to_le_bytes()).collect()),
+        // The bytes, then the scale table and the row map.
+        WeightBuf::Fp8(f) => {
+            let mut b = gpu.stream.clone_dtoh(&f.q).unwrap();
+            b.extend(gpu.stream.clone_dtoh(&f.scale).unwrap().iter().flat_map(|x| x.to_le_bytes()));
+            b.extend(gpu.stream.clone_dtoh(&f.srow).unwrap().iter().flat_map(|x| x.to_le_bytes()));
+            ("fp8", b)
+        }
     }
+}
+
+/// The FP8 fixture's projections (q|k|v stacked, o, gate|up interleaved, down) through the
+/// plain path and through staging rings of every size: the same bytes, scales and row maps; and
+/// the whole target loaded both ways gives the same logits bit for bit.
+#[test]
+fn fp8_projections_upload_bit_for_bit() {
+    use dspark_model::cuda::fp8::RowOrder;
+    let dir = root().join("fixtures/qwen3-tiny-fp8");
+    let ck = Checkpoint::open_dir(&dir).unwrap();
+    let cfg = Qwen3Config::from_dir(&dir).unwrap();
+    let quant = cfg.quantization.clone().expect("the FP8 fixture has a quantization_config");
+    let gpu = gpu();
+    let (h, i, q, kv) = (cfg.hidden_size, cfg.intermediate_size, cfg.q_dim(), cfg.kv_dim());
+    for opts in [None, Some(tiny_rings()[0]), Some(tiny_rings()[1])] {
+        let (plain_arena, fast_arena) = (Arena::new(gpu.stream.clone()), Arena::new(gpu.stream.clone()));
+        let fast = CheckpointUpload::with_options(&ck, &gpu.ctx, opts).unwrap();
+        for l in 0..cfg.num_hidden_layers {
+            let m = |s: &str| format!("model.layers.{l}.{s}");
+            let (qn, kn, vn, on) =
+                (m("self_attn.q_proj"), m("self_attn.k_proj"), m("self_attn.v_proj"), m("self_attn.o_proj"));
+            let (gn, un, dn) = (m("mlp.gate_proj"), m("mlp.up_proj"), m("mlp.down_proj"));
+            let projections: [(Vec<(&str, [usize; 2])>, RowOrder); 4] = [
+                (vec![(&qn, [q, h]), (&kn, [kv, h]), (&vn, [kv, h])], RowOrder::Stacked),
+                (vec![(&on, [h, q])], RowOrder::Stacked),
+                (vec![(&gn, [i, h]), (&un, [i, h])], RowOrder::Interleaved),
+                (vec![(&dn, [h, i])], RowOrder::Stacked),
+            ];
+            for (modules, order) in projections {
+                let a = ck.fp8_linears(&plain_arena, &quant, &modules, order).unwrap();
+                let b = fast.fp8_linears(&fast_arena, &quant, &modules, order).unwrap();
+                assert!(matches!(a, WeightBuf::Fp8(_)), "{}: not loaded as FP8", modules[0].0);
+                let (da, ba) = download(&gpu, &a);
+                let (db, bb) = download(&gpu, &b);
+                assert_eq!((da, ba.len()), (db, bb.len()), "{}: {opts:?}", modules[0].0);
+                assert!(ba == bb, "{}: bytes differ ({opts:?})", modules[0].0);
+            }
+        }
+        fast.finish().unwrap();
+    }
+    let mut plain = CudaQwen3::from_source_kv(gpu.clone(), cfg.clone(), &ck, 256, KvDtype::F32).unwrap();
+    let up = CheckpointUpload::with_options(&ck, &gpu.ctx, Some(tiny_rings()[1])).unwrap();
+    let mut fast = CudaQwen3::from_source_kv(gpu.clone(), cfg, &up, 256, KvDtype::F32).unwrap();
+    drop(up);
+    let p = prompt(plain.config().vocab_size);
+    let a = plain.forward(&p, LogitRows::All).unwrap();
+    let b = fast.forward(&p, LogitRows::All).unwrap();
+    assert!(a.logits.iter().map(|x| x.to_bits()).eq(b.logits.iter().map(|x| x.to_bits())), "fp8: logits");
 }
 
 /// Rings small enough that every tensor is many chunks, each split among threads.

@@ -13,6 +13,8 @@
 //! * Qwen3-8B's attention shape (head dim 128, four query heads per KV head) on bf16 pairs:
 //!   logits against the CPU, greedy = CPU greedy = speculative (`gpu_model/head_dim_128.rs`).
 //! * a bf16 KV cache against the CPU reference rounded alike, and lossless on it (`kv_bf16.rs`).
+//! * FP8 targets in Qwen's block-scaled layout: logits against the CPU's dequantized reference,
+//!   the GEMM prefill, greedy = CPU greedy = speculative (`fp8.rs`).
 //!
 //! Compiled only with `--features gpu-tests` (`cargo xtask test --gpu`).
 #![cfg(feature = "gpu-tests")]
@@ -56,7 +58,17 @@ fn golden(name: &str) -> Value {
 
 #[test]
 fn fixture_targets_match_the_cpu_reference() {
-    for name in ["qwen3-tiny-f32", "qwen3-tiny-sharded", "qwen3-tiny-bf16", "qwen3-tiny-tied", "qwen3-tiny-copy"] {
+    // qwen3-tiny-fp8: Qwen's FP8 layout made from qwen3-tiny-bf16 (projections of in 64 take the
+    // FP8 tensor-core kernels, down of in 160 too), against transformers on its dequantized weights.
+    let names = [
+        "qwen3-tiny-f32",
+        "qwen3-tiny-sharded",
+        "qwen3-tiny-bf16",
+        "qwen3-tiny-tied",
+        "qwen3-tiny-copy",
+        "qwen3-tiny-fp8",
+    ];
+    for name in names {
         let dir = root().join("fixtures").join(name);
         let g = golden(name);
         let prompt = ids(&g["prompt_ids"]);
@@ -484,6 +496,9 @@ fn graph_replays_match_eager_launches_bit_for_bit() {
         token = ga.ids[0];
     }
 }
+
+#[path = "gpu_model/fp8.rs"]
+mod fp8;
 
 #[path = "gpu_model/head_dim_128.rs"]
 mod head_dim_128;

@@ -56,6 +56,17 @@ pub fn qwen3_8b() -> Result<Qwen3Config> {
     Qwen3Config::from_json(&JsonObject::parse(Path::new("<built-in Qwen3-8B config>"), QWEN3_8B)?)
 }
 
+/// `Qwen/Qwen3-8B-FP8`'s quantization, as its config.json states it.
+pub const QWEN3_8B_FP8_QUANT: &str = r#""quantization_config": {
+    "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]
+  }"#;
+
+/// The Qwen3-8B-FP8 target config: Qwen3-8B's with [`QWEN3_8B_FP8_QUANT`], through the same reader.
+pub fn qwen3_8b_fp8() -> Result<Qwen3Config> {
+    let text = QWEN3_8B.replacen('{', &format!("{{\n  {QWEN3_8B_FP8_QUANT},"), 1);
+    Qwen3Config::from_json(&JsonObject::parse(Path::new("<built-in Qwen3-8B-FP8 config>"), &text)?)
+}
+
 /// The DSpark-8B draft config.
 pub fn dspark_8b() -> Result<DraftConfig> {
     DraftConfig::native(&JsonObject::parse(Path::new("<built-in DSpark-8B config>"), DSPARK_8B)?)
@@ -73,5 +84,9 @@ mod tests {
         assert_eq!((d.layer.num_hidden_layers, d.block_size, d.markov_rank), (5, 7, 256));
         assert_eq!(d.target_layer_ids, vec![1, 9, 17, 25, 33]);
         d.validate_against(&t).unwrap();
+        let f = qwen3_8b_fp8().unwrap();
+        assert_eq!(f.quantization.as_ref().map(|q| q.block), Some([128, 128]));
+        assert_eq!(f.hidden_size, t.hidden_size);
+        d.validate_against(&f).unwrap();
     }
 }

@@ -19,6 +19,12 @@
 //!
 //! Each is timed on the host around the call (median of `--iters`), because that is what a user
 //! waits for; the floor is the bytes the phase must stream over the copy ceiling.
+//!
+//! `--weights bf16,fp8` runs every phase, the prefill and the projections once per target weight
+//! format in the same process, against the one ceiling: FP8 is Qwen's block-scaled layout (E4M3
+//! bytes, 128 × 128 f32 block scales on the device) with the bf16 draft sharing the target's
+//! embeddings and head; its phases and projections carry the suffix `_fp8` and their floors
+//! count the FP8 bytes.
 
 mod configs;
 mod prefill;
@@ -81,6 +87,38 @@ pub struct BenchArgs {
     /// Prompt lengths of the prefill phase (empty: none).
     #[arg(long, value_delimiter = ',', default_value = "512,4096,16384")]
     pub prefill: Vec<usize>,
+    /// Target weight formats to measure, each with every phase and projection in this run:
+    /// `bf16`, `fp8` (Qwen's block-scaled FP8, as `Qwen/Qwen3-8B-FP8` ships).
+    #[arg(long, value_delimiter = ',', default_value = "bf16")]
+    pub weights: Vec<WeightFormat>,
+}
+
+/// A target weight format of the bench.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightFormat {
+    Bf16,
+    Fp8,
+}
+
+impl WeightFormat {
+    /// What the format's phase, projection and profile names end with (bf16: nothing, so the
+    /// bf16 rows read as they always have).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            WeightFormat::Bf16 => "",
+            WeightFormat::Fp8 => "_fp8",
+        }
+    }
+}
+
+/// What the model phases of every weight format add to the report.
+#[derive(Default)]
+struct Measured {
+    phases: Vec<Phase>,
+    modelled: Vec<report::Modelled>,
+    profiles: Vec<Profile>,
+    prefill: Vec<report::PrefillRow>,
+    notes: Vec<String>,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -92,11 +130,117 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.projection_rows == 0 || args.projection_rows > 64 {
         bail!("--projection-rows must be 1..=64");
     }
-    eprintln!("bench: {device}; building Qwen3-8B + DSpark-8B with random bf16 weights");
-    let tcfg = configs::qwen3_8b()?;
-    let dcfg = configs::dspark_8b()?;
+    if args.weights.is_empty() {
+        bail!("--weights: name at least one of bf16, fp8");
+    }
     let longest = args.contexts.iter().chain(&args.prefill).max().copied().unwrap_or(512);
     let max_ctx = longest + 2 * VERIFY;
+    let ceiling = copy_ceiling(&gpu)?;
+    eprintln!("bench: {device}; copy ceiling {ceiling:.0} GB/s");
+    let mut measured = Measured::default();
+    let mut formats = args.weights.clone();
+    formats.dedup();
+    for &format in formats.iter().filter(|_| !args.projections_only) {
+        measure_model(&args, &gpu, format, max_ctx, ceiling, &mut measured)?;
+    }
+    let Measured { phases, modelled, profiles, prefill, notes: model_notes } = measured;
+
+    let mut projs = Vec::new();
+    if !args.no_projections {
+        let blas = cudarc::cublas::CudaBlas::new(gpu.stream.clone()).context("cuBLAS")?;
+        let shapes = [
+            ("q_proj", 4096, 4096),
+            ("k_proj", 1024, 4096),
+            ("v_proj", 1024, 4096),
+            ("o_proj", 4096, 4096),
+            ("qkv_proj", 6144, 4096),
+            ("gate_proj", 12288, 4096),
+            ("up_proj", 12288, 4096),
+            ("down_proj", 4096, 12288),
+            ("fc", 4096, 5 * 4096),
+            ("lm_head", 151936, 4096),
+            ("markov_w2", 151936, 256),
+        ];
+        // FP8 targets quantize the decoder's projections only (fc, lm_head and W2 stay bf16).
+        let fp8_shapes = |name: &str| !matches!(name, "fc" | "lm_head" | "markov_w2");
+        for &format in &formats {
+            let fp8 = format == WeightFormat::Fp8;
+            for (i, (name, out, inp)) in shapes.into_iter().enumerate().filter(|(_, s)| !fp8 || fp8_shapes(s.0)) {
+                let variants: Vec<&str> = args.matvec_variants.iter().map(String::as_str).collect();
+                let t = projections::time_projection(
+                    &gpu,
+                    &blas,
+                    (out, inp, args.projection_rows),
+                    args.seed + i as u64,
+                    &variants,
+                    fp8,
+                )?;
+                let label = format!("{name}{}", format.suffix());
+                let mut p =
+                    Projection::new(&label, out, inp, args.projection_rows, t.ours.graph, t.cublas.graph, ceiling);
+                if fp8 {
+                    p.set_weight_bytes((out * inp) as f64, ceiling);
+                }
+                p.set_eager(t.ours.eager, t.cublas.eager);
+                let w = p.weight_bytes;
+                p.variants = variants
+                    .iter()
+                    .zip(t.variants)
+                    .map(|(n, us)| (n.to_string(), us, 100.0 * w / (us * 1e3) / ceiling))
+                    .collect();
+                projs.push(p);
+            }
+        }
+    }
+
+    let report = Report {
+        device,
+        date_utc: utc_now(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        ceiling_gbps: ceiling,
+        phases,
+        projections: projs,
+        modelled,
+        profiles,
+        prefill,
+        notes: [
+            vec![
+                format!("KV caches are {} (`--kv-cache`, the draft's alike); floors count them at that width.", args.kv_cache.name()),
+                format!("draft_round appends {COMMITTED} committed rows; its floor counts fc, the 5 layers and lm_head once and Markov W2 once per each of the draft's sequential steps."),
+                "Phase times are host wall-clock medians around the same calls the decoding loop makes, synchronisation included; projections are CUDA-event means over rotated weight copies, replayed from a CUDA graph of the calls (as generate runs its steps; the goals use these), with the same calls launched one by one from the host beside them (eager: host launch work included wherever the GPU is faster than the host).".into(),
+                "Modelled rows assume τ tokens per round; they are not measured acceptance.".into(),
+            ],
+            model_notes,
+        ]
+        .concat(),
+    };
+    print!("{}", report.markdown());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Every model phase of one weight format (see the module docs): builds the target and draft,
+/// times decode, verify, the draft round and the rounds at each context, profiles them, and the
+/// prefill.
+fn measure_model(
+    args: &BenchArgs,
+    gpu: &Arc<Gpu>,
+    format: WeightFormat,
+    max_ctx: usize,
+    ceiling: f64,
+    out: &mut Measured,
+) -> Result<()> {
+    let sfx = format.suffix();
+    let n = |name: &str| format!("{name}{sfx}");
+    eprintln!("bench: building Qwen3-8B ({format:?}) + DSpark-8B with random weights");
+    let tcfg = match format {
+        WeightFormat::Bf16 => configs::qwen3_8b()?,
+        WeightFormat::Fp8 => configs::qwen3_8b_fp8()?,
+    };
+    let dcfg = configs::dspark_8b()?;
     if max_ctx > tcfg.max_position_embeddings {
         bail!("--contexts: {max_ctx} positions exceed max_position_embeddings {}", tcfg.max_position_embeddings);
     }
@@ -106,12 +250,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         CudaDraft::from_source(dcfg, &RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02), &target)?;
     target.set_capture(draft.target_layer_ids())?;
     gpu.stream.synchronize()?;
-
-    let ceiling = copy_ceiling(&gpu)?;
-    eprintln!("bench: copy ceiling {ceiling:.0} GB/s");
-    let mut phases = Vec::new();
-    let mut modelled = Vec::new();
-    let mut profiles = Vec::new();
+    out.notes.push(format!(
+        "{format:?}: target {:.2} GB + draft {:.2} GB of device memory (weights, {} KV caches for {max_ctx} positions, buffers; draft_shared_bytes {:.2} GB), {:.2} GB of target weights streamed per forward.",
+        target.arena.bytes() as f64 / 1e9,
+        draft.arena.bytes() as f64 / 1e9,
+        target.kv_dtype().name(),
+        draft.shared_with_target() as f64 / 1e9,
+        target.streamed_weight_bytes() as f64 / 1e9,
+    ));
+    let (phases, modelled, profiles) = (&mut out.phases, &mut out.modelled, &mut out.profiles);
     let mut rng = args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let vocab = target.config().vocab_size as u64;
     let mut token = move || {
@@ -126,14 +273,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // K and V per position at the caches' width (the draft's take the target's, `--kv-cache`).
     let kv_bytes = target.kv_dtype().bytes();
     let t_kv = (tcfg.num_hidden_layers * 2 * tcfg.kv_dim() * kv_bytes) as f64;
-    let kv_name = target.kv_dtype().name();
     let (fc, dlayers, lm_head, w2) = draft.matrix_bytes();
     let dl = &draft.config().layer;
     let d_kv = (dl.num_hidden_layers * 2 * dl.kv_dim() * kv_bytes) as f64;
     let block = draft.block_size();
     let logits_row = (tcfg.vocab_size * 4) as f64;
 
-    for &ctx in args.contexts.iter().filter(|_| !args.projections_only) {
+    for &ctx in args.contexts.iter() {
         eprintln!("bench: prefill {ctx} tokens");
         target.truncate(0)?;
         draft.reset();
@@ -149,7 +295,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Ok(())
         })?;
         let decode_bytes = tb + t_kv * (ctx + 2) as f64 + 2.0 * logits_row;
-        phases.push(Phase::new("decode", ctx, decode, decode_bytes, ceiling));
+        phases.push(Phase::new(&n("decode"), ctx, decode, decode_bytes, ceiling));
 
         let verify_us = time(args.iters, || {
             target.forward_greedy(&verify, LogitRows::All)?;
@@ -157,7 +303,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Ok(())
         })?;
         let verify_bytes = tb + t_kv * (ctx + 2 * VERIFY) as f64 + 2.0 * VERIFY as f64 * logits_row;
-        phases.push(Phase::new("verify8", ctx, verify_us, verify_bytes, ceiling));
+        phases.push(Phase::new(&n("verify8"), ctx, verify_us, verify_bytes, ceiling));
 
         // Committed rows for the draft come from a verify forward's device captures.
         let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
@@ -173,7 +319,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         })?;
         let dctx = (ctx + COMMITTED + block) as f64;
         let draft_bytes = (fc + dlayers + lm_head + block * w2) as f64 + d_kv * dctx + 2.0 * block as f64 * logits_row;
-        phases.push(Phase::new("draft_round", ctx, draft_us, draft_bytes, ceiling));
+        phases.push(Phase::new(&n("draft_round"), ctx, draft_us, draft_bytes, ceiling));
 
         // A whole round as the loop runs it with a fixed verify length: append, propose (the
         // tokens stay on the GPU), verify, read the proposal, compare, roll back.
@@ -190,7 +336,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             draft.truncate_context(ctx)?;
             Ok(())
         })?;
-        phases.push(Phase::new("round", ctx, round_us, draft_bytes + verify_bytes, ceiling));
+        phases.push(Phase::new(&n("round"), ctx, round_us, draft_bytes + verify_bytes, ceiling));
         // The same round sampled on the device: under the greedy draft law (the argmax chain,
         // one-hot q) at Qwen's recommended filters and at plain temperature 1, and under the
         // sampled law (the block drawn along the Markov chain on the device, each draft judged
@@ -226,7 +372,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 Ok(())
             };
             let us = time(args.iters, &mut sampled_round)?;
-            phases.push(Phase::new(name, ctx, us, draft_bytes + verify_bytes, ceiling));
+            phases.push(Phase::new(&n(name), ctx, us, draft_bytes + verify_bytes, ceiling));
             if name != "round_sampled_t1" {
                 sampled_rounds.push((name, filters, sampled_law, us));
             }
@@ -240,14 +386,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         gpu.set_profiling(true)?;
         target.forward_greedy(&[anchor], LogitRows::Last)?;
         target.truncate(ctx)?;
-        profiles.push(profile(&gpu, "decode", ctx, decode)?);
+        profiles.push(profile(gpu, &n("decode"), ctx, decode)?);
         let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
         target.truncate(ctx)?;
-        profiles.push(profile(&gpu, "verify8", ctx, verify_us)?);
+        profiles.push(profile(gpu, &n("verify8"), ctx, verify_us)?);
         draft.append_captured(&pending)?;
         draft.propose(anchor)?;
         draft.truncate_context(ctx)?;
-        profiles.push(profile(&gpu, "draft_round", ctx, draft_us)?);
+        profiles.push(profile(gpu, &n("draft_round"), ctx, draft_us)?);
         // And the two sampled rounds at Qwen's filters (where the sampler's launches go).
         for (name, filters, sampled_law, us) in sampled_rounds {
             let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
@@ -265,80 +411,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
             draft.finish_proposal(deferred)?;
             target.truncate(ctx)?;
             draft.truncate_context(ctx)?;
-            profiles.push(profile(&gpu, name, ctx, us)?);
+            profiles.push(profile(gpu, &n(name), ctx, us)?);
         }
         gpu.set_profiling(false)?;
     }
-    let prefill = if args.projections_only || args.prefill.is_empty() {
-        Vec::new()
-    } else {
-        prefill::measure(&gpu, &mut target, &mut draft, &args.prefill, args.prefill_iters, &mut token, &mut profiles)?
-    };
-    drop(draft);
-    drop(target);
-
-    let mut projs = Vec::new();
-    if !args.no_projections {
-        let blas = cudarc::cublas::CudaBlas::new(gpu.stream.clone()).context("cuBLAS")?;
-        let shapes = [
-            ("q_proj", 4096, 4096),
-            ("k_proj", 1024, 4096),
-            ("v_proj", 1024, 4096),
-            ("o_proj", 4096, 4096),
-            ("qkv_proj", 6144, 4096),
-            ("gate_proj", 12288, 4096),
-            ("up_proj", 12288, 4096),
-            ("down_proj", 4096, 12288),
-            ("fc", 4096, 5 * 4096),
-            ("lm_head", 151936, 4096),
-            ("markov_w2", 151936, 256),
-        ];
-        for (i, (name, out, inp)) in shapes.into_iter().enumerate() {
-            let variants: Vec<&str> = args.matvec_variants.iter().map(String::as_str).collect();
-            let t = projections::time_projection(
-                &gpu,
-                &blas,
-                (out, inp, args.projection_rows),
-                args.seed + i as u64,
-                &variants,
-            )?;
-            let mut p = Projection::new(name, out, inp, args.projection_rows, t.ours.graph, t.cublas.graph, ceiling);
-            p.set_eager(t.ours.eager, t.cublas.eager);
-            let w = p.weight_bytes;
-            p.variants = variants
-                .iter()
-                .zip(t.variants)
-                .map(|(n, us)| (n.to_string(), us, 100.0 * w / (us * 1e3) / ceiling))
-                .collect();
-            projs.push(p);
-        }
-    }
-
-    let report = Report {
-        device,
-        date_utc: utc_now(),
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        ceiling_gbps: ceiling,
-        phases,
-        projections: projs,
-        modelled,
-        profiles,
-        prefill,
-        notes: vec![
-            format!(
-                "KV caches are {} ({} bytes per target position; `--kv-cache`, the draft's alike); floors count them at that width.",
-                kv_name,
-                t_kv
-            ),
-            format!("draft_round appends {COMMITTED} committed rows; its floor counts fc, the 5 layers and lm_head once and Markov W2 once per each of the {block} sequential steps."),
-            "Phase times are host wall-clock medians around the same calls the decoding loop makes, synchronisation included; projections are CUDA-event means over rotated weight copies, replayed from a CUDA graph of the calls (as generate runs its steps; the goals use these), with the same calls launched one by one from the host beside them (eager: host launch work included wherever the GPU is faster than the host).".into(),
-            "Modelled rows assume τ tokens per round; they are not measured acceptance.".into(),
-        ],
-    };
-    print!("{}", report.markdown());
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+    if !args.prefill.is_empty() {
+        let rows = prefill::measure(
+            gpu,
+            &mut target,
+            &mut draft,
+            &args.prefill,
+            args.prefill_iters,
+            &mut token,
+            sfx,
+            profiles,
+        )?;
+        out.prefill.extend(rows);
     }
     Ok(())
 }

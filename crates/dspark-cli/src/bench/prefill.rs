@@ -23,6 +23,7 @@ use std::time::Instant;
 
 /// Times a prefill of each of `lengths` tokens (median of `iters`, after one warm-up) and the
 /// draft's append of its captures, beside the cuBLAS roofline of its projections.
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
     gpu: &Gpu,
     target: &mut CudaQwen3,
@@ -30,6 +31,7 @@ pub fn measure(
     lengths: &[usize],
     iters: usize,
     mut token: impl FnMut() -> u32,
+    suffix: &str,
     profiles: &mut Vec<super::report::Profile>,
 ) -> Result<Vec<PrefillRow>> {
     let cfg = target.config().clone();
@@ -71,7 +73,12 @@ pub fn measure(
         let (_, pending) = dspark_spec::prefill(target, draft, &prompt)?;
         draft.append_captured(&pending)?;
         gpu.stream.synchronize()?;
-        profiles.push(super::profile(gpu, "prefill", len, super::report::median(&mut prefill.clone()))?);
+        profiles.push(super::profile(
+            gpu,
+            &format!("prefill{suffix}"),
+            len,
+            super::report::median(&mut prefill.clone()),
+        )?);
         gpu.set_profiling(false)?;
         // The chunks the prefill runs (all but the last of MAX_PREFILL_ROWS rows).
         let chunks: Vec<usize> = (0..len).step_by(MAX_PREFILL_ROWS).map(|s| (len - s).min(MAX_PREFILL_ROWS)).collect();
@@ -89,6 +96,7 @@ pub fn measure(
         let micros = super::report::median(&mut prefill);
         let flops = gemm_flops + attn_flops + head_flops;
         rows.push(PrefillRow {
+            weights: suffix.trim_start_matches('_').to_string(),
             tokens: len,
             micros,
             tflops: flops / (micros * 1e6),

@@ -11,13 +11,17 @@
 //! ours 5.5 and 5.0 (docs/perf.md). Ours is [`Gpu::matvec`] — the call the models make —
 //! reading f32 activations; cuBLAS gets the same activations rounded to bf16 and writes bf16
 //! (`cublasGemmEx`, f32 compute), which is how engines that hand these shapes to cuBLAS call it.
+//!
+//! With `fp8`, ours reads Qwen's block-scaled FP8 copies of the shape (E4M3 bytes, 128 × 128
+//! f32 block scales: the FP8 matvec twins) while cuBLAS keeps its bf16 copies: the peer is the
+//! bf16 GEMM a bf16 engine runs, and the floor is the FP8 bytes.
 
 use anyhow::{Context, Result};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
-use dspark_kernels::cuda::ops::WeightBuf;
+use dspark_kernels::cuda::ops::{Fp8Buf, WeightBuf};
 use dspark_kernels::cuda::Gpu;
 use half::bf16;
 
@@ -46,6 +50,7 @@ pub fn time_projection(
     (out, inp, m): (usize, usize, usize),
     seed: u64,
     variants: &[&str],
+    fp8: bool,
 ) -> Result<Timing> {
     let bytes = out * inp * 2;
     let copies = ROTATION_BYTES.div_ceil(bytes).max(1);
@@ -55,6 +60,13 @@ pub fn time_projection(
         gpu.fill_uniform_bf16(&mut buf, seed * 1000 + c as u64, 0.02)?;
         weights.push(WeightBuf::Bf16(buf));
     }
+    // FP8 copies for ours (as many: a half-size rotation still spans 4× the L2).
+    let fp8_weights = if fp8 {
+        (0..copies).map(|c| fp8_copy(gpu, (out, inp), seed * 1000 + c as u64)).collect::<Result<Vec<_>>>()?
+    } else {
+        Vec::new()
+    };
+    let ours_w = if fp8 { &fp8_weights } else { &weights };
     let x_host: Vec<f32> = (0..m * inp).map(|i| ((i * 2654435761usize) % 1000) as f32 / 1000.0 - 0.5).collect();
     let x = gpu.stream.clone_htod(&x_host)?;
     let x16: Vec<bf16> = x_host.iter().map(|&v| bf16::from_f32(v)).collect();
@@ -64,7 +76,7 @@ pub fn time_projection(
     let calls = (3 * copies).max(30);
 
     let ours = timed(gpu, calls, |i| {
-        gpu.matvec(&weights[i % copies], &x.as_view(), &mut y.as_view_mut(), (m, inp, out), false).context("matvec")
+        gpu.matvec(&ours_w[i % copies], &x.as_view(), &mut y.as_view_mut(), (m, inp, out), false).context("matvec")
     })?;
     let cfg = GemmConfig {
         transa: cublasOperation_t::CUBLAS_OP_T,
@@ -90,12 +102,32 @@ pub fn time_projection(
     let mut vt = Vec::new();
     for name in variants {
         let t = timed(gpu, calls, |i| {
-            gpu.matvec_tc_variant(name, &weights[i % copies], &x.as_view(), &mut y.as_view_mut(), (m, inp, out))
+            gpu.matvec_tc_variant(name, &ours_w[i % copies], &x.as_view(), &mut y.as_view_mut(), (m, inp, out))
                 .context("matvec variant")
         })?;
         vt.push(t.graph);
     }
     Ok(Timing { ours, cublas, variants: vt })
+}
+
+/// One random FP8 weight `[out, inp]` in 128 × 128 blocks (bytes from the device hash, block
+/// scales in [¼, ½]·0.02 so values stay within ±0.02 like the bf16 copies).
+fn fp8_copy(gpu: &Gpu, (out, inp): (usize, usize), seed: u64) -> Result<WeightBuf> {
+    let mut q: CudaSlice<u8> = gpu.stream.alloc_zeros(out * inp)?;
+    gpu.fill_random_fp8(&mut q, seed)?;
+    let (sr, sc) = (out.div_ceil(128), inp.div_ceil(128));
+    let scale: Vec<f32> = (0..sr * sc).map(|i| 0.005 * (1.0 + ((i * 2654435761) % 1000) as f32 / 1000.0)).collect();
+    let srow: Vec<u32> = (0..out).map(|o| (o / 128) as u32).collect();
+    let buf = Fp8Buf {
+        q,
+        scale: gpu.stream.clone_htod(&scale)?,
+        srow: gpu.stream.clone_htod(&srow)?,
+        cols: inp,
+        scale_cols: sc,
+        block_k: 128,
+    };
+    buf.check(sr.saturating_sub(1) as u32)?;
+    Ok(WeightBuf::Fp8(buf))
 }
 
 /// Replays of the captured calls timed per graph measurement.

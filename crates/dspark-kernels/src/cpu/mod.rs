@@ -6,6 +6,7 @@
 pub mod activation;
 pub mod argmax;
 pub mod attention;
+pub mod fp8;
 pub mod matmul;
 pub mod rmsnorm;
 pub mod rope;

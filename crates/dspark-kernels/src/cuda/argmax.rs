@@ -87,6 +87,8 @@ impl Gpu {
             WeightBuf::Bf16(_) => "argmax_gather_bf16",
             WeightBuf::F16(_) => "argmax_gather_f16",
             WeightBuf::F32(_) => "argmax_gather_f32",
+            // Tables are embeddings (W1 rows), never FP8 in Qwen's layout.
+            WeightBuf::Fp8(_) => return Err(CudaError::Shape("argmax_gather: an FP8 table is not supported".into())),
         };
         self.launch_pdl(name, (segs as u32, 1, 1), 256, &args)
     }

@@ -17,9 +17,18 @@
 //! `(m, n, k) = (n, m, k)`. For f32 weights (the test fixtures) the same call runs in f32 with no
 //! rounding at all. cuBLAS gets a workspace from the model's arena at load, so it never
 //! allocates while serving.
+//!
+//! Block-scaled FP8 weights (`WeightBuf::Fp8`, Qwen's layout: kernels/fp8.cuh) are widened per
+//! GEMM into a bf16 scratch matrix the handle owns (`dequant_fp8_bf16`: each weight
+//! `e4m3 · scale` rounded once to bf16, a relative rounding of at most 2^-9), then multiplied as
+//! a bf16 weight with bf16 activations, f32 accumulation. cuBLAS's FP8 GEMMs would read the
+//! bytes directly, but take one scale per tensor (or per row) on sm_90, not Qwen's 128 × 128
+//! blocks; the widening streams 3 bytes per weight (read 1, write 2) for a GEMM whose chunk of
+//! 2,048 rows does 2 × 2,048 FLOPs per weight, so it costs a few percent of a chunk
+//! (`docs/perf.md`).
 
-use super::ops::{check, WeightBuf};
-use super::pdl::{dptr, dptr_mut, Arg};
+use super::ops::{check, Fp8Buf, WeightBuf};
+use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::cublas::sys as cublas;
 use cudarc::cublas::CudaBlas;
@@ -32,6 +41,9 @@ pub const WORKSPACE_BYTES: usize = 32 << 20;
 pub struct Blas {
     blas: CudaBlas,
     _workspace: CudaSlice<u8>,
+    /// The bf16 image of an FP8 weight, rewritten before each of its GEMMs (see the module docs);
+    /// empty when no weight is FP8.
+    dequant: Option<CudaSlice<u16>>,
 }
 
 impl Blas {
@@ -45,7 +57,14 @@ impl Blas {
         let status = unsafe { cublas::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, bytes) };
         drop(_guard);
         status_ok("cublasSetWorkspace", status)?;
-        Ok(Blas { blas, _workspace: workspace })
+        Ok(Blas { blas, _workspace: workspace, dequant: None })
+    }
+
+    /// The handle with `scratch` as the bf16 image of FP8 weights: it must hold the largest FP8
+    /// matrix the handle multiplies (from the caller's arena, like the workspace).
+    pub fn with_dequant(mut self, scratch: CudaSlice<u16>) -> Blas {
+        self.dequant = Some(scratch);
+        self
     }
 }
 
@@ -71,6 +90,8 @@ impl Half {
             WeightBuf::Bf16(_) => Some(Half::Bf16),
             WeightBuf::F16(_) => Some(Half::F16),
             WeightBuf::F32(_) => None,
+            // Widened to bf16 for cuBLAS (module docs), so its activations are rounded to bf16.
+            WeightBuf::Fp8(_) => Some(Half::Bf16),
         }
     }
 
@@ -120,26 +141,35 @@ impl Gpu {
             return Err(CudaError::Shape(format!("gemm: shape {m} × {k} → {n} is past cuBLAS's 32-bit sizes")));
         };
         use cublas::cudaDataType::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
-        let (w_ptr, w_type, _wg) = match w {
-            WeightBuf::Bf16(s) => {
+        if let WeightBuf::Fp8(f) = w {
+            self.dequant_fp8(blas, f, n, k)?;
+        }
+        let dequant = blas.dequant.as_ref();
+        let (w_ptr, w_type, _wg) = match (w, dequant) {
+            (WeightBuf::Bf16(s), _) => {
                 let (p, g) = s.device_ptr(&self.stream);
                 (p, CUDA_R_16BF, g)
             }
-            WeightBuf::F16(s) => {
+            (WeightBuf::F16(s), _) => {
                 let (p, g) = s.device_ptr(&self.stream);
                 (p, CUDA_R_16F, g)
             }
-            WeightBuf::F32(s) => {
+            (WeightBuf::F32(s), _) => {
                 let (p, g) = s.device_ptr(&self.stream);
                 (p, CUDA_R_32F, g)
             }
+            (WeightBuf::Fp8(_), Some(s)) => {
+                let (p, g) = s.device_ptr(&self.stream);
+                (p, CUDA_R_16BF, g)
+            }
+            (WeightBuf::Fp8(_), None) => unreachable!("dequant_fp8 checked the scratch"),
         };
         let (x_ptr, x_type, _xg) = match (x, w) {
             (GemmIn::F32(v), WeightBuf::F32(_)) => {
                 let (p, g) = v.device_ptr(&self.stream);
                 (p, CUDA_R_32F, g)
             }
-            (GemmIn::Half(v), WeightBuf::Bf16(_) | WeightBuf::F16(_)) => {
+            (GemmIn::Half(v), WeightBuf::Bf16(_) | WeightBuf::F16(_) | WeightBuf::Fp8(_)) => {
                 let (p, g) = v.device_ptr(&self.stream);
                 (p, w_type, g)
             }
@@ -183,6 +213,35 @@ impl Gpu {
             };
             status_ok("cublasGemmEx", status)
         })
+    }
+
+    /// The bf16 image of FP8 weight `w` `[n, k]` in `blas`'s scratch: `dequant_fp8_bf16`.
+    fn dequant_fp8(&self, blas: &Blas, w: &Fp8Buf, n: usize, k: usize) -> CudaResult<()> {
+        let Some(scratch) = blas.dequant.as_ref() else {
+            return Err(CudaError::Shape(
+                "gemm: an FP8 weight needs the handle's dequant scratch (Blas::with_dequant)".into(),
+            ));
+        };
+        if scratch.len() < n * k {
+            return Err(CudaError::Shape(format!(
+                "gemm: an FP8 weight of {n} × {k} past a scratch of {}",
+                scratch.len()
+            )));
+        }
+        check("gemm fp8 rows", w.srow.len(), n)?;
+        // dequant_fp8_bf16(w, scale, srow, out, rows, in, scale_cols, kb): the scratch is written
+        // through its address (the handle is shared, its scratch is the stream's alone).
+        let args = [
+            dptr(self, &w.q),
+            dptr(self, &w.scale),
+            dptr(self, &w.srow),
+            Arg::Ptr(device_addr(self, scratch)),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+            Arg::I32(w.scale_cols as i32),
+            Arg::I32(w.block_k as i32),
+        ];
+        self.launch_pdl("dequant_fp8_bf16", (grid_stride_blocks(n * k, self.sms), 1, 1), 256, &args)
     }
 
     /// `out[r] = round(rmsnorm(x[r]) · w)` into `half` bits, for `rows` rows of `dim` values.

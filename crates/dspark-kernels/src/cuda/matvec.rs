@@ -1,6 +1,6 @@
 //! Launch wrappers of the matvec family (kernels/matvec.cu): the tensor-core small-M kernels
-//! for bf16 weights, picked per shape so the grid fits one wave, and the general kernel for any
-//! dtype and row count.
+//! for bf16 and block-scaled FP8 weights, picked per shape so the grid fits one wave, and the
+//! general kernels for any dtype and row count (kernels/fp8.cu `matvec_fp8` for FP8).
 
 use super::ops::{aligned16, cfg, check, launch, launch_v, WeightBuf, WeightView};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
@@ -77,6 +77,18 @@ fn tc_kernel_plain(tiles: usize, d_in: usize, sms: usize) -> &'static str {
         "matvec_tc_loop_bf16"
     } else {
         tc_kernel(tiles, d_in, sms)
+    }
+}
+
+/// The FP8 twin of a bf16 tensor-core kernel (kernels/matvec.cu `MATVEC_TC_FP8`): the same
+/// shapes, the held-K one without its hold and no tile-looping twin (no FP8 matrix has short
+/// tiles: lm_head and the draft stay bf16).
+fn fp8_twin(name: &str) -> &'static str {
+    match name {
+        "matvec_tc_u4_bf16" => "matvec_tc_u4_fp8",
+        "matvec_tc_u4b1_bf16" | "matvec_tc_u4b1h_bf16" => "matvec_tc_u4b1_fp8",
+        "matvec_tc_swiglu_bf16" => "matvec_tc_swiglu_fp8",
+        _ => "matvec_tc_fp8",
     }
 }
 
@@ -157,12 +169,17 @@ pub(crate) fn addr<T>(gpu: &Gpu, v: &impl cudarc::driver::DevicePtr<T>, len: usi
 impl Gpu {
     /// Whether `matvec_rows` over `w` with `d_in` inputs takes the tensor-core kernel.
     pub(crate) fn tc_path(&self, w: &WeightBuf, x: &CudaView<f32>, d_in: usize) -> bool {
-        matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&w.view(0..w.len()), x, d_in)
+        self.tc_ok(w, &w.view(0..w.len()), x, d_in)
     }
 
-    /// The tensor-core kernel `matvec_rows` picks for `d_out` rows of `d_in`.
-    pub(crate) fn tc_name(&self, d_out: usize, d_in: usize) -> &'static str {
-        tc_kernel(d_out.div_ceil(16), d_in, self.sms)
+    /// The tensor-core kernel `matvec_rows` picks for `d_out` rows of `d_in` of `w`.
+    pub(crate) fn tc_name(&self, w: &WeightBuf, d_out: usize, d_in: usize) -> &'static str {
+        let name = tc_kernel(d_out.div_ceil(16), d_in, self.sms);
+        if matches!(w, WeightBuf::Fp8(_)) {
+            fp8_twin(name)
+        } else {
+            name
+        }
     }
 
     /// [`Gpu::matvec_tc`] over a whole bf16 matrix with the host's K split.
@@ -211,9 +228,37 @@ impl Gpu {
         check("matvec x", x.len(), m * d_in)?;
         check("matvec y", y.len(), m * d_out)?;
         let wv = w.view(row0 * d_in..(row0 + d_out) * d_in);
-        if matches!(w, WeightBuf::Bf16(_)) && self.tc_ok(&wv, x, d_in) {
-            let name = tc_kernel_plain(d_out.div_ceil(16), d_in, self.sms);
+        if self.tc_ok(w, &wv, x, d_in) {
+            let name = match w {
+                WeightBuf::Fp8(_) => self.tc_name(w, d_out, d_in),
+                _ => tc_kernel_plain(d_out.div_ceil(16), d_in, self.sms),
+            };
             self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate, None, Epilogue::default())?;
+            return Ok(());
+        }
+        if let WeightView::Fp8 { q, scale, srow, scale_cols, block_k } = &wv {
+            // matvec_fp8(w, x, y, m, in, out, acc, scale, srow, scale_cols, kb), 16 rows a launch.
+            let mut start = 0;
+            while start < m {
+                let rows = (m - start).min(16);
+                let xs = x.slice(start * d_in..(start + rows) * d_in);
+                let mut ys = y.slice_mut(start * d_out..(start + rows) * d_out);
+                let args = [
+                    dptr(self, q),
+                    dptr(self, &xs),
+                    dptr_mut(self, &mut ys),
+                    Arg::I32(rows as i32),
+                    Arg::I32(d_in as i32),
+                    Arg::I32(d_out as i32),
+                    Arg::I32(accumulate as i32),
+                    dptr(self, scale),
+                    dptr(self, srow),
+                    Arg::I32(*scale_cols as i32),
+                    Arg::I32(*block_k as i32),
+                ];
+                self.launch_pdl("matvec_fp8", (d_out.div_ceil(8) as u32, 1, 1), 256, &args)?;
+                start += rows;
+            }
             return Ok(());
         }
         let name = format!("matvec_{}", w.suffix());
@@ -256,8 +301,19 @@ impl Gpu {
             Some(ks) => (ks, tiles.div_ceil(TC_WARPS / ks)),
             None => tc_launch_grid(name, tiles, d_in, self.sms),
         };
-        let WeightView::U16(wv) = wv else {
-            return Err(CudaError::Shape(format!("{name}: tensor-core matvec needs bf16 weights")));
+        let fp8 = name.ends_with("_fp8");
+        let (w, fp8_args) = match wv {
+            WeightView::U16(v) if !fp8 => (dptr(self, v), None),
+            WeightView::Fp8 { q, scale, srow, scale_cols, block_k } if fp8 => {
+                let args = [
+                    dptr(self, scale),
+                    dptr(self, srow),
+                    Arg::I32(*scale_cols as i32),
+                    Arg::I32(block_k.trailing_zeros() as i32),
+                ];
+                (dptr(self, q), Some(args))
+            }
+            _ => return Err(CudaError::Shape(format!("{name}: the weights are not in this kernel's dtype"))),
         };
         if name == "matvec_tc_u4b1h_bf16" && !holds(d_in, ks) {
             return Err(CudaError::Shape(format!("{name}: K {d_in} at K split {ks} does not fit a warp's registers")));
@@ -276,7 +332,6 @@ impl Gpu {
             check("matvec norm x·gamma", o.xg.1, m * d_out)?;
             check("matvec norm partials", o.ss.1, m * grid)?;
         }
-        let w = dptr(self, wv);
         let at = |base: u64, offset: usize| Arg::Ptr(base + 4 * offset as u64); // f32 elements
         let null = Arg::Ptr(0);
         let mut start = 0;
@@ -306,7 +361,8 @@ impl Gpu {
             };
             // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit, ss_in, parts, eps, gamma, xg,
             // ss_out, am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim)
-            let args = [
+            let mut args = [Arg::I32(0); 25];
+            let base = [
                 w,
                 dptr(self, &xs),
                 dptr_mut(self, &mut ys),
@@ -329,20 +385,38 @@ impl Gpu {
                 agat,
                 Arg::I32(adim as i32),
             ];
-            self.launch_pdl(name, (grid as u32, 1, 1), 32 * TC_WARPS as u32, &args)?;
+            args[..base.len()].copy_from_slice(&base);
+            // FP8: + scale, srow, scale_cols, kb_log2 (a fixed array: no allocation per launch).
+            let n = match fp8_args {
+                Some(f) => {
+                    args[base.len()..].copy_from_slice(&f);
+                    args.len()
+                }
+                None => base.len(),
+            };
+            self.launch_pdl(name, (grid as u32, 1, 1), 32 * TC_WARPS as u32, &args[..n])?;
             start += rows;
         }
         Ok(grid)
     }
 
-    /// Whether a 16-bit weight view and its activations can take the tensor-core kernels:
-    /// `d_in % 8 == 0` and 16-byte aligned buffers (the callers check the dtype is bf16).
-    fn tc_ok(&self, wv: &WeightView<'_>, x: &CudaView<f32>, d_in: usize) -> bool {
-        matches!(wv, WeightView::U16(v) if aligned16(self, v)) && d_in.is_multiple_of(8) && aligned16(self, x)
+    /// Whether a weight view and its activations can take the tensor-core kernels: bf16 with
+    /// `d_in % 8 == 0`, or FP8 with `d_in % 16 == 0` and scale blocks of a power of two ≥ 64
+    /// columns (a 64-wide chunk in one block), and 16-byte aligned buffers. F16 / f32 weights
+    /// never take them.
+    fn tc_ok(&self, w: &WeightBuf, wv: &WeightView<'_>, x: &CudaView<f32>, d_in: usize) -> bool {
+        let w_ok = match wv {
+            WeightView::U16(v) => matches!(w, WeightBuf::Bf16(_)) && aligned16(self, v) && d_in.is_multiple_of(8),
+            WeightView::Fp8 { q, block_k, .. } => {
+                aligned16(self, q) && d_in.is_multiple_of(16) && block_k.is_power_of_two() && *block_k >= 64
+            }
+            WeightView::F32(_) => false,
+        };
+        w_ok && aligned16(self, x)
     }
 
     /// Times-only entry for `dspark bench --matvec-variants`: a named tensor-core variant on a
-    /// bf16 weight.
+    /// bf16 or FP8 weight (the name's dtype must be the weight's).
     pub fn matvec_tc_variant(
         &self,
         name: &str,
@@ -354,8 +428,8 @@ impl Gpu {
         check("matvec w", w.len(), shape.1 * shape.2)?;
         check("matvec x", x.len(), shape.0 * shape.1)?;
         check("matvec y", y.len(), shape.0 * shape.2)?;
-        if !matches!(w, WeightBuf::Bf16(_)) || !shape.1.is_multiple_of(8) {
-            return Err(CudaError::Shape(format!("{name}: bf16 weights with in % 8 == 0 only")));
+        if !self.tc_ok(w, &w.view(0..w.len()), x, shape.1) {
+            return Err(CudaError::Shape(format!("{name}: not a shape and dtype of the tensor-core kernels")));
         }
         // `name@ks` forces the K split (1, 2, 4 or 8) instead of the host's choice.
         let (name, ks) = match name.split_once('@') {
@@ -401,7 +475,8 @@ impl Gpu {
         check("matvec_swiglu act", act.len(), m * inter)?;
         if self.tc_path(w, x, d_in) {
             let epi = Epilogue { norm_in, ..Epilogue::default() };
-            self.matvec_tc_epi("matvec_tc_swiglu_bf16", w, x, act, (m, d_in, 2 * inter), inter, false, epi)?;
+            let name = if matches!(w, WeightBuf::Fp8(_)) { "matvec_tc_swiglu_fp8" } else { "matvec_tc_swiglu_bf16" };
+            self.matvec_tc_epi(name, w, x, act, (m, d_in, 2 * inter), inter, false, epi)?;
             return Ok(());
         }
         if norm_in.is_some() {

@@ -78,7 +78,7 @@ impl Gpu {
             self.rmsnorm(&y.as_view(), gamma, eps, m, u)?;
             return Ok(Normed::Done);
         }
-        let name = self.tc_name(d_out, d_in);
+        let name = self.tc_name(w, d_out, d_in);
         let out = NormOut {
             gamma: addr(self, gamma, gamma.len()),
             xg: addr(self, &u.as_view(), u.len()),
@@ -108,7 +108,7 @@ impl Gpu {
         match self.pending_norm(w, u, norm, ss, (m, d_in))? {
             None => self.matvec(w, &u.as_view(), y, (m, d_in, d_out), accumulate),
             Some(n) => {
-                let name = self.tc_name(d_out, d_in);
+                let name = self.tc_name(w, d_out, d_in);
                 let epi = Epilogue { norm_in: Some(n), ..Epilogue::default() };
                 self.matvec_tc_epi(name, w, &u.as_view(), y, (m, d_in, d_out), d_out, accumulate, epi)?;
                 Ok(())

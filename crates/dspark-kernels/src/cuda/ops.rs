@@ -12,11 +12,52 @@ use super::pdl::{dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-/// A weight matrix on the device in its checkpoint dtype (bf16 and f16 stored as raw u16).
+/// A weight matrix on the device in its checkpoint dtype (bf16 and f16 stored as raw u16), or
+/// block-scaled FP8 ([`Fp8Buf`]).
 pub enum WeightBuf {
     Bf16(CudaSlice<u16>),
     F16(CudaSlice<u16>),
     F32(CudaSlice<f32>),
+    Fp8(Fp8Buf),
+}
+
+/// An FP8 weight matrix `[rows, cols]` as the kernels read it (kernels/fp8.cuh):
+/// `W[o, k] = e4m3(q[o, k]) · scale[srow[o], k / block_k]`. The scale table stacks the scales of
+/// every matrix of a fused projection (q|k|v, gate|up), and `srow` maps each row of the matrix
+/// as laid out (stacked or interleaved) to its scale row, so one lookup serves both layouts.
+pub struct Fp8Buf {
+    /// E4M3 bytes, row-major `[rows, cols]`.
+    pub q: CudaSlice<u8>,
+    /// `[scale rows, scale_cols]` f32 block scales.
+    pub scale: CudaSlice<f32>,
+    /// `[rows]`: the scale row of each weight row.
+    pub srow: CudaSlice<u32>,
+    pub cols: usize,
+    /// Scale blocks per row: `⌈cols / block_k⌉`.
+    pub scale_cols: usize,
+    /// Columns per scale block.
+    pub block_k: usize,
+}
+
+impl Fp8Buf {
+    /// Checks the parts against each other (lengths, a nonzero block, `srow` in the table).
+    pub fn check(&self, srow_max: u32) -> Result<(), CudaError> {
+        let rows = self.srow.len();
+        let bad = |m: String| Err(CudaError::Shape(format!("fp8 weight: {m}")));
+        if self.block_k == 0 || self.scale_cols != self.cols.div_ceil(self.block_k) {
+            return bad(format!(
+                "{} scale columns for {} columns in blocks of {}",
+                self.scale_cols, self.cols, self.block_k
+            ));
+        }
+        if self.q.len() != rows * self.cols {
+            return bad(format!("{} bytes for {rows} × {}", self.q.len(), self.cols));
+        }
+        if (srow_max as usize + 1) * self.scale_cols > self.scale.len() {
+            return bad(format!("scale row {srow_max} past a table of {} values", self.scale.len()));
+        }
+        Ok(())
+    }
 }
 
 impl WeightBuf {
@@ -24,6 +65,7 @@ impl WeightBuf {
         match self {
             WeightBuf::Bf16(s) | WeightBuf::F16(s) => s.len(),
             WeightBuf::F32(s) => s.len(),
+            WeightBuf::Fp8(f) => f.q.len(),
         }
     }
 
@@ -36,6 +78,7 @@ impl WeightBuf {
         match self {
             WeightBuf::Bf16(s) | WeightBuf::F16(s) => 2 * s.len(),
             WeightBuf::F32(s) => 4 * s.len(),
+            WeightBuf::Fp8(f) => f.q.len() + 4 * (f.scale.len() + f.srow.len()),
         }
     }
 
@@ -44,14 +87,25 @@ impl WeightBuf {
             WeightBuf::Bf16(_) => "bf16",
             WeightBuf::F16(_) => "f16",
             WeightBuf::F32(_) => "f32",
+            WeightBuf::Fp8(_) => "fp8",
         }
     }
 
-    /// Elements `range` of the buffer (a block of rows of the matrix).
+    /// Elements `range` of the buffer (a block of rows of the matrix; for FP8 whole rows).
     pub(crate) fn view(&self, range: std::ops::Range<usize>) -> WeightView<'_> {
         match self {
             WeightBuf::Bf16(s) | WeightBuf::F16(s) => WeightView::U16(s.slice(range)),
             WeightBuf::F32(s) => WeightView::F32(s.slice(range)),
+            WeightBuf::Fp8(f) => {
+                let c = f.cols.max(1);
+                WeightView::Fp8 {
+                    q: f.q.slice(range.clone()),
+                    scale: f.scale.slice(..),
+                    srow: f.srow.slice(range.start / c..range.end.div_ceil(c)),
+                    scale_cols: f.scale_cols,
+                    block_k: f.block_k,
+                }
+            }
         }
     }
 }
@@ -59,6 +113,7 @@ impl WeightBuf {
 pub(crate) enum WeightView<'a> {
     U16(CudaView<'a, u16>),
     F32(CudaView<'a, f32>),
+    Fp8 { q: CudaView<'a, u8>, scale: CudaView<'a, f32>, srow: CudaView<'a, u32>, scale_cols: usize, block_k: usize },
 }
 
 /// Scratch of the split-KV attention and split argmax, planned once per model.
@@ -177,6 +232,10 @@ macro_rules! launch_v {
             WeightView::F32(s) => {
                 $b.arg(s);
             }
+            // FP8 matrices have kernels of their own (matvec.rs); no general kernel reads them.
+            WeightView::Fp8 { .. } => {
+                return Err(CudaError::Shape(format!("{}: FP8 weights are not supported here", $name)));
+            }
         }
         $push;
         // SAFETY: argument types and order match the kernel signature in kernels/*.cu, and the
@@ -199,6 +258,7 @@ pub(crate) fn wptr(gpu: &Gpu, view: &WeightView<'_>) -> Arg {
     match view {
         WeightView::U16(s) => dptr(gpu, s),
         WeightView::F32(s) => dptr(gpu, s),
+        WeightView::Fp8 { q, .. } => dptr(gpu, q),
     }
 }
 
@@ -228,6 +288,17 @@ impl Gpu {
         b.arg(out).arg(&n).arg(&seed).arg(&scale);
         // SAFETY: matches fill_uniform_bf16(out, n, seed, scale); the grid strides over n.
         launch!(self, "fill_uniform_bf16", b, cfg(n.div_ceil(256).clamp(1, 4096), 256));
+        Ok(())
+    }
+
+    /// Random E4M3 bytes (no NaN code, |value| < 2) from a device hash, for the bench's FP8
+    /// weights (kernels/random.cu).
+    pub fn fill_random_fp8(&self, out: &mut CudaSlice<u8>, seed: u64) -> CudaResult<()> {
+        let n = out.len();
+        let mut b = self.stream.launch_builder(self.function("fill_random_fp8")?);
+        b.arg(out).arg(&n).arg(&seed);
+        // SAFETY: matches fill_random_fp8(out, n, seed); the grid strides over n.
+        launch!(self, "fill_random_fp8", b, cfg(n.div_ceil(256).clamp(1, 4096), 256));
         Ok(())
     }
 

@@ -50,7 +50,7 @@ impl Gpu {
     ) -> CudaResult<()> {
         let (f, pdl) = self.kernel(name)?;
         // Fixed-size arrays: this runs ~300 times per decoded token, so no heap allocation.
-        const MAX_ARGS: usize = 24;
+        const MAX_ARGS: usize = 28;
         if args.len() > MAX_ARGS {
             return Err(CudaError::Shape(format!("{name}: {} kernel arguments, at most {MAX_ARGS}", args.len())));
         }

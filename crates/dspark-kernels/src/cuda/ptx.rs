@@ -63,6 +63,12 @@ pub const MODULES: &[PtxModule] = &[
         functions: &["embedding_bf16", "embedding_f16", "embedding_f32", "copy_rows_f32"],
     },
     PtxModule {
+        name: "fp8",
+        sm90: include_str!("../../ptx/fp8.sm90.ptx"),
+        sm80: include_str!("../../ptx/fp8.sm80.ptx"),
+        functions: &["matvec_fp8", "dequant_fp8_bf16"],
+    },
+    PtxModule {
         name: "markov",
         sm90: include_str!("../../ptx/markov.sm90.ptx"),
         sm80: include_str!("../../ptx/markov.sm80.ptx"),
@@ -89,6 +95,10 @@ pub const MODULES: &[PtxModule] = &[
             "matvec_tc_u4b1h_bf16",
             "matvec_tc_swiglu_bf16",
             "matvec_tc_argmax_bf16",
+            "matvec_tc_fp8",
+            "matvec_tc_u4_fp8",
+            "matvec_tc_u4b1_fp8",
+            "matvec_tc_swiglu_fp8",
             "matvec_tc_loop_bf16",
             "matvec_tc_loop_argmax_bf16",
             "swiglu_pairs_f32",
@@ -111,7 +121,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "random",
         sm90: include_str!("../../ptx/random.sm90.ptx"),
         sm80: include_str!("../../ptx/random.sm80.ptx"),
-        functions: &["fill_uniform_bf16"],
+        functions: &["fill_uniform_bf16", "fill_random_fp8"],
     },
     PtxModule {
         name: "rmsnorm",

@@ -23,7 +23,7 @@ struct Case {
 
 /// Runs the producer on fresh inputs and checks the residual it wrote.
 fn produce(g: &Gpu, rng: &mut Rng, dtype: &str, (m, k, h): (usize, usize, usize)) -> Case {
-    let (wp, wpf) = weight(g, &rng.vec(h * k), dtype);
+    let (wp, wpf) = weight_cols(g, &rng.vec(h * k), k, dtype);
     let x = rng.vec(m * k);
     let y0 = rng.vec(m * h);
     let gamma: Vec<f32> = rng.vec(h).iter().map(|v| 1.0 + 0.5 * v).collect();
@@ -48,7 +48,7 @@ fn produce(g: &Gpu, rng: &mut Rng, dtype: &str, (m, k, h): (usize, usize, usize)
         )
         .unwrap();
     // The fold must actually happen on the tensor-core path, and only there.
-    assert_eq!(matches!(normed, Normed::Pending { .. }), dtype == "bf16", "{dtype} producer left {normed:?}");
+    assert_eq!(matches!(normed, Normed::Pending { .. }), takes_tc(dtype, k), "{dtype} producer left {normed:?}");
     let e = rel_err(&down(g, &yd), &y);
     assert!(e <= 1e-5, "norm producer {dtype} {m}x{k}->{h}: residual rel err {e}");
     Case { u, ud, ss, normed }
@@ -62,9 +62,18 @@ fn folded_rmsnorm_matches_norm_then_matvec() {
         if !full_size() && k > 1000 {
             continue;
         }
-        for (pd, cd) in [("bf16", "bf16"), ("bf16", "f32"), ("f32", "bf16"), ("f32", "f32")] {
+        for (pd, cd) in [
+            ("bf16", "bf16"),
+            ("bf16", "f32"),
+            ("f32", "bf16"),
+            ("f32", "f32"),
+            ("fp8", "fp8"),
+            ("fp8", "f32"),
+            ("f32", "fp8"),
+            ("bf16", "fp8b"),
+        ] {
             let mut c = produce(&g, &mut rng, pd, (m, k, h));
-            let (wc, wcf) = weight(&g, &rng.vec(out * h), cd);
+            let (wc, wcf) = weight_cols(&g, &rng.vec(out * h), h, cd);
             let want = cpu::matmul::linear(&c.u, &wcf, m, h, out);
             let parts = c.normed.parts();
             let mut z = poisoned(&g, m * out);
@@ -84,7 +93,7 @@ fn folded_rmsnorm_matches_norm_then_matvec() {
 
             // Row 0 alone gives the same bits as row 0 of the batch: the fold keeps the matvec
             // independent of the number of rows (decode vs verify, the lossless invariant).
-            if cd == "bf16" && pd == "bf16" {
+            if (cd, pd) == ("bf16", "bf16") || (cd, pd) == ("fp8", "fp8") {
                 let mut z1 = poisoned(&g, out);
                 let mut u1 = c.ud.slice_mut(..h);
                 g.matvec_normed(
@@ -111,9 +120,9 @@ fn folded_rmsnorm_into_swiglu() {
         if !full_size() && k > 1000 {
             continue;
         }
-        for (pd, cd) in [("bf16", "bf16"), ("bf16", "f32")] {
+        for (pd, cd) in [("bf16", "bf16"), ("bf16", "f32"), ("fp8", "fp8"), ("bf16", "fp8b")] {
             let mut c = produce(&g, &mut rng, pd, (m, k, h));
-            let (wgu, wf) = weight(&g, &rng.vec(2 * inter * h), cd);
+            let (wgu, wf) = weight_cols(&g, &rng.vec(2 * inter * h), h, cd);
             let both = cpu::matmul::linear(&c.u, &wf, m, h, 2 * inter);
             let mut want = Vec::new();
             for row in both.chunks(2 * inter) {

@@ -143,23 +143,8 @@ impl Fp8Quant {
     }
 }
 
-/// W[i, j] = e4m3(bytes[i, j]) · scales[i / bn, j / bk] for `[n, k]` bytes.
-pub fn dequantize(bytes: &[u8], scales: &[f32], (n, k): (usize, usize), [bn, bk]: [usize; 2]) -> Vec<f32> {
-    let sk = k.div_ceil(bk);
-    (0..n * k).map(|x| e4m3_to_f32(bytes[x]) * scales[(x / k / bn) * sk + (x % k) / bk]).collect()
-}
-
-/// The f32 value of an E4M3 ("fn") byte; NaN for `S.1111.111`.
-pub fn e4m3_to_f32(b: u8) -> f32 {
-    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
-    let e = ((b >> 3) & 0xf) as i32;
-    let m = (b & 7) as f32;
-    if e == 15 && b & 7 == 7 {
-        return f32::NAN;
-    }
-    let mag = if e == 0 { m / 8.0 * 2f32.powi(-6) } else { (1.0 + m / 8.0) * 2f32.powi(e - 7) };
-    sign * mag
-}
+// The decode and the dequantization are the kernels' CPU reference (one definition).
+pub use dspark_kernels::cpu::fp8::{dequantize, e4m3_to_f32};
 
 /// The E4M3 byte nearest to `x` (ties to the even code), saturating at ±448; NaN → `0x7f`. For
 /// the fixture generator and tests (a table search: not fast).

@@ -17,6 +17,7 @@
 //! Weights stay in the checkpoint dtype; every buffer comes from the arena at load.
 
 use crate::checkpoint::config::Qwen3Config;
+use crate::cuda::fp8::RowOrder;
 use crate::cuda::weights::WeightSource;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaViewMut};
@@ -69,22 +70,37 @@ impl GpuLayer {
     pub fn load(arena: &Arena, cfg: &Qwen3Config, ck: &dyn WeightSource, prefix: &str) -> Result<GpuLayer> {
         let (h, i, q, kv, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let n = |s: &str| format!("{prefix}{s}");
+        let (qn, kn, vn) = (n("self_attn.q_proj"), n("self_attn.k_proj"), n("self_attn.v_proj"));
+        let (on, gn, un, dn) = (n("self_attn.o_proj"), n("mlp.gate_proj"), n("mlp.up_proj"), n("mlp.down_proj"));
+        let w = |m: &str| format!("{m}.weight");
+        // An FP8 target's projections keep their bytes and block scales (cuda::fp8); a plain
+        // one's load in the checkpoint dtype.
+        let linears = |modules: &[(&str, [usize; 2])], order: RowOrder| -> Result<WeightBuf> {
+            match &cfg.quantization {
+                Some(quant) => ck.fp8_linears(arena, quant, modules, order),
+                None => match (order, modules) {
+                    (RowOrder::Stacked, [(m, s)]) => ck.matrix(arena, &w(m), s),
+                    (RowOrder::Stacked, _) => {
+                        let names: Vec<String> = modules.iter().map(|(m, _)| w(m)).collect();
+                        let list: Vec<(&str, &[usize])> =
+                            names.iter().zip(modules).map(|(n, (_, s))| (n.as_str(), s.as_slice())).collect();
+                        ck.stacked(arena, &list)
+                    }
+                    (RowOrder::Interleaved, _) => {
+                        ck.interleaved(arena, &w(modules[0].0), &w(modules[1].0), &modules[0].1)
+                    }
+                },
+            }
+        };
         Ok(GpuLayer {
             input_layernorm: ck.vector(arena, &n("input_layernorm.weight"), &[h])?,
-            qkv_proj: ck.stacked(
-                arena,
-                &[
-                    (&n("self_attn.q_proj.weight"), &[q, h]),
-                    (&n("self_attn.k_proj.weight"), &[kv, h]),
-                    (&n("self_attn.v_proj.weight"), &[kv, h]),
-                ],
-            )?,
-            o_proj: ck.matrix(arena, &n("self_attn.o_proj.weight"), &[h, q])?,
+            qkv_proj: linears(&[(&qn, [q, h]), (&kn, [kv, h]), (&vn, [kv, h])], RowOrder::Stacked)?,
+            o_proj: linears(&[(&on, [h, q])], RowOrder::Stacked)?,
             q_norm: ck.vector(arena, &n("self_attn.q_norm.weight"), &[hd])?,
             k_norm: ck.vector(arena, &n("self_attn.k_norm.weight"), &[hd])?,
             post_attention_layernorm: ck.vector(arena, &n("post_attention_layernorm.weight"), &[h])?,
-            gate_up: ck.interleaved(arena, &n("mlp.gate_proj.weight"), &n("mlp.up_proj.weight"), &[i, h])?,
-            down_proj: ck.matrix(arena, &n("mlp.down_proj.weight"), &[h, i])?,
+            gate_up: linears(&[(&gn, [i, h]), (&un, [i, h])], RowOrder::Interleaved)?,
+            down_proj: linears(&[(&dn, [h, i])], RowOrder::Stacked)?,
         })
     }
 }

@@ -4,10 +4,12 @@
 //! * [`layers`] — decoder-layer weights (fused q|k|v, interleaved gate|up, folded RMSNorms) and
 //!   the layer step both share.
 //! * [`graphs`] — one CUDA graph per step shape, captured on first use and replayed.
+//! * [`fp8`] — Qwen's block-scaled FP8 projections in the device layout the FP8 kernels read.
 //! * [`weights`] — `WeightSource`: a checkpoint, or random bf16 weights made on the device for
 //!   `dspark bench`.
 
 pub mod dspark;
+pub mod fp8;
 pub mod graphs;
 pub mod layers;
 pub mod prefill;

@@ -81,7 +81,19 @@ impl Prefill {
             }
         }
         let z = |n: usize| arena.zeros::<f32>(rows * n).map_err(drv);
-        let blas = Arc::new(Blas::new(gpu, arena.zeros::<u8>(WORKSPACE_BYTES).map_err(drv)?).map_err(gpu_err)?);
+        let mut blas = Blas::new(gpu, arena.zeros::<u8>(WORKSPACE_BYTES).map_err(drv)?).map_err(gpu_err)?;
+        // FP8 projections are widened to bf16 before each GEMM (gemm.rs): one scratch matrix as
+        // large as the largest of them.
+        let fp8_max = layers
+            .iter()
+            .flat_map(|l| [&l.qkv_proj, &l.o_proj, &l.gate_up, &l.down_proj])
+            .filter(|w| matches!(w, WeightBuf::Fp8(_)))
+            .map(|w| w.len())
+            .max();
+        if let Some(n) = fp8_max {
+            blas = blas.with_dequant(arena.zeros::<u16>(n).map_err(drv)?);
+        }
+        let blas = Arc::new(blas);
         Ok(Prefill {
             rows,
             blas,

@@ -17,9 +17,14 @@
 //! * [`RandomWeights`] makes bf16 matrices uniform in ±`scale` with a device hash, norm weights
 //!   of 1, and other small vectors uniform in ±`scale` from a host generator. It holds no
 //!   optional tensors, so a random draft borrows the target's embedding and output head, as the
-//!   published DSpark drafts do.
+//!   published DSpark drafts do. Given an FP8 config (`dspark bench --weights fp8`), its
+//!   projections are random E4M3 bytes with random 128 × 128 block scales.
+//!
+//! An FP8 target's projections come through [`WeightSource::fp8_linears`] (`cuda::fp8`).
 
+use crate::checkpoint::fp8::Fp8Quant;
 use crate::checkpoint::safetensors::Checkpoint;
+use crate::cuda::fp8::{self, RowOrder};
 use crate::cuda::layers::drv;
 use crate::cuda::upload::{
     check_fits, checkpoint_dir, device_bytes, device_bytes_without, Image, LoadProgress, UploadOptions, Uploader,
@@ -49,6 +54,18 @@ pub trait WeightSource {
     fn host(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
     /// Whether an optional tensor is present.
     fn contains(&self, name: &str) -> bool;
+    /// One projection of an FP8 target (`quant`): `modules` (names without `.weight`, shapes
+    /// `[rows, cols]` of one width) in `order`, as [`crate::cuda::fp8`] lays them out. Sources
+    /// without FP8 weights refuse.
+    fn fp8_linears(
+        &self,
+        _arena: &Arena,
+        _quant: &Fp8Quant,
+        modules: &[(&str, [usize; 2])],
+        _order: RowOrder,
+    ) -> Result<WeightBuf> {
+        Err(Error::Request(format!("{:?}: this weight source holds no FP8 weights", modules.first().map(|m| m.0))))
+    }
 }
 
 impl WeightSource for Checkpoint {
@@ -108,6 +125,16 @@ impl WeightSource for Checkpoint {
 
     fn contains(&self, name: &str) -> bool {
         Checkpoint::contains(self, name)
+    }
+
+    fn fp8_linears(
+        &self,
+        arena: &Arena,
+        quant: &Fp8Quant,
+        modules: &[(&str, [usize; 2])],
+        order: RowOrder,
+    ) -> Result<WeightBuf> {
+        fp8::load_linears(self, self, arena, quant, modules, order, &|image, dst| fp8::put_plain(arena, image, dst))
     }
 }
 
@@ -205,6 +232,8 @@ impl<'a> CheckpointUpload<'a> {
         match &mut buf {
             WeightBuf::F32(s) => up.upload(stream, image, s)?,
             WeightBuf::Bf16(s) | WeightBuf::F16(s) => up.upload(stream, image, s)?,
+            // `weight_zeros` makes plain dtypes only; FP8 bytes go through `fp8_linears`.
+            WeightBuf::Fp8(f) => up.upload(stream, image, &mut f.q)?,
         }
         Ok(buf)
     }
@@ -266,6 +295,20 @@ impl WeightSource for CheckpointUpload<'_> {
 
     fn contains(&self, name: &str) -> bool {
         self.ck.contains(name)
+    }
+
+    fn fp8_linears(
+        &self,
+        arena: &Arena,
+        quant: &Fp8Quant,
+        modules: &[(&str, [usize; 2])],
+        order: RowOrder,
+    ) -> Result<WeightBuf> {
+        // The bytes through the staging ring like any matrix's; plain parts through `self`.
+        fp8::load_linears(self.ck, self, arena, quant, modules, order, &|image, dst| match &self.up {
+            Some(up) if !image.is_empty() => up.borrow_mut().upload(arena.stream(), image, dst),
+            _ => fp8::put_plain(arena, image, dst),
+        })
     }
 }
 
@@ -334,5 +377,27 @@ impl WeightSource for RandomWeights {
 
     fn contains(&self, _name: &str) -> bool {
         false
+    }
+
+    /// Random E4M3 bytes (|value| < 2) times random block scales in [¼, ½]·`scale`, so the
+    /// weights stay within ±`scale` like the bf16 ones.
+    fn fp8_linears(
+        &self,
+        arena: &Arena,
+        quant: &Fp8Quant,
+        modules: &[(&str, [usize; 2])],
+        order: RowOrder,
+    ) -> Result<WeightBuf> {
+        let k = modules.first().map_or(0, |m| m.1[1]);
+        let rows: Vec<usize> = modules.iter().map(|(_, s)| s[0]).collect();
+        let mut q = arena.zeros::<u8>(rows.iter().sum::<usize>() * k).map_err(drv)?;
+        self.gpu.fill_random_fp8(&mut q, self.next_seed()).map_err(|e: CudaError| Error::Request(e.to_string()))?;
+        let [bn, bk] = quant.block;
+        let n_scales: usize = rows.iter().map(|r| r.div_ceil(bn)).sum::<usize>() * k.div_ceil(bk);
+        let mut rng = Rng(self.next_seed().wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let scales: Vec<f32> = (0..n_scales)
+            .map(|_| (1.0 + (rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * self.scale / 4.0)
+            .collect();
+        fp8::device_buf(arena, q, &scales, &fp8::scale_rows(&rows, bn, order), k, bk)
     }
 }

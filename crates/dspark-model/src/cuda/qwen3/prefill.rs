@@ -172,8 +172,10 @@ impl CudaQwen3 {
         let (h, q, kvd, i) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
         let caches = 2 * cfg.num_hidden_layers * max_len * kvd * kv.bytes();
         let rows = if max_len > CHUNK { max_len.min(MAX_PREFILL_ROWS) } else { 0 };
+        // An FP8 target's GEMMs widen each projection into a bf16 scratch matrix (gemm.rs).
+        let dequant = if cfg.quantization.is_some() { 2 * h * (q + 2 * kvd).max(2 * i) } else { 0 };
         let prefill = rows * (4 * (2 * h + q + 2 * kvd + 2 * q + 2 * i) + 2 * h.max(q).max(i))
-            + if rows > 0 { dspark_kernels::cuda::gemm::WORKSPACE_BYTES } else { 0 };
+            + if rows > 0 { dspark_kernels::cuda::gemm::WORKSPACE_BYTES + dequant } else { 0 };
         caches + prefill + CHUNK * cfg.vocab_size * 4
     }
 }

@@ -1,0 +1,83 @@
+//! Block-scaled FP8 weights in the prefill's GEMM (`Gpu::gemm` on a `WeightBuf::Fp8`): each
+//! weight widened to bf16 by `dequant_fp8_bf16` in the handle's scratch, then cuBLAS with bf16
+//! activations and f32 accumulation. (The small-M FP8 matvecs are checked with every other dtype
+//! in `gpu_kernels.rs` and `norm_fold.rs`, through `weight_cols`.)
+//!
+//! * The widening exactly: an identity activation matrix makes the GEMM's output the widened
+//!   weights themselves (one nonzero product per output), which must equal
+//!   `round_bf16(e4m3 · scale)` exactly (as values: a −0 weight sums to +0).
+//! * The GEMM against the f32 reference fed the same bf16-rounded operands: 3e-5 relative (the
+//!   products are exact in f32; only the order of the f32 sums differs, and K reaches 12,288:
+//!   1.3e-5 measured there).
+//! * Qwen3-8B's gate|up and down shapes at a prefill chunk of 512 rows, and the accumulate mode.
+
+use super::*;
+use dspark_kernels::cuda::gemm::{Blas, GemmIn, WORKSPACE_BYTES};
+
+fn bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|x| bf16::from_f32(*x).to_bits()).collect()
+}
+
+fn rounded(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|x| cpu::round_bf16(*x)).collect()
+}
+
+fn blas(g: &Gpu, largest: usize) -> Blas {
+    Blas::new(g, g.stream.alloc_zeros::<u8>(WORKSPACE_BYTES).unwrap())
+        .unwrap()
+        .with_dequant(g.stream.alloc_zeros::<u16>(largest).unwrap())
+}
+
+#[test]
+fn fp8_gemm_widens_each_weight_once_to_bf16() {
+    let g = gpu();
+    let mut rng = Rng(71);
+    for (dtype, n, k) in [("fp8", 48usize, 256usize), ("fp8b", 40, 192), ("fp8s", 24, 36)] {
+        let (w, wf) = weight_cols(&g, &rng.vec(n * k), k, dtype);
+        let b = blas(&g, n * k);
+        let eye: Vec<f32> = (0..k * k).map(|i| if i / k == i % k { 1.0 } else { 0.0 }).collect();
+        let x = g.stream.clone_htod(&bf16_bits(&eye)).unwrap();
+        let mut y = poisoned(&g, k * n);
+        g.gemm(&b, &w, &GemmIn::Half(x.slice(..)), &mut y.as_view_mut(), (k, k, n), false).unwrap();
+        let got = down(&g, &y);
+        // y[m, o] = W[o, m]: the widened weight itself.
+        for o in 0..n {
+            for m in 0..k {
+                let want = cpu::round_bf16(wf[o * k + m]);
+                assert_eq!(got[m * n + o], want, "{dtype} {n}x{k}: W[{o}, {m}]");
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_gemm_matches_the_rounded_reference() {
+    let g = gpu();
+    let mut rng = Rng(73);
+    let shapes = [(37usize, 128usize, 80usize), (200, 264, 128), (512, 4096, 24576), (512, 12288, 4096)];
+    for &(m, k, n) in shapes.iter().filter(|s| full_size() || s.1 * s.2 <= 1 << 16) {
+        let dtype = if k % 128 == 0 { "fp8" } else { "fp8s" };
+        let (w, wf) = weight_cols(&g, &rng.vec(n * k), k, dtype);
+        let b = blas(&g, n * k);
+        let x = rng.vec(m * k);
+        let xd = g.stream.clone_htod(&bf16_bits(&x)).unwrap();
+        let want = cpu::matmul::linear(&rounded(&x), &rounded(&wf), m, k, n);
+        let mut y = poisoned(&g, m * n);
+        g.gemm(&b, &w, &GemmIn::Half(xd.slice(..)), &mut y.as_view_mut(), (m, k, n), false).unwrap();
+        let e = rel_err(&down(&g, &y), &want);
+        assert!(e <= 3e-5, "fp8 gemm {m}x{k}->{n}: rel err {e}");
+        let base = rng.vec(m * n);
+        let mut y = up(&g, &base);
+        g.gemm(&b, &w, &GemmIn::Half(xd.slice(..)), &mut y.as_view_mut(), (m, k, n), true).unwrap();
+        let want_acc: Vec<f32> = want.iter().zip(&base).map(|(a, b)| a + b).collect();
+        let e = rel_err(&down(&g, &y), &want_acc);
+        assert!(e <= 3e-5, "fp8 gemm accumulate {m}x{k}->{n}: rel err {e}");
+    }
+    // A handle without the scratch refuses an FP8 weight with an error, not a fault.
+    let (w, _) = weight_cols(&g, &rng.vec(32 * 64), 64, "fp8");
+    let plain = Blas::new(&g, g.stream.alloc_zeros::<u8>(WORKSPACE_BYTES).unwrap()).unwrap();
+    let x = g.stream.alloc_zeros::<u16>(4 * 64).unwrap();
+    let mut y = poisoned(&g, 4 * 32);
+    let e = g.gemm(&plain, &w, &GemmIn::Half(x.slice(..)), &mut y.as_view_mut(), (4, 64, 32), false).unwrap_err();
+    assert!(e.to_string().contains("dequant"), "{e}");
+}
