@@ -13,9 +13,19 @@
 // cuBLAS multiplies bf16 by bf16, so a chunk's FP8 matrix is widened into a bf16 scratch matrix
 // first, each weight rounded once to bf16 after its scale (e4m3 · scale has up to 12 significant
 // bits; bf16 keeps 8: a relative rounding of at most 2^-9, as the prefill's bf16 activations).
-// Four bytes per thread, grid-stride.
+// A row per block at a time, four bytes per thread-step.
+//
+//   split_x_bf16x3:    planes[p][i] = part p of the pair (x[2i], x[2i + 1]) as bf16x2 (mma_bf16.cuh
+//                      split3: hi, mid, lo; x = hi + mid + lo exactly)
+//
+// split_x_bf16x3 runs before each tensor-core FP8 matvec (matvec.cu `matvec_tc_*_fp8`): those
+// kernels are bound by instruction issue, not bandwidth (ncu: 34% of issue slots busy but ~210
+// instructions per KB of weights against ~62 for bf16), and splitting x in every tile was 88 of
+// them; split once here, each tile loads the three parts instead. The MMAs see the same bf16
+// values in the same order, so the sums are those of splitting in the tile, bit for bit.
 #include "common.cuh"
 #include "fp8.cuh"
+#include "mma_bf16.cuh"
 
 #define MAXM 16
 
@@ -53,11 +63,38 @@ extern "C" __global__ void dequant_fp8_bf16(const uint8_t* w, const float* scale
                                             __nv_bfloat16* out, int rows, int in, int scale_cols, int kb) {
     pdl_trigger();
     pdl_wait();
-    const size_t n = (size_t)rows * in;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t o = i / in;
-        const int k = (int)(i % in);
-        const float v = e4m3_to_f32(w[i]) * scale[(size_t)srow[o] * scale_cols + k / kb];
-        out[i] = __float2bfloat16_rn(v);
+    // A row per block at a time (its scale row looked up once), four bytes per thread-step where
+    // the rows are whole words: no 64-bit division per element, 4-byte loads, 8-byte stores.
+    for (int o = blockIdx.x; o < rows; o += gridDim.x) {
+        const uint8_t* wr = w + (size_t)o * in;
+        const float* s = scale + (size_t)srow[o] * scale_cols;
+        __nv_bfloat16* orow = out + (size_t)o * in;
+        if ((in & 3) == 0) {
+            for (int k = 4 * threadIdx.x; k < in; k += 4 * blockDim.x) {
+                const uint32_t v = *reinterpret_cast<const uint32_t*>(wr + k);
+                const __nv_bfloat162 lo = __floats2bfloat162_rn(e4m3_to_f32(v & 0xff) * s[k / kb],
+                                                                e4m3_to_f32((v >> 8) & 0xff) * s[(k + 1) / kb]);
+                const __nv_bfloat162 hi = __floats2bfloat162_rn(e4m3_to_f32((v >> 16) & 0xff) * s[(k + 2) / kb],
+                                                                e4m3_to_f32(v >> 24) * s[(k + 3) / kb]);
+                uint2 pair;
+                pair.x = *reinterpret_cast<const uint32_t*>(&lo);
+                pair.y = *reinterpret_cast<const uint32_t*>(&hi);
+                *reinterpret_cast<uint2*>(orow + k) = pair;
+            }
+        } else {
+            for (int k = threadIdx.x; k < in; k += blockDim.x) orow[k] = __float2bfloat16_rn(e4m3_to_f32(wr[k]) * s[k / kb]);
+        }
+    }
+}
+
+extern "C" __global__ void split_x_bf16x3(const float* x, uint32_t* planes, int pairs) {
+    pdl_trigger();
+    pdl_wait();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < pairs; i += gridDim.x * blockDim.x) {
+        uint32_t hi, mid, lo;
+        split3(x[2 * i], x[2 * i + 1], hi, mid, lo);
+        planes[i] = hi;
+        planes[pairs + i] = mid;
+        planes[2 * pairs + i] = lo;
     }
 }

@@ -26,6 +26,10 @@ struct Fp8Scales {
     const uint32_t* srow;
     int cols;
     int kb_log2;
+    // x split into its three bf16 parts by split_x_bf16x3 (fp8.cu), planes of `plane` u32 pairs:
+    // hi, then mid, then lo, each [m, in] as bf16 pairs, the launch's rows from `xs` on.
+    const uint32_t* xs;
+    int plane;
 };
 
 // Two E4M3 bytes of v, chosen by a byte-permute selector that puts them in the high bytes of

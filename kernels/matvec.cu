@@ -166,8 +166,10 @@ __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("pref
 // (the same bytes per chunk and per step as bf16), widened to two bf16 chunks for the same
 // MMAs; each chunk's products go to fresh accumulators, whose parts are summed and added to the
 // row's total times the chunk's block scale (rows g and g + 8 each their own: a tile may hold
-// rows of two matrices, gate and up). x is loaded per 8-wide half chunk inside the multiply
-// (16 values a chunk would not fit the registers of x prefetching), so FP8 takes no XP / HOLD.
+// rows of two matrices, gate and up). x comes already split into its three bf16 parts
+// (split_x_bf16x3, fp8.cu: per byte of weights FP8 does twice bf16's MMAs and widening, and the
+// split per tile was the largest share of its instructions), loaded per 8-wide half chunk inside
+// the multiply, so FP8 takes no XP / HOLD.
 template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false>
 __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__ x, float* y, int m, int in, int out,
                           int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
@@ -231,16 +233,17 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
 #pragma unroll
                     for (int i = 0; i < 4; i++) tmp[p][i] = 0.f;
                 const int k = kc + 16 * t;
-                float xh[8];
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
+                    // x's parts, split once by split_x_bf16x3 (plain loads: produced just before).
+                    uint4 hi = make_uint4(0, 0, 0, 0), md = hi, lo = hi;
                     if (has_x && k < kend) {
-                        load_x8(x, g, k + 8 * h, in, xh);
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < 8; i++) xh[i] = 0.f;
+                        const uint32_t* p = fs.xs + ((size_t)g * in + k + 8 * h) / 2;
+                        hi = *reinterpret_cast<const uint4*>(p);
+                        md = *reinterpret_cast<const uint4*>(p + fs.plane);
+                        lo = *reinterpret_cast<const uint4*>(p + 2 * (size_t)fs.plane);
                     }
-                    mma_chunk3(tmp, e4m3x8_to_bf16(va[u], h), e4m3x8_to_bf16(vb[u], h), xh);
+                    mma_parts3(tmp, e4m3x8_to_bf16(va[u], h), e4m3x8_to_bf16(vb[u], h), hi, md, lo);
                 }
                 // Plain loads: the scales are weights, but pdl_audit admits only weight streams
                 // through the non-coherent path after the wait (they hit L1 across chunks).
@@ -534,10 +537,11 @@ MATVEC_TC(matvec_tc_argmax_bf16, 2, false, false, true, 3)
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
              uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
              float* am_gathered, int am_dim, const float* scale, const uint32_t* srow, int scale_cols,          \
-             int kb_log2) {                                                                                       \
+             int kb_log2, const uint32_t* xs, int plane) {                                                        \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
         matvec_tc<U, SW, false, false, 0, true>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg,  \
-                                                ss_out, am, Fp8Scales{scale, srow, scale_cols, kb_log2});        \
+                                                ss_out, am,                                                      \
+                                                Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane});         \
     }
 MATVEC_TC_FP8(matvec_tc_fp8, 2, false, 3)
 MATVEC_TC_FP8(matvec_tc_u4_fp8, 4, false, 2)

@@ -23,8 +23,8 @@ run() {  # name, limit in seconds, command...
     summary+=("$(printf '%-18s rc=%-3s %4ss  %s %s' "$name" "$rc" $((SECONDS - start)) "$res" "$san")")
     [ "$rc" = 0 ] || fail=1
 }
-run gpu_kernels 120 .gpu-bundle/gpu_kernels --test-threads=1
-run gpu_model 240 .gpu-bundle/gpu_model --test-threads=1
+run gpu_kernels 240 .gpu-bundle/gpu_kernels --test-threads=1
+run gpu_model 300 .gpu-bundle/gpu_model --test-threads=1
 run gpu_upload 120 .gpu-bundle/gpu_upload --test-threads=1
 if command -v compute-sanitizer >/dev/null; then
     export DSPARK_GPU_SMALL=1

@@ -125,6 +125,7 @@ fn fp8_copy(gpu: &Gpu, (out, inp): (usize, usize), seed: u64) -> Result<WeightBu
         cols: inp,
         scale_cols: sc,
         block_k: 128,
+        xsplit: gpu.stream.alloc_zeros::<u32>(Fp8Buf::xsplit_len(inp))?,
     };
     buf.check(sr.saturating_sub(1) as u32)?;
     Ok(WeightBuf::Fp8(buf))

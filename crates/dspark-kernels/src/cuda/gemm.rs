@@ -241,7 +241,8 @@ impl Gpu {
             Arg::I32(w.scale_cols as i32),
             Arg::I32(w.block_k as i32),
         ];
-        self.launch_pdl("dequant_fp8_bf16", (grid_stride_blocks(n * k, self.sms), 1, 1), 256, &args)
+        // A row per block at a time (kernels/fp8.cu).
+        self.launch_pdl("dequant_fp8_bf16", (n.clamp(1, 16 * self.sms.max(1)) as u32, 1, 1), 256, &args)
     }
 
     /// `out[r] = round(rmsnorm(x[r]) · w)` into `half` bits, for `rows` rows of `dim` values.

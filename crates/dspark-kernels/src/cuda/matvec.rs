@@ -236,7 +236,7 @@ impl Gpu {
             self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate, None, Epilogue::default())?;
             return Ok(());
         }
-        if let WeightView::Fp8 { q, scale, srow, scale_cols, block_k } = &wv {
+        if let WeightView::Fp8 { q, scale, srow, scale_cols, block_k, .. } = &wv {
             // matvec_fp8(w, x, y, m, in, out, acc, scale, srow, scale_cols, kb), 16 rows a launch.
             let mut start = 0;
             while start < m {
@@ -302,16 +302,22 @@ impl Gpu {
             None => tc_launch_grid(name, tiles, d_in, self.sms),
         };
         let fp8 = name.ends_with("_fp8");
-        let (w, fp8_args) = match wv {
-            WeightView::U16(v) if !fp8 => (dptr(self, v), None),
-            WeightView::Fp8 { q, scale, srow, scale_cols, block_k } if fp8 => {
+        let (w, fp8_args, xsplit) = match wv {
+            WeightView::U16(v) if !fp8 => (dptr(self, v), None, None),
+            WeightView::Fp8 { q, scale, srow, scale_cols, block_k, xsplit } if fp8 => {
                 let args = [
                     dptr(self, scale),
                     dptr(self, srow),
                     Arg::I32(*scale_cols as i32),
                     Arg::I32(block_k.trailing_zeros() as i32),
                 ];
-                (dptr(self, q), Some(args))
+                if xsplit.len() < 3 * TC_ROWS * d_in / 2 {
+                    return Err(CudaError::Shape(format!(
+                        "{name}: x-split scratch of {} pairs for in {d_in}",
+                        xsplit.len()
+                    )));
+                }
+                (dptr(self, q), Some(args), Some(device_addr(self, xsplit)))
             }
             _ => return Err(CudaError::Shape(format!("{name}: the weights are not in this kernel's dtype"))),
         };
@@ -361,7 +367,7 @@ impl Gpu {
             };
             // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit, ss_in, parts, eps, gamma, xg,
             // ss_out, am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim)
-            let mut args = [Arg::I32(0); 25];
+            let mut args = [Arg::I32(0); 27];
             let base = [
                 w,
                 dptr(self, &xs),
@@ -386,13 +392,25 @@ impl Gpu {
                 Arg::I32(adim as i32),
             ];
             args[..base.len()].copy_from_slice(&base);
-            // FP8: + scale, srow, scale_cols, kb_log2 (a fixed array: no allocation per launch).
-            let n = match fp8_args {
-                Some(f) => {
-                    args[base.len()..].copy_from_slice(&f);
+            // FP8: + scale, srow, scale_cols, kb_log2, xs, plane (a fixed array: no allocation per
+            // launch), after split_x_bf16x3 has written the launch's rows of x in three parts.
+            let n = match (fp8_args, xsplit) {
+                (Some(f), Some(xsp)) => {
+                    let pairs = rows * d_in / 2;
+                    // split_x_bf16x3(x, planes, pairs)
+                    let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(pairs as i32)];
+                    self.launch_pdl(
+                        "split_x_bf16x3",
+                        (pairs.div_ceil(256).min(8 * self.sms) as u32, 1, 1),
+                        256,
+                        &split,
+                    )?;
+                    args[base.len()..base.len() + 4].copy_from_slice(&f);
+                    args[base.len() + 4] = Arg::Ptr(xsp);
+                    args[base.len() + 5] = Arg::I32(pairs as i32);
                     args.len()
                 }
-                None => base.len(),
+                _ => base.len(),
             };
             self.launch_pdl(name, (grid as u32, 1, 1), 32 * TC_WARPS as u32, &args[..n])?;
             start += rows;

@@ -37,9 +37,18 @@ pub struct Fp8Buf {
     pub scale_cols: usize,
     /// Columns per scale block.
     pub block_k: usize,
+    /// Scratch for x split into its three bf16 parts before each tensor-core launch
+    /// (kernels/fp8.cu `split_x_bf16x3`): [`Fp8Buf::xsplit_len`] u32 pairs.
+    pub xsplit: CudaSlice<u32>,
 }
 
 impl Fp8Buf {
+    /// u32 pairs of the x-split scratch for `cols` columns: three parts of the 8 rows a
+    /// tensor-core launch takes (24·cols bytes: 96 KB at 4,096 columns).
+    pub fn xsplit_len(cols: usize) -> usize {
+        3 * 8 * cols / 2
+    }
+
     /// Checks the parts against each other (lengths, a nonzero block, `srow` in the table).
     pub fn check(&self, srow_max: u32) -> Result<(), CudaError> {
         let rows = self.srow.len();
@@ -52,6 +61,9 @@ impl Fp8Buf {
         }
         if self.q.len() != rows * self.cols {
             return bad(format!("{} bytes for {rows} × {}", self.q.len(), self.cols));
+        }
+        if self.xsplit.len() < Self::xsplit_len(self.cols) {
+            return bad(format!("x-split scratch of {} pairs for {} columns", self.xsplit.len(), self.cols));
         }
         if (srow_max as usize + 1) * self.scale_cols > self.scale.len() {
             return bad(format!("scale row {srow_max} past a table of {} values", self.scale.len()));
@@ -78,7 +90,7 @@ impl WeightBuf {
         match self {
             WeightBuf::Bf16(s) | WeightBuf::F16(s) => 2 * s.len(),
             WeightBuf::F32(s) => 4 * s.len(),
-            WeightBuf::Fp8(f) => f.q.len() + 4 * (f.scale.len() + f.srow.len()),
+            WeightBuf::Fp8(f) => f.q.len() + 4 * (f.scale.len() + f.srow.len() + f.xsplit.len()),
         }
     }
 
@@ -104,6 +116,7 @@ impl WeightBuf {
                     srow: f.srow.slice(range.start / c..range.end.div_ceil(c)),
                     scale_cols: f.scale_cols,
                     block_k: f.block_k,
+                    xsplit: f.xsplit.slice(..),
                 }
             }
         }
@@ -113,7 +126,14 @@ impl WeightBuf {
 pub(crate) enum WeightView<'a> {
     U16(CudaView<'a, u16>),
     F32(CudaView<'a, f32>),
-    Fp8 { q: CudaView<'a, u8>, scale: CudaView<'a, f32>, srow: CudaView<'a, u32>, scale_cols: usize, block_k: usize },
+    Fp8 {
+        q: CudaView<'a, u8>,
+        scale: CudaView<'a, f32>,
+        srow: CudaView<'a, u32>,
+        scale_cols: usize,
+        block_k: usize,
+        xsplit: CudaView<'a, u32>,
+    },
 }
 
 /// Scratch of the split-KV attention and split argmax, planned once per model.

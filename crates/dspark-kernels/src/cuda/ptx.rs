@@ -66,7 +66,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "fp8",
         sm90: include_str!("../../ptx/fp8.sm90.ptx"),
         sm80: include_str!("../../ptx/fp8.sm80.ptx"),
-        functions: &["matvec_fp8", "dequant_fp8_bf16"],
+        functions: &["matvec_fp8", "dequant_fp8_bf16", "split_x_bf16x3"],
     },
     PtxModule {
         name: "markov",

@@ -151,6 +151,7 @@ pub fn device_buf(
         cols,
         scale_cols: cols.div_ceil(block_k.max(1)),
         block_k,
+        xsplit: arena.zeros::<u32>(Fp8Buf::xsplit_len(cols)).map_err(drv)?,
     };
     buf.check(srow.iter().copied().max().unwrap_or(0)).map_err(|e| Error::Request(e.to_string()))?;
     Ok(WeightBuf::Fp8(buf))
