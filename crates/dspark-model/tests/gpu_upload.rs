@@ -83,7 +83,8 @@ fn fp8_projections_upload_bit_for_bit() {
             let (qn, kn, vn, on) =
                 (m("self_attn.q_proj"), m("self_attn.k_proj"), m("self_attn.v_proj"), m("self_attn.o_proj"));
             let (gn, un, dn) = (m("mlp.gate_proj"), m("mlp.up_proj"), m("mlp.down_proj"));
-            let projections: [(Vec<(&str, [usize; 2])>, RowOrder); 4] = [
+            type Projection<'a> = (Vec<(&'a str, [usize; 2])>, RowOrder);
+            let projections: [Projection; 4] = [
                 (vec![(&qn, [q, h]), (&kn, [kv, h]), (&vn, [kv, h])], RowOrder::Stacked),
                 (vec![(&on, [h, q])], RowOrder::Stacked),
                 (vec![(&gn, [i, h]), (&un, [i, h])], RowOrder::Interleaved),
