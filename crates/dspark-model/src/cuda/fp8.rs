@@ -90,18 +90,7 @@ pub fn load_linears(
     let parts = modules.iter().map(|(m, [n, k])| quant.check_linear(ck, m, (*n, *k))).collect::<Result<Vec<_>>>()?;
     let weight = |m: &str| format!("{m}.weight");
     if parts.iter().all(Option::is_none) {
-        return match (order, modules) {
-            (RowOrder::Stacked, [(m, s)]) => plain.matrix(arena, &weight(m), s),
-            (RowOrder::Stacked, _) => {
-                let names: Vec<String> = modules.iter().map(|(m, _)| weight(m)).collect();
-                let list: Vec<(&str, &[usize])> =
-                    names.iter().zip(modules).map(|(n, (_, s))| (n.as_str(), s.as_slice())).collect();
-                plain.stacked(arena, &list)
-            }
-            (RowOrder::Interleaved, _) => {
-                plain.interleaved(arena, &weight(modules[0].0), &weight(modules[1].0), &modules[0].1)
-            }
-        };
+        return plain_linears(plain, arena, modules, order);
     }
     if parts.iter().any(Option::is_none) {
         // Mixed: every part as f32 (FP8 ones dequantized exactly as the CPU reference does).
@@ -133,6 +122,31 @@ pub fn load_linears(
     let rows: Vec<usize> = modules.iter().map(|(_, s)| s[0]).collect();
     let scales: Vec<f32> = parts.iter().flat_map(|(_, s)| s.iter().copied()).collect();
     device_buf(arena, q, &scales, &scale_rows(&rows, quant.block[0], order), k, quant.block[1])
+}
+
+/// One projection of plain (unquantized) linears from `src` in `order`: a matrix, q|k|v-style
+/// stacked parts or gate|up-style interleaved pairs (`WeightSource::matrix` / `stacked` /
+/// `interleaved` of `<module>.weight`).
+pub fn plain_linears(
+    src: &dyn WeightSource,
+    arena: &Arena,
+    modules: &[(&str, [usize; 2])],
+    order: RowOrder,
+) -> Result<WeightBuf> {
+    let weight = |m: &str| format!("{m}.weight");
+    match (order, modules) {
+        (RowOrder::Stacked, [(m, s)]) => src.matrix(arena, &weight(m), s),
+        (RowOrder::Stacked, _) => {
+            let names: Vec<String> = modules.iter().map(|(m, _)| weight(m)).collect();
+            let list: Vec<(&str, &[usize])> =
+                names.iter().zip(modules).map(|(n, (_, s))| (n.as_str(), s.as_slice())).collect();
+            src.stacked(arena, &list)
+        }
+        (RowOrder::Interleaved, [a, b]) => src.interleaved(arena, &weight(a.0), &weight(b.0), &a.1),
+        (RowOrder::Interleaved, _) => {
+            Err(Error::Request(format!("{:?}: interleaving needs two parts", modules.first().map(|m| m.0))))
+        }
+    }
 }
 
 /// An [`Fp8Buf`] from its bytes (on the device) and its host scale table and row map, checked.

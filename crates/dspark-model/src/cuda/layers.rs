@@ -17,7 +17,7 @@
 //! Weights stay in the checkpoint dtype; every buffer comes from the arena at load.
 
 use crate::checkpoint::config::Qwen3Config;
-use crate::cuda::fp8::RowOrder;
+use crate::cuda::fp8::{plain_linears, RowOrder};
 use crate::cuda::weights::WeightSource;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaViewMut};
@@ -72,24 +72,12 @@ impl GpuLayer {
         let n = |s: &str| format!("{prefix}{s}");
         let (qn, kn, vn) = (n("self_attn.q_proj"), n("self_attn.k_proj"), n("self_attn.v_proj"));
         let (on, gn, un, dn) = (n("self_attn.o_proj"), n("mlp.gate_proj"), n("mlp.up_proj"), n("mlp.down_proj"));
-        let w = |m: &str| format!("{m}.weight");
         // An FP8 target's projections keep their bytes and block scales (cuda::fp8); a plain
         // one's load in the checkpoint dtype.
         let linears = |modules: &[(&str, [usize; 2])], order: RowOrder| -> Result<WeightBuf> {
             match &cfg.quantization {
                 Some(quant) => ck.fp8_linears(arena, quant, modules, order),
-                None => match (order, modules) {
-                    (RowOrder::Stacked, [(m, s)]) => ck.matrix(arena, &w(m), s),
-                    (RowOrder::Stacked, _) => {
-                        let names: Vec<String> = modules.iter().map(|(m, _)| w(m)).collect();
-                        let list: Vec<(&str, &[usize])> =
-                            names.iter().zip(modules).map(|(n, (_, s))| (n.as_str(), s.as_slice())).collect();
-                        ck.stacked(arena, &list)
-                    }
-                    (RowOrder::Interleaved, _) => {
-                        ck.interleaved(arena, &w(modules[0].0), &w(modules[1].0), &modules[0].1)
-                    }
-                },
+                None => plain_linears(ck, arena, modules, order),
             }
         };
         Ok(GpuLayer {
