@@ -236,31 +236,8 @@ impl Gpu {
             self.matvec_tc(name, &wv, x, y, (m, d_in, d_out), d_out, accumulate, None, Epilogue::default())?;
             return Ok(());
         }
-        if let WeightView::Fp8 { q, scale, srow, scale_cols, block_k, .. } = &wv {
-            // matvec_fp8(w, x, y, m, in, out, acc, scale, srow, scale_cols, kb), 16 rows a launch.
-            let mut start = 0;
-            while start < m {
-                let rows = (m - start).min(16);
-                let xs = x.slice(start * d_in..(start + rows) * d_in);
-                let mut ys = y.slice_mut(start * d_out..(start + rows) * d_out);
-                let args = [
-                    dptr(self, q),
-                    dptr(self, &xs),
-                    dptr_mut(self, &mut ys),
-                    Arg::I32(rows as i32),
-                    Arg::I32(d_in as i32),
-                    Arg::I32(d_out as i32),
-                    Arg::I32(accumulate as i32),
-                    dptr(self, scale),
-                    dptr(self, srow),
-                    Arg::I32(*scale_cols as i32),
-                    Arg::I32(*block_k as i32),
-                ];
-                self.launch_pdl("matvec_fp8", (d_out.div_ceil(8) as u32, 1, 1), 256, &args)?;
-                start += rows;
-            }
-            return Ok(());
-        }
+        // The general kernels, 16 rows a launch: matvec_fp8 for FP8 (its scales as four more
+        // arguments), matvec_{bf16,f16,f32} otherwise.
         let name = format!("matvec_{}", w.suffix());
         let mut start = 0;
         while start < m {
@@ -268,9 +245,27 @@ impl Gpu {
             let xs = x.slice(start * d_in..(start + rows) * d_in);
             let mut ys = y.slice_mut(start * d_out..(start + rows) * d_out);
             let (mm, di, dout, acc) = (rows as i32, d_in as i32, d_out as i32, accumulate as i32);
-            launch_v!(self, name, wv, cfg(d_out.div_ceil(8), 256), |b| {
-                b.arg(&xs).arg(&mut ys).arg(&mm).arg(&di).arg(&dout).arg(&acc);
-            });
+            if let WeightView::Fp8 { q, scale, srow, scale_cols, block_k, .. } = &wv {
+                // matvec_fp8(w, x, y, m, in, out, acc, scale, srow, scale_cols, kb)
+                let args = [
+                    dptr(self, q),
+                    dptr(self, &xs),
+                    dptr_mut(self, &mut ys),
+                    Arg::I32(mm),
+                    Arg::I32(di),
+                    Arg::I32(dout),
+                    Arg::I32(acc),
+                    dptr(self, scale),
+                    dptr(self, srow),
+                    Arg::I32(*scale_cols as i32),
+                    Arg::I32(*block_k as i32),
+                ];
+                self.launch_pdl("matvec_fp8", (d_out.div_ceil(8) as u32, 1, 1), 256, &args)?;
+            } else {
+                launch_v!(self, name, wv, cfg(d_out.div_ceil(8), 256), |b| {
+                    b.arg(&xs).arg(&mut ys).arg(&mm).arg(&di).arg(&dout).arg(&acc);
+                });
+            }
             start += rows;
         }
         Ok(())
