@@ -7,12 +7,13 @@
 # Usage: bash scripts/ttft.sh [PROMPT=4000]; logs under $OUT (or ./ttft-logs). EXACT=1 also runs
 # --prefill exact; PEER=0 skips transformers; COLD=1 then drops the shards from the page cache
 # (posix_fadvise DONTNEED after sync) and loads again, and times a plain read of the cold files.
+# FP8=1 writes and times Qwen's block-scaled FP8 layout instead (set PEER=0: the peer is bf16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-$PWD/ttft-logs}"
 mkdir -p "$out"
 prompt=${1:-4000}
-dir=${CKPT:-/tmp/qwen3-8b-random}
+dir=${CKPT:-/tmp/qwen3-8b-random$([ "${FP8:-0}" = 1 ] && echo -fp8)}
 [ -f "$dir/model.safetensors.index.json" ] || python3 scripts/random_qwen3.py "$dir"
 ids=$(python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(151643)) for _ in range($prompt)))")
 # Warm the page cache, as a second run of the same model would find it.
