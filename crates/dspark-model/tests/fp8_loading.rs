@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{fixture, rel_l2, Golden};
+use common::{fixture, Golden};
 use dspark_model::checkpoint::fp8::{e4m3_to_f32, quantize_with, F8_E4M3};
 use dspark_model::checkpoint::safetensors::Checkpoint;
 use dspark_model::cpu::qwen3::CpuQwen3;
@@ -218,42 +218,17 @@ fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-/// Prompt logits and layer outputs within 1e-4 of transformers in f32 on the dequantized
-/// weights (the tolerance `qwen3_parity` uses for f32 references), loosely near transformers in
-/// bf16, and the 64-token greedy continuation token for token.
+/// The 64-token greedy continuation of transformers in f32 on the dequantized weights, token for
+/// token (its prompt logits and layer outputs are checked with every target fixture in
+/// `qwen3_parity`).
 #[test]
-fn the_fp8_fixture_matches_transformers_on_its_dequantized_weights() {
+fn the_fp8_fixture_decodes_transformers_continuation() {
     let golden = Golden::load(FP8_FIXTURE);
     let prompt = golden.ids("prompt_ids");
     let mut m = CpuQwen3::load(&fixture(FP8_FIXTURE)).unwrap();
     let q = m.config().quantization.clone().expect("quantization_config read");
     assert_eq!(q.block, [128, 128]);
-    let layers: Vec<usize> = (0..m.config().num_hidden_layers).collect();
-    m.set_capture(&layers).unwrap();
-    let out = m.forward(&prompt, LogitRows::All).unwrap();
-    assert_eq!(out.rows, prompt.len());
-
-    let (want, _) = golden.f32("logits_f32");
-    let e = rel_err(&out.logits, &want);
-    assert!(e <= 1e-4, "logits vs transformers f32: rel err {e}");
-    let (native, _) = golden.f32("logits");
-    let (e_max, e_l2) = (rel_err(&out.logits, &native), rel_l2(&out.logits, &native));
-    // That reference rounds the dequantized weights (up to 12 significant bits) to bf16's 8 as
-    // well as every activation, so it sits further off than the bf16 fixture's (measured 2.05e-2).
-    eprintln!("{FP8_FIXTURE}: vs transformers in bf16: max-rel {e_max:.2e}, l2-rel {e_l2:.2e}");
-    assert!(e_l2 <= 5e-2, "logits vs transformers bf16: l2-rel err {e_l2}");
-
-    let (want, shape) = golden.f32("layer_outputs");
-    let (l_n, n, h) = (shape[0], shape[1], shape[2]);
-    for l in 0..l_n {
-        let got: Vec<f32> = (0..n).flat_map(|r| out.captured[(r * l_n + l) * h..][..h].to_vec()).collect();
-        let e = rel_err(&got, &want[l * n * h..][..n * h]);
-        assert!(e <= 1e-4, "layer {l} output rel err {e}");
-    }
-
     // Greedy decoding through the KV cache, one token per forward.
-    m.set_capture(&[]).unwrap();
-    m.truncate(0).unwrap();
     let want = golden.ids("continuation");
     let mut next = argmax(&m.forward(&prompt, LogitRows::Last).unwrap().logits);
     let mut got = vec![next];

@@ -34,6 +34,11 @@ fn prompt_logits_and_layer_outputs_match_transformers() {
         eprintln!("{name}: vs transformers in the on-disk dtype: max-rel {e_max:.2e}, l2-rel {e_l2:.2e}");
         if name.contains("f32") || name.contains("sharded") {
             assert!(e_max <= 1e-4, "{name}: logits vs transformers f32: rel err {e_max}");
+        } else if name.contains("fp8") {
+            // FP8 (f32 reference: transformers on the dequantized weights): its bf16 reference
+            // also rounds the dequantized weights (up to 12 significant bits) to bf16's 8, so it
+            // sits further off than the bf16 fixture's (measured 2.05e-2).
+            assert!(e_l2 <= 5e-2, "{name}: logits vs transformers bf16: l2-rel err {e_l2}");
         } else {
             assert!(e_l2 <= 2e-2, "{name}: logits vs transformers bf16/f16: l2-rel err {e_l2}");
         }

@@ -7,7 +7,8 @@
 use dspark_model::checkpoint::safetensors::Checkpoint;
 use std::path::PathBuf;
 
-pub const TARGET_FIXTURES: [&str; 4] = ["qwen3-tiny-f32", "qwen3-tiny-sharded", "qwen3-tiny-bf16", "qwen3-tiny-tied"];
+pub const TARGET_FIXTURES: [&str; 5] =
+    ["qwen3-tiny-f32", "qwen3-tiny-sharded", "qwen3-tiny-bf16", "qwen3-tiny-tied", "qwen3-tiny-fp8"];
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
