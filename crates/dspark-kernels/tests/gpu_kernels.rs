@@ -77,16 +77,16 @@ fn fp8_weight(g: &Gpu, v: &[f32], cols: usize, [bn, bk]: [usize; 2]) -> (WeightB
     let scale: Vec<f32> = (0..sr * sc).map(|_| 0.5 + 0.5 * rng.f32().abs().fract()).collect();
     let srow: Vec<u32> = (0..rows).map(|o| (((o / bn) * 5 + 3) % sr) as u32).collect();
     let want = cpu::fp8::dequantize_rows(&q, &scale, &srow, cols, bk);
-    let buf = Fp8Buf {
-        q: g.stream.clone_htod(&q).unwrap(),
-        scale: up(g, &scale),
-        srow: g.stream.clone_htod(&srow).unwrap(),
+    let srow_max = srow.iter().copied().max().unwrap_or(0);
+    let buf = Fp8Buf::new(
+        g.stream.clone_htod(&q).unwrap(),
+        up(g, &scale),
+        (g.stream.clone_htod(&srow).unwrap(), srow_max),
         cols,
-        scale_cols: sc,
-        block_k: bk,
-        xsplit: g.stream.alloc_zeros::<u32>(Fp8Buf::xsplit_len(cols)).unwrap(),
-    };
-    buf.check(srow.iter().copied().max().unwrap_or(0)).unwrap();
+        bk,
+        g.stream.alloc_zeros::<u32>(Fp8Buf::xsplit_len(cols)).unwrap(),
+    )
+    .unwrap();
     (WeightBuf::Fp8(buf), want)
 }
 

@@ -277,6 +277,22 @@ fn two_layer_draft(block_size: usize, markov_kind: MarkovKind, confidence: bool)
     }
 }
 
+/// CUDA logits against the CPU's at 1e-4 for a prompt, then (after rolling both back to half
+/// the prompt) a verify-shaped step of `rows` and a decode step of its first token.
+fn steps_match_the_cpu(cpu: &mut CpuQwen3, cuda: &mut CudaQwen3, prompt: &[u32], rows: &[u32], name: &str) {
+    let a = cpu.forward(prompt, LogitRows::All).unwrap();
+    let b = cuda.forward(prompt, LogitRows::All).unwrap();
+    assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: prompt logits {}", rel_err(&b.logits, &a.logits));
+    let keep = prompt.len() / 2;
+    cpu.truncate(keep).unwrap();
+    cuda.truncate(keep).unwrap();
+    for (what, step) in [("verify-shaped step", rows), ("one-row step", &rows[..1])] {
+        let a = cpu.forward(step, LogitRows::All).unwrap();
+        let b = cuda.forward(step, LogitRows::All).unwrap();
+        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: {what} of {}", step.len());
+    }
+}
+
 /// A random bf16 target of `cfg` and a draft of `spec` for it, written as HF folders.
 fn write_pair(
     cfg: &dspark_model::checkpoint::config::Qwen3Config,

@@ -118,16 +118,14 @@ fn fp8_copy(gpu: &Gpu, (out, inp): (usize, usize), seed: u64) -> Result<WeightBu
     let (sr, sc) = (out.div_ceil(128), inp.div_ceil(128));
     let scale: Vec<f32> = (0..sr * sc).map(|i| 0.005 * (1.0 + ((i * 2654435761) % 1000) as f32 / 1000.0)).collect();
     let srow: Vec<u32> = (0..out).map(|o| (o / 128) as u32).collect();
-    let buf = Fp8Buf {
+    let buf = Fp8Buf::new(
         q,
-        scale: gpu.stream.clone_htod(&scale)?,
-        srow: gpu.stream.clone_htod(&srow)?,
-        cols: inp,
-        scale_cols: sc,
-        block_k: 128,
-        xsplit: gpu.stream.alloc_zeros::<u32>(Fp8Buf::xsplit_len(inp))?,
-    };
-    buf.check(sr.saturating_sub(1) as u32)?;
+        gpu.stream.clone_htod(&scale)?,
+        (gpu.stream.clone_htod(&srow)?, sr.saturating_sub(1) as u32),
+        inp,
+        128,
+        gpu.stream.alloc_zeros::<u32>(Fp8Buf::xsplit_len(inp))?,
+    )?;
     Ok(WeightBuf::Fp8(buf))
 }
 

@@ -49,8 +49,25 @@ impl Fp8Buf {
         3 * 8 * cols / 2
     }
 
+    /// The weight from its parts on the device: E4M3 bytes `q` `[srow.len(), cols]`, the scale
+    /// table `scale` in blocks of `block_k` columns, each row's scale row `srow` (the largest
+    /// `srow_max`), and the x-split scratch (at least [`Fp8Buf::xsplit_len`]). The parts are
+    /// checked against each other.
+    pub fn new(
+        q: CudaSlice<u8>,
+        scale: CudaSlice<f32>,
+        (srow, srow_max): (CudaSlice<u32>, u32),
+        cols: usize,
+        block_k: usize,
+        xsplit: CudaSlice<u32>,
+    ) -> Result<Fp8Buf, CudaError> {
+        let buf = Fp8Buf { q, scale, srow, cols, scale_cols: cols.div_ceil(block_k.max(1)), block_k, xsplit };
+        buf.check(srow_max)?;
+        Ok(buf)
+    }
+
     /// Checks the parts against each other (lengths, a nonzero block, `srow` in the table).
-    pub fn check(&self, srow_max: u32) -> Result<(), CudaError> {
+    fn check(&self, srow_max: u32) -> Result<(), CudaError> {
         let rows = self.srow.len();
         let bad = |m: String| Err(CudaError::Shape(format!("fp8 weight: {m}")));
         if self.block_k == 0 || self.scale_cols != self.cols.div_ceil(self.block_k) {
@@ -90,7 +107,8 @@ impl WeightBuf {
         match self {
             WeightBuf::Bf16(s) | WeightBuf::F16(s) => 2 * s.len(),
             WeightBuf::F32(s) => 4 * s.len(),
-            WeightBuf::Fp8(f) => f.q.len() + 4 * (f.scale.len() + f.srow.len() + f.xsplit.len()),
+            // The bytes and what is read with them; the x-split scratch is not weights.
+            WeightBuf::Fp8(f) => f.q.len() + 4 * (f.scale.len() + f.srow.len()),
         }
     }
 

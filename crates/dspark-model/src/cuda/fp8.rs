@@ -158,16 +158,16 @@ pub fn device_buf(
     cols: usize,
     block_k: usize,
 ) -> Result<WeightBuf> {
-    let buf = Fp8Buf {
+    let srow_max = srow.iter().copied().max().unwrap_or(0);
+    let buf = Fp8Buf::new(
         q,
-        scale: arena.upload(scales).map_err(drv)?,
-        srow: arena.upload(srow).map_err(drv)?,
+        arena.upload(scales).map_err(drv)?,
+        (arena.upload(srow).map_err(drv)?, srow_max),
         cols,
-        scale_cols: cols.div_ceil(block_k.max(1)),
         block_k,
-        xsplit: arena.zeros::<u32>(Fp8Buf::xsplit_len(cols)).map_err(drv)?,
-    };
-    buf.check(srow.iter().copied().max().unwrap_or(0)).map_err(|e| Error::Request(e.to_string()))?;
+        arena.zeros::<u32>(Fp8Buf::xsplit_len(cols)).map_err(drv)?,
+    )
+    .map_err(|e| Error::Request(e.to_string()))?;
     Ok(WeightBuf::Fp8(buf))
 }
 

@@ -49,19 +49,8 @@ fn fp8_targets_match_the_cpu_and_stay_lossless() {
 
         let mut cpu = CpuQwen3::load(&tdir).unwrap();
         let mut cuda = CudaQwen3::load(gpu(), &tdir, 256).unwrap();
-        let a = cpu.forward(&prompt, LogitRows::All).unwrap();
-        let b = cuda.forward(&prompt, LogitRows::All).unwrap();
-        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: prompt logits {}", rel_err(&b.logits, &a.logits));
-        let keep = prompt.len() / 2;
-        cpu.truncate(keep).unwrap();
-        cuda.truncate(keep).unwrap();
         let rows: Vec<u32> = (0..8).map(|_| rng.below(300) as u32).collect();
-        let a = cpu.forward(&rows, LogitRows::All).unwrap();
-        let b = cuda.forward(&rows, LogitRows::All).unwrap();
-        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: eight-row step");
-        let a = cpu.forward(&rows[..1], LogitRows::All).unwrap();
-        let b = cuda.forward(&rows[..1], LogitRows::All).unwrap();
-        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: one-row step");
+        steps_match_the_cpu(&mut cpu, &mut cuda, &prompt, &rows, &name);
 
         // A long prompt through the GEMM prefill (chunks of 64 rows, so several).
         let long: Vec<u32> = (0..200).map(|_| rng.below(300) as u32).collect();

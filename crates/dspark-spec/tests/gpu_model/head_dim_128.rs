@@ -22,20 +22,9 @@ fn qwen3_8b_attention_shape_matches_the_cpu_and_stays_lossless() {
 
         let mut cpu = CpuQwen3::load(&tdir).unwrap();
         let mut cuda = CudaQwen3::load(gpu(), &tdir, 160).unwrap();
-        let a = cpu.forward(&prompt, LogitRows::All).unwrap();
-        let b = cuda.forward(&prompt, LogitRows::All).unwrap();
-        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: prompt logits");
-        // A verify-shaped step of eight rows after a rollback, then a decode step.
-        let keep = prompt.len() / 2;
-        cpu.truncate(keep).unwrap();
-        cuda.truncate(keep).unwrap();
+        // The prompt, then a verify-shaped step of eight rows after a rollback and a decode step.
         let rows: Vec<u32> = (0..8).map(|_| rng.below(96) as u32).collect();
-        let a = cpu.forward(&rows, LogitRows::All).unwrap();
-        let b = cuda.forward(&rows, LogitRows::All).unwrap();
-        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: eight-row step");
-        let a = cpu.forward(&rows[..1], LogitRows::All).unwrap();
-        let b = cuda.forward(&rows[..1], LogitRows::All).unwrap();
-        assert!(rel_err(&b.logits, &a.logits) <= 1e-4, "{name}: one-row step");
+        steps_match_the_cpu(&mut cpu, &mut cuda, &prompt, &rows, &name);
 
         let opts = GenerateOptions { max_tokens: 24 + rng.below(24), eos_token_ids: vec![], logprobs: None };
         let mut cpu = CpuQwen3::load(&tdir).unwrap();
