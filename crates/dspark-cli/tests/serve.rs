@@ -266,8 +266,9 @@ fn disconnect_frees_the_engine_and_full_queue_is_429() {
     let t0 = Instant::now();
     // --max-queue 0: a request is taken only while the engine waits for one.
     let s = Server::start(&["--max-queue", "0"]);
-    let mut r = s.post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 1500, "stream": true}));
-    assert_eq!(r.status(), 200);
+    // Even the first request can meet the engine between its load and its first wait.
+    let long = json!({"prompt": PROMPT, "max_tokens": 1500, "stream": true});
+    let mut r = post_when_idle(&s, &long, "the first request");
     let mut first = [0u8; 64];
     r.read_exact(&mut first).unwrap();
     // The engine is busy with the long stream: another request is refused.
@@ -278,15 +279,7 @@ fn disconnect_frees_the_engine_and_full_queue_is_429() {
     drop(r);
     // The engine notices at its next token and takes the next request.
     let start = Instant::now();
-    let v = loop {
-        let r = s.post("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 8}));
-        if r.status() == 200 {
-            break r.json_value();
-        }
-        assert_eq!(r.status(), 429);
-        assert!(start.elapsed() < Duration::from_secs(20), "engine still busy after the client left");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let v = post_when_idle(&s, &json!({"prompt": PROMPT, "max_tokens": 8}), "after the client left").json_value();
     assert_eq!(v["usage"]["completion_tokens"], 8);
     let total = generated_tokens(&s);
     assert!(total < 1000, "the dropped stream ran on: {total} tokens generated");
@@ -295,6 +288,21 @@ fn disconnect_frees_the_engine_and_full_queue_is_429() {
         start.elapsed().as_secs_f64() * 1e3,
         t0.elapsed().as_secs_f64()
     );
+}
+
+/// A completion posted to a `--max-queue 0` server until the engine takes it: 429 while it is
+/// busy (or not yet waiting), for at most 20 s.
+fn post_when_idle(s: &Server, body: &Value, what: &str) -> reqwest::blocking::Response {
+    let start = Instant::now();
+    loop {
+        let r = s.post("/v1/completions", body);
+        if r.status() == 200 {
+            return r;
+        }
+        assert_eq!(r.status(), 429, "{what}");
+        assert!(start.elapsed() < Duration::from_secs(20), "{what}: engine still busy after 20 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn assert_error(r: reqwest::blocking::Response, status: u16, what: &str) -> Value {
