@@ -15,17 +15,18 @@
 // bits; bf16 keeps 8: a relative rounding of at most 2^-9, as the prefill's bf16 activations).
 // A row per block at a time, four bytes per thread-step.
 //
-//   split_x_bf16x3:    planes[p][i] = part p of the pair (x[2i], x[2i + 1]) as bf16x2 (mma_bf16.cuh
-//                      split3: hi, mid, lo; x = hi + mid + lo exactly)
+//   split_x_f16x2:     planes[p][m, i] = part p of (y[m, 2i], y[m, 2i + 1]) as f16x2, y[m] = x[m]·2^s_m
+//                      (fp8.cuh split2_f16: hi, lo), then 2^-s_m as f32 after the planes
 //
-// split_x_bf16x3 runs before each tensor-core FP8 matvec (matvec.cu `matvec_tc_*_fp8`): those
-// kernels are bound by instruction issue, not bandwidth (ncu: 34% of issue slots busy but ~210
-// instructions per KB of weights against ~62 for bf16), and splitting x in every tile was 88 of
-// them; split once here, each tile loads the three parts instead. The MMAs see the same bf16
-// values in the same order, so the sums are those of splitting in the tile, bit for bit.
+// split_x_f16x2 runs before each tensor-core FP8 matvec (matvec.cu `matvec_tc_*_fp8`), which
+// load the parts instead of splitting x in every tile: those kernels are bound by instruction
+// issue (ncu: splitting x in each tile was 88 of ~210 instructions per KB of weights). s_m puts
+// row m's largest |x| in [2^14, 2^15) (fp8.cuh says why); each block of the grid (blocks of a
+// pair a thread along the row, a row per grid row) finds the row's largest |x| itself — the row
+// is read from L2 in a few 16-byte loads a thread, all in flight at once — so the split needs no
+// second launch and no grid barrier.
 #include "common.cuh"
 #include "fp8.cuh"
-#include "mma_bf16.cuh"
 
 #define MAXM 16
 
@@ -87,14 +88,37 @@ extern "C" __global__ void dequant_fp8_bf16(const uint8_t* w, const float* scale
     }
 }
 
-extern "C" __global__ void split_x_bf16x3(const float* x, uint32_t* planes, int pairs) {
+extern "C" __global__ void split_x_f16x2(const float* x, uint32_t* planes, int in, int plane) {
+    __shared__ float wmax[32];
     pdl_trigger();
     pdl_wait();
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < pairs; i += gridDim.x * blockDim.x) {
-        uint32_t hi, mid, lo;
-        split3(x[2 * i], x[2 * i + 1], hi, mid, lo);
-        planes[i] = hi;
-        planes[pairs + i] = mid;
-        planes[2 * pairs + i] = lo;
+    const int m = blockIdx.y;
+    const float* xr = x + (size_t)m * in;
+    float mx = 0.f;
+#pragma unroll 4
+    for (int k = 4 * threadIdx.x; k < in; k += 4 * blockDim.x) {
+        const float4 v = *reinterpret_cast<const float4*>(xr + k);
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
+    mx = warp_max(mx);
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, wmax[w]);
+    // 2^e ≤ mx < 2^(e+1) from the exponent bits (an infinite mx gives e = 128: the parts then hold
+    // inf and NaN, and so will the sums, as they should); s = 14 − e, kept where 2^±s is normal.
+    const int e = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
+    const int s = max(-126, min(126, 14 - e));
+    const float up = __uint_as_float((uint32_t)(127 + s) << 23);
+    const int pairs = in / 2;
+    uint32_t* row = planes + (size_t)m * pairs;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < pairs; i += gridDim.x * blockDim.x) {
+        const float2 v = *reinterpret_cast<const float2*>(xr + 2 * i);
+        uint32_t hi, lo;
+        split2_f16(v.x * up, v.y * up, hi, lo);
+        row[i] = hi;
+        row[plane + i] = lo;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        reinterpret_cast<float*>(planes + 2 * (size_t)plane)[m] = __uint_as_float((uint32_t)(127 - s) << 23);
 }

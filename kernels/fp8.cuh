@@ -2,16 +2,27 @@
 //
 // Qwen's FP8 checkpoints store each linear as E4M3 bytes W_q [out, in] with one scale per
 // [bn, bk] block: W[o, k] = e4m3(W_q[o, k]) · scale[o / bn, k / bk] (crates/dspark-model/src/
-// checkpoint/fp8.rs). Every E4M3 value is exactly a bf16 (4 significant bits, exponents 2^-9 ..
-// 2^8), so the matvec widens the bytes to bf16 and multiplies them on the same bf16 tensor-core
-// MMAs as bf16 weights, and applies the scale to the f32 partial sums of each 64-wide k chunk
-// (a chunk lies in one scale block: bk is a power of two ≥ 64).
+// checkpoint/fp8.rs). Every E4M3 value is exactly an f16 (4 significant bits, exponents 2^-9 ..
+// 2^8, inside f16's normal range), so the matvec widens the bytes to f16 and multiplies them on
+// f16 tensor-core MMAs with f32 accumulation, and applies the scale to the f32 partial sums of
+// each 64-wide k chunk (a chunk lies in one scale block: bk is a power of two ≥ 64).
 //
-// The widening is bit placement plus one exact multiply: an E4M3 byte S.EEEE.MMM moved to bf16
-// bits S.0000EEEE.MMM0000 reads as the same value times 2^-120 (the exponent bias is 127 in
-// place of 7), subnormals included (E = 0 lands on bf16 subnormals of the same mantissa), and a
-// bf16x2 multiply by 2^120 — a power of two, so exact — restores it. The NaN code S.1111.111
-// widens to ±480 instead of NaN (no checkpoint holds it; the CPU reference decodes it as NaN).
+// The widening is one instruction per pair on sm_89+ (`cvt.rn.f16x2.e4m3x2`, exact; the NaN
+// code S.1111.111 gives NaN, as the CPU reference decodes it). sm_80 has no such instruction:
+// there it is bit placement plus one exact multiply — the byte S.EEEE.MMM moved to f16 bits
+// S.0EEEE.MMM0000000 reads as the same value times 2^-8 (bias 15 in place of 7; E = 0 lands on
+// f16 subnormals of the same mantissa), and an f16x2 multiply by 2^8 restores it (the NaN code
+// becomes ±480 there). f16 and not bf16: bf16 would need that multiply on every GPU, and the
+// widening is most of an FP8 matvec's instructions.
+//
+// x is f32; f16 parts of it cannot cover f32's exponent range, so split_x_f16x2 (fp8.cu) first
+// scales each activation row by a power of two 2^s that puts its largest |x| in [2^14, 2^15),
+// then splits y = x·2^s into two f16 parts hi + lo: hi = f16(y) keeps 11 bits, lo = f16(y − hi)
+// the next 11 of the (at most 13-bit) remainder, so hi + lo is within 2^-23·|y| of y — under
+// one f32 ulp of each element (a third part would make it exact, at 1.5× the bytes of x the
+// matvec loads per weight, which is what bounds it at eight rows). The matvec multiplies 2^-s
+// back onto each row's sums (exact: a power of two). Elements smaller than ~2^-25 of the row's
+// largest lose more, to f16's subnormal range: an absolute error below 2^-39 · max|x|.
 //
 // Scales on the device are f32, stacked for every matrix of a fused projection (q|k|v,
 // gate|up) in one table [scale rows, cols]; `srow[o]` is the scale row of image row o, so one
@@ -26,29 +37,33 @@ struct Fp8Scales {
     const uint32_t* srow;
     int cols;
     int kb_log2;
-    // x split into its three bf16 parts by split_x_bf16x3 (fp8.cu), planes of `plane` u32 pairs:
-    // hi, then mid, then lo, each [m, in] as bf16 pairs, the launch's rows from `xs` on.
+    // x scaled and split into two f16 parts by split_x_f16x2 (fp8.cu), planes of `plane` u32
+    // pairs: hi, then lo, each [m, in] as f16 pairs, the launch's rows from `xs` on; after them,
+    // as f32, each row's 2^-s.
     const uint32_t* xs;
     int plane;
 };
 
-// Two E4M3 bytes of v, chosen by a byte-permute selector that puts them in the high bytes of
-// the two 16-bit lanes (0x1404: bytes 0, 1; 0x3424: bytes 2, 3), as a bf16x2 (first byte in the
-// low lane).
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v, uint32_t sel) {
-    const uint32_t p = __byte_perm(v, 0u, sel);
-    const uint32_t bits = ((p & 0x7f007f00u) >> 4) | (p & 0x80008000u);
-    __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&bits);
-    b = __hmul2(b, __floats2bfloat162_rn(0x1p120f, 0x1p120f));
-    return *reinterpret_cast<uint32_t*>(&b);
+// Two E4M3 bytes (the low 16 bits of v: first byte in the low lane) as an f16x2.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+#if __CUDA_ARCH__ >= 890
+    uint32_t r;
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(v));
+    return r;
+#else
+    const uint32_t p = __byte_perm(v, 0u, 0x1404);  // byte 0 to bits 15..8, byte 1 to 31..24
+    const uint32_t bits = ((p & 0x7f007f00u) >> 1) | (p & 0x80008000u);
+    __half2 h = *reinterpret_cast<const __half2*>(&bits);
+    h = __hmul2(h, __floats2half2_rn(256.f, 256.f));
+    return *reinterpret_cast<uint32_t*>(&h);
+#endif
 }
 
-// Half h of 16 E4M3 bytes (k .. k + 15 of one row) as an 8-value bf16 chunk in the layout of a
-// 16-byte bf16 load: h = 0 gives k .. k + 7, h = 1 k + 8 .. k + 15.
-__device__ __forceinline__ uint4 e4m3x8_to_bf16(const uint4& v, int h) {
+// Half h of 16 E4M3 bytes (k .. k + 15 of one row) as an 8-value f16 chunk in the layout of a
+// 16-byte 16-bit load: h = 0 gives k .. k + 7, h = 1 k + 8 .. k + 15.
+__device__ __forceinline__ uint4 e4m3x8_to_f16(const uint4& v, int h) {
     const uint32_t a = h ? v.z : v.x, b = h ? v.w : v.y;
-    return make_uint4(e4m3x2_to_bf16x2(a, 0x1404), e4m3x2_to_bf16x2(a, 0x3424), e4m3x2_to_bf16x2(b, 0x1404),
-                      e4m3x2_to_bf16x2(b, 0x3424));
+    return make_uint4(e4m3x2_to_f16x2(a), e4m3x2_to_f16x2(a >> 16), e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
 }
 
 // The f32 value of one E4M3 byte (the general kernels; the same placement, then f32).
@@ -56,4 +71,24 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
     const uint32_t p = (uint32_t)b << 8;
     const uint32_t bits = ((p & 0x7f00u) >> 4) | (p & 0x8000u);
     return __uint_as_float(bits << 16) * 0x1p120f;
+}
+
+// The m16n8k16 MMA on f16 operands with f32 accumulation (the fragment layout of mma_bf16's).
+__device__ __forceinline__ void mma_f16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two f32 values (already scaled into f16's range) as hi/lo f16 pairs: hi = f16_rn(y),
+// lo = f16_rn(y − hi); the difference is exact in f32.
+__device__ __forceinline__ void split2_f16(float a, float b, uint32_t& hi, uint32_t& lo) {
+    const __half2 h = __floats2half2_rn(a, b);
+    const float2 hf = __half22float2(h);
+    const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
 }

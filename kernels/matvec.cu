@@ -163,14 +163,17 @@ __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("pref
 // y [m, out/2] instead.
 //
 // FP8: W holds E4M3 bytes (fp8.cuh). A 16-byte load is then 16 weights, so a chunk is 64 k
-// (the same bytes per chunk and per step as bf16), widened to two bf16 chunks for the same
-// MMAs; each chunk's products go to fresh accumulators, whose parts are summed and added to the
-// row's total times the chunk's block scale (rows g and g + 8 each their own: a tile may hold
-// rows of two matrices, gate and up). x comes already split into its three bf16 parts
-// (split_x_bf16x3, fp8.cu: per byte of weights FP8 does twice bf16's MMAs and widening, and the
-// split per tile was the largest share of its instructions), loaded per 8-wide half chunk inside
-// the multiply, so FP8 takes no XP / HOLD.
-template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false>
+// (the same bytes per chunk and per step as bf16), widened to two f16 chunks for f16 MMAs; each
+// chunk's products go to fresh accumulators, added to the row's total times the chunk's block
+// scale (rows g and g + 8 each their own: a tile may hold rows of two matrices, gate and up). x
+// comes already scaled and split into two f16 parts (split_x_f16x2, fp8.cu), and the MMAs'
+// columns are (row, part) pairs instead of rows: one MMA per 16 k covers four rows' parts, where
+// bf16 takes three MMAs for any m ≤ 8 — per byte, FP8 has twice bf16's weights to widen and
+// multiply, so it must issue fewer instructions per weight, and its x (two parts of 16 bits
+// where bf16 loads f32) is twice the bytes per weight byte, which the L1 must serve. The parts of
+// a row are summed, and its scale undone, in the epilogue. Whatever m, a row's columns and sums
+// are the same: the bits do not depend on the batch. FP8 takes no XP / HOLD.
+template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false, int NT = 2>
 __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__ x, float* y, int m, int in, int out,
                           int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
                           const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am,
@@ -195,6 +198,18 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     if constexpr (FP8) {
         sa = fs.scale + (size_t)__ldg(fs.srow + ra) * fs.cols;
         sb = fs.scale + (size_t)__ldg(fs.srow + rb) * fs.cols;
+    }
+    // FP8: the MMAs' n columns are (activation row, part) pairs, column c = 2·row + part, so one
+    // row's two parts share an MMA: NT n-tiles, 1 for launches of m ≤ 4 rows (the `_n1` kernels),
+    // else 2. Lane g's column in n-tile j is 8j + g; xcol[j] is where its part of its row starts
+    // in fs.xs (−1 past 2m: zeros; 32-bit offsets, as the loop is short of registers).
+    int xcol[2] = {-1, -1};
+    if constexpr (FP8) {
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int c = 8 * j + g;
+            if (c < 2 * m) xcol[j] = (c & 1) * fs.plane + (c >> 1) * (in / 2);
+        }
     }
     pdl_trigger();
 
@@ -227,30 +242,47 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
             for (int u = 0; u < UNROLL; u++) {
                 const int kc = chunk + u * stride;  // warp-uniform
                 if (kc >= kend) break;
-                float tmp[3][4];
+                float tmp[NT][4];
 #pragma unroll
-                for (int p = 0; p < 3; p++)
+                for (int j = 0; j < NT; j++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) tmp[p][i] = 0.f;
+                    for (int i = 0; i < 4; i++) tmp[j][i] = 0.f;
                 const int k = kc + 16 * t;
+                // Column 8j + g of x's parts (plain loads: split_x_f16x2 wrote them just before).
+                auto load_x16 = [&](int j, int h) {
+                    uint4 v = make_uint4(0, 0, 0, 0);
+                    if (xcol[j] >= 0 && k < kend) v = *reinterpret_cast<const uint4*>(fs.xs + xcol[j] + (k + 8 * h) / 2);
+                    return v;
+                };
+                // Where registers allow (one n-tile, or the 2-blocks-per-SM kernels), both halves
+                // of every n-tile are requested first; else each n-tile's half before its MMAs.
+                constexpr bool PRE = NT == 1 || UNROLL == 4;
+                uint4 xv[NT][2];
+                if constexpr (PRE) {
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        xv[j][0] = load_x16(j, 0);
+                        xv[j][1] = load_x16(j, 1);
+                    }
+                }
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    // x's parts, split once by split_x_bf16x3 (plain loads: produced just before).
-                    uint4 hi = make_uint4(0, 0, 0, 0), md = hi, lo = hi;
-                    if (has_x && k < kend) {
-                        const uint32_t* p = fs.xs + ((size_t)g * in + k + 8 * h) / 2;
-                        hi = *reinterpret_cast<const uint4*>(p);
-                        md = *reinterpret_cast<const uint4*>(p + fs.plane);
-                        lo = *reinterpret_cast<const uint4*>(p + 2 * (size_t)fs.plane);
+                    const uint4 fa = e4m3x8_to_f16(va[u], h), fb = e4m3x8_to_f16(vb[u], h);
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        if constexpr (!PRE) xv[j][h] = load_x16(j, h);
+                        mma_f16(tmp[j], fa.x, fb.x, fa.y, fb.y, xv[j][h].x, xv[j][h].y);
+                        mma_f16(tmp[j], fa.z, fb.z, fa.w, fb.w, xv[j][h].z, xv[j][h].w);
                     }
-                    mma_parts3(tmp, e4m3x8_to_bf16(va[u], h), e4m3x8_to_bf16(vb[u], h), hi, md, lo);
                 }
                 // Plain loads: the scales are weights, but pdl_audit admits only weight streams
                 // through the non-coherent path after the wait (they hit L1 across chunks).
                 const int kb = kc >> fs.kb_log2;
                 const float s_a = sa[kb], s_b = sb[kb];
 #pragma unroll
-                for (int i = 0; i < 4; i++) acc[0][i] = fmaf(i < 2 ? s_a : s_b, (tmp[2][i] + tmp[1][i]) + tmp[0][i], acc[0][i]);
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[j][i] = fmaf(i < 2 ? s_a : s_b, tmp[j][i], acc[j][i]);
             }
         }
     };
@@ -319,14 +351,37 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         }
     }
 
-    // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, cols 2t, 2t+1); col = m.
-    __shared__ float part[TC_WARPS][16][8];
+    // C fragment: c0, c1 = (row g, cols 2t, 2t+1); c2, c3 = (row g+8, cols 2t, 2t+1); col = m
+    // (bf16; the parts are acc[0..2]), or col = 8j + 2t + … of n-tile j (FP8; see xcol).
+    __shared__ float part_buf[TC_WARPS * 16 * (FP8 ? 16 : 8)];
+    float (*part)[16][8] = reinterpret_cast<float (*)[16][8]>(part_buf);
     __shared__ float inv_rms[8];
+    if constexpr (!FP8) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float s = (acc[2][i] + acc[1][i]) + acc[0][i];
-        int r = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-        part[warp][r][col] = s;
+        for (int i = 0; i < 4; i++) {
+            float s = (acc[2][i] + acc[1][i]) + acc[0][i];
+            int r = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+            part[warp][r][col] = s;
+        }
+    } else {
+        // Each row's two part columns summed lo + hi and scaled back by 2^-s (exact),
+        // through shared memory: the columns sit in different lanes.
+        float (*raw)[16][16] = reinterpret_cast<float (*)[16][16]>(part_buf);
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) raw[warp][g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = j < NT ? acc[j][i] : 0.f;
+        __syncthreads();
+        const float* xscale = reinterpret_cast<const float*>(fs.xs + 2 * (size_t)fs.plane);
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int r = (lane + 32 * q) >> 3, col = (lane + 32 * q) & 7;
+            v[q] = col < m ? (raw[warp][r][2 * col + 1] + raw[warp][r][2 * col]) * xscale[col] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < 4; q++) part[warp][(lane + 32 * q) >> 3][(lane + 32 * q) & 7] = v[q];
     }
     // Pending RMSNorm of the input (see the header): warp c reduces row c's partial sums of
     // squares in a fixed order, so every consumer of those rows computes the same 1/rms.
@@ -531,7 +586,7 @@ MATVEC_TC(matvec_tc_argmax_bf16, 2, false, false, true, 3)
 // The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
 // k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block
 // scales (fp8.cuh `Fp8Scales`). The argmax epilogue's arguments stay for one launch signature.
-#define MATVEC_TC_FP8(NAME, U, SW, MINB)                                                                         \
+#define MATVEC_TC_FP8(NAME, U, SW, MINB, NT)                                                                     \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const uint8_t* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,            \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
@@ -539,14 +594,19 @@ MATVEC_TC(matvec_tc_argmax_bf16, 2, false, false, true, 3)
              float* am_gathered, int am_dim, const float* scale, const uint32_t* srow, int scale_cols,          \
              int kb_log2, const uint32_t* xs, int plane) {                                                        \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, false, false, 0, true>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg,  \
-                                                ss_out, am,                                                      \
-                                                Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane});         \
+        matvec_tc<U, SW, false, false, 0, true, NT>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma,  \
+                                                    xg, ss_out, am,                                              \
+                                                    Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane});     \
     }
-MATVEC_TC_FP8(matvec_tc_fp8, 2, false, 3)
-MATVEC_TC_FP8(matvec_tc_u4_fp8, 4, false, 2)
-MATVEC_TC_FP8(matvec_tc_u4b1_fp8, 4, false, 1)
-MATVEC_TC_FP8(matvec_tc_swiglu_fp8, 2, true, 3)
+MATVEC_TC_FP8(matvec_tc_fp8, 2, false, 3, 2)
+MATVEC_TC_FP8(matvec_tc_u4_fp8, 4, false, 2, 2)
+MATVEC_TC_FP8(matvec_tc_u4b1_fp8, 4, false, 1, 2)
+MATVEC_TC_FP8(matvec_tc_swiglu_fp8, 2, true, 3, 2)
+// The same for launches of at most four rows (decode): one n-tile of (row, part) columns.
+MATVEC_TC_FP8(matvec_tc_n1_fp8, 2, false, 3, 1)
+MATVEC_TC_FP8(matvec_tc_u4_n1_fp8, 4, false, 2, 1)
+MATVEC_TC_FP8(matvec_tc_u4b1_n1_fp8, 4, false, 1, 1)
+MATVEC_TC_FP8(matvec_tc_swiglu_n1_fp8, 2, true, 3, 1)
 
 // The tile-looping twins (matvec_tc_loop): same arguments, K never split (ksplit, the norm
 // fold's and, without ARGMAX, the argmax epilogue's arguments unused).

@@ -50,18 +50,6 @@ __device__ __forceinline__ void mma_chunk3(float (*acc)[4], const uint4& va, con
     mma_bf16(acc[2], va.z, vb.z, va.w, vb.w, lo[2], lo[3]);
 }
 
-// mma_chunk3 on x already split (split_x_bf16x3 in fp8.cu): the same six MMAs in the same order
-// on the same bf16 parts, so the same sums bit for bit.
-__device__ __forceinline__ void mma_parts3(float (*acc)[4], const uint4& va, const uint4& vb, const uint4& hi,
-                                           const uint4& md, const uint4& lo) {
-    mma_bf16(acc[0], va.x, vb.x, va.y, vb.y, hi.x, hi.y);
-    mma_bf16(acc[1], va.x, vb.x, va.y, vb.y, md.x, md.y);
-    mma_bf16(acc[2], va.x, vb.x, va.y, vb.y, lo.x, lo.y);
-    mma_bf16(acc[0], va.z, vb.z, va.w, vb.w, hi.z, hi.w);
-    mma_bf16(acc[1], va.z, vb.z, va.w, vb.w, md.z, md.w);
-    mma_bf16(acc[2], va.z, vb.z, va.w, vb.w, lo.z, lo.w);
-}
-
 __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, float* v) {
     const float* p = x + (size_t)row * in + k;
     float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);

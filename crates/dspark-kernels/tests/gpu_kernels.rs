@@ -140,11 +140,11 @@ fn matvec_all_dtypes_and_qwen3_8b_shapes() {
             let ran: Vec<String> = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
             g.set_profiling(false).unwrap();
             // FP8 weights take their own kernels: the tensor-core twins where the shape allows,
-            // each after x's split into bf16 parts (kernels/fp8.cu).
+            // each after x's split into f16 parts (kernels/fp8.cu).
             if dtype.starts_with("fp8") {
                 let tc = takes_tc(dtype, d_in);
-                let split = ran.iter().filter(|k| *k == "split_x_bf16x3").count();
-                let mv: Vec<&String> = ran.iter().filter(|k| *k != "split_x_bf16x3").collect();
+                let split = ran.iter().filter(|k| *k == "split_x_f16x2").count();
+                let mv: Vec<&String> = ran.iter().filter(|k| *k != "split_x_f16x2").collect();
                 assert!(
                     mv.iter().all(|k| k.ends_with("_fp8") && k.starts_with("matvec_tc") == tc) && (split > 0) == tc,
                     "{dtype} {m}x{d_in}->{d_out}: ran {ran:?}"

@@ -2,7 +2,7 @@
 //! for bf16 and block-scaled FP8 weights, picked per shape so the grid fits one wave, and the
 //! general kernels for any dtype and row count (kernels/fp8.cu `matvec_fp8` for FP8).
 
-use super::ops::{aligned16, cfg, check, launch, launch_v, WeightBuf, WeightView};
+use super::ops::{aligned16, cfg, check, launch, launch_v, Fp8Buf, WeightBuf, WeightView};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
@@ -89,6 +89,19 @@ fn fp8_twin(name: &str) -> &'static str {
         "matvec_tc_u4b1_bf16" | "matvec_tc_u4b1h_bf16" => "matvec_tc_u4b1_fp8",
         "matvec_tc_swiglu_bf16" => "matvec_tc_swiglu_fp8",
         _ => "matvec_tc_fp8",
+    }
+}
+
+/// The one-n-tile twin of an FP8 tensor-core kernel, for launches of at most four rows (decode):
+/// kernels/matvec.cu lays x's (row, part) columns out so that such a launch needs one n-tile of
+/// MMAs instead of two; a row's sums are the same bits in both.
+fn fp8_n1_twin(name: &str) -> &str {
+    match name {
+        "matvec_tc_fp8" => "matvec_tc_n1_fp8",
+        "matvec_tc_u4_fp8" => "matvec_tc_u4_n1_fp8",
+        "matvec_tc_u4b1_fp8" => "matvec_tc_u4b1_n1_fp8",
+        "matvec_tc_swiglu_fp8" => "matvec_tc_swiglu_n1_fp8",
+        other => other,
     }
 }
 
@@ -306,7 +319,7 @@ impl Gpu {
                     Arg::I32(*scale_cols as i32),
                     Arg::I32(block_k.trailing_zeros() as i32),
                 ];
-                if xsplit.len() < 3 * TC_ROWS * d_in / 2 {
+                if xsplit.len() < Fp8Buf::xsplit_len(d_in) {
                     return Err(CudaError::Shape(format!(
                         "{name}: x-split scratch of {} pairs for in {d_in}",
                         xsplit.len()
@@ -388,18 +401,16 @@ impl Gpu {
             ];
             args[..base.len()].copy_from_slice(&base);
             // FP8: + scale, srow, scale_cols, kb_log2, xs, plane (a fixed array: no allocation per
-            // launch), after split_x_bf16x3 has written the launch's rows of x in three parts.
+            // launch), after split_x_f16x2 has written the launch's rows of x in two parts.
             let n = match (fp8_args, xsplit) {
                 (Some(f), Some(xsp)) => {
                     let pairs = rows * d_in / 2;
-                    // split_x_bf16x3(x, planes, pairs)
-                    let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(pairs as i32)];
-                    self.launch_pdl(
-                        "split_x_bf16x3",
-                        (pairs.div_ceil(256).min(8 * self.sms) as u32, 1, 1),
-                        256,
-                        &split,
-                    )?;
+                    // split_x_f16x2(x, planes, in, plane): blocks of 256 threads along each row, a
+                    // pair a thread (each block reads the whole row for its largest |x|: one round
+                    // trip, where fewer blocks with several pairs a thread took a chain of them),
+                    // a row per grid row.
+                    let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(d_in as i32), Arg::I32(pairs as i32)];
+                    self.launch_pdl("split_x_f16x2", ((d_in / 2).div_ceil(256) as u32, rows as u32, 1), 256, &split)?;
                     args[base.len()..base.len() + 4].copy_from_slice(&f);
                     args[base.len() + 4] = Arg::Ptr(xsp);
                     args[base.len() + 5] = Arg::I32(pairs as i32);
@@ -407,7 +418,8 @@ impl Gpu {
                 }
                 _ => base.len(),
             };
-            self.launch_pdl(name, (grid as u32, 1, 1), 32 * TC_WARPS as u32, &args[..n])?;
+            let kernel = if fp8 && rows <= 4 { fp8_n1_twin(name) } else { name };
+            self.launch_pdl(kernel, (grid as u32, 1, 1), 32 * TC_WARPS as u32, &args[..n])?;
             start += rows;
         }
         Ok(grid)

@@ -76,7 +76,8 @@ pub fn available() -> bool {
 /// gains decode 0.7% at 512 keys (±0 at 4096) and moves the verify by −0.3% to +0.8%, so only
 /// the decode's combine, `attention_combine_q1_f32` (not on the list), launches with PDL. The
 /// FP8 SwiGLU matvec follows its bf16 twin (not measured separately).
-const NO_PDL: [&str; 3] = ["attention_combine_f32", "matvec_tc_swiglu_bf16", "matvec_tc_swiglu_fp8"];
+const NO_PDL: [&str; 4] =
+    ["attention_combine_f32", "matvec_tc_swiglu_bf16", "matvec_tc_swiglu_fp8", "matvec_tc_swiglu_n1_fp8"];
 
 /// One GPU: its context, the stream every op runs on, and the loaded kernels.
 pub struct Gpu {

@@ -37,16 +37,17 @@ pub struct Fp8Buf {
     pub scale_cols: usize,
     /// Columns per scale block.
     pub block_k: usize,
-    /// Scratch for x split into its three bf16 parts before each tensor-core launch
-    /// (kernels/fp8.cu `split_x_bf16x3`): [`Fp8Buf::xsplit_len`] u32 pairs.
+    /// Scratch for x scaled and split into two f16 parts before each tensor-core launch, and
+    /// each row's scale (kernels/fp8.cu `split_x_f16x2`): [`Fp8Buf::xsplit_len`] u32 words.
     pub xsplit: CudaSlice<u32>,
 }
 
 impl Fp8Buf {
-    /// u32 pairs of the x-split scratch for `cols` columns: three parts of the 8 rows a
-    /// tensor-core launch takes (24·cols bytes: 96 KB at 4,096 columns).
+    /// u32 words of the x-split scratch for `cols` columns: two parts of the 8 rows a
+    /// tensor-core launch takes as f16 pairs, then the 8 rows' scales (16·cols + 32 bytes: 64 KB
+    /// at 4,096 columns).
     pub fn xsplit_len(cols: usize) -> usize {
-        3 * 8 * cols / 2
+        2 * 8 * cols / 2 + 8
     }
 
     /// The weight from its parts on the device: E4M3 bytes `q` `[srow.len(), cols]`, the scale

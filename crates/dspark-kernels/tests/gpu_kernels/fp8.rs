@@ -1,7 +1,13 @@
 //! Block-scaled FP8 weights in the prefill's GEMM (`Gpu::gemm` on a `WeightBuf::Fp8`): each
 //! weight widened to bf16 by `dequant_fp8_bf16` in the handle's scratch, then cuBLAS with bf16
 //! activations and f32 accumulation. (The small-M FP8 matvecs are checked with every other dtype
-//! in `gpu_kernels.rs` and `norm_fold.rs`, through `weight_cols`.)
+//! in `gpu_kernels.rs` and `norm_fold.rs`, through `weight_cols`; here, what is theirs alone.)
+//!
+//! * The tensor-core FP8 matvec's rows do not depend on the batch: each row of an 8-row launch
+//!   (two n-tiles of (row, part) columns) equals the same row launched alone or in a pair (the
+//!   one-n-tile `_n1_fp8` kernels) bit for bit — the lossless invariant rests on it — for rows
+//!   whose ranges force every scaling x gets before its f16 split (largest |x| from 1e-30 to
+//!   3e6, an all-zero row, a row spanning 12 decades), each within 1e-5 of the f32 reference.
 //!
 //! * The widening exactly: an identity activation matrix makes the GEMM's output the widened
 //!   weights themselves (one nonzero product per output), which must equal
@@ -26,6 +32,50 @@ fn blas(g: &Gpu, largest: usize) -> Blas {
     Blas::new(g, g.stream.alloc_zeros::<u8>(WORKSPACE_BYTES).unwrap())
         .unwrap()
         .with_dequant(g.stream.alloc_zeros::<u16>(largest).unwrap())
+}
+
+#[test]
+fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
+    let g = gpu();
+    let mut rng = Rng(29);
+    let shapes: &[(usize, usize, &str)] =
+        if full_size() { &[(256, 48, "fp8b"), (4096, 1024, "fp8"), (12288, 512, "fp8")] } else { &[(256, 48, "fp8b")] };
+    for &(d_in, d_out, dtype) in shapes {
+        let (w, wf) = weight_cols(&g, &rng.vec(d_out * d_in), d_in, dtype);
+        let mut x = Vec::with_capacity(8 * d_in);
+        for r in 0..8 {
+            let scale = [1.0f32, 3e6, 1e-30, 0.0, 1.0, 7e4, 1e-3, 1.0][r];
+            x.extend(rng.vec(d_in).iter().enumerate().map(|(k, v)| {
+                if r == 4 { v * 10f32.powi((k % 13) as i32 - 6) } else { v * scale }
+            }));
+        }
+        let want = cpu::matmul::linear(&x, &wf, 8, d_in, d_out);
+        let run = |rows: std::ops::Range<usize>| -> (Vec<f32>, Vec<String>) {
+            let m = rows.len();
+            let xd = up(&g, &x[rows.start * d_in..rows.end * d_in]);
+            let mut y = poisoned(&g, m * d_out);
+            g.set_profiling(true).unwrap();
+            g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap();
+            let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
+            g.set_profiling(false).unwrap();
+            (down(&g, &y), ran)
+        };
+        let (all, ran) = run(0..8);
+        assert!(ran.iter().any(|k| k.starts_with("matvec_tc") && !k.contains("_n1")), "8 rows ran {ran:?}");
+        for r in 0..8 {
+            let (got, want_r) = (&all[r * d_out..][..d_out], &want[r * d_out..][..d_out]);
+            let e = rel_err(got, want_r);
+            assert!(e <= 1e-5 || want_r.iter().all(|v| *v == 0.0) && got.iter().all(|v| *v == 0.0), "{dtype} {d_in}->{d_out} row {r}: rel err {e}");
+            let (one, ran) = run(r..r + 1);
+            assert!(ran.iter().any(|k| k.ends_with("_n1_fp8")), "1 row ran {ran:?}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&one), bits(got), "{dtype} {d_in}->{d_out} row {r}: alone differs from the batch of 8");
+            if r % 2 == 0 {
+                let (pair, _) = run(r..r + 2);
+                assert_eq!(bits(&pair), bits(&all[r * d_out..][..2 * d_out]), "rows {r}, {}: the pair differs", r + 1);
+            }
+        }
+    }
 }
 
 #[test]
