@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU test tier from .gpu-bundle/ (built by `cargo xtask test --gpu`) on a machine
-# with an NVIDIA GPU and driver but no Rust: the kernel and whole-model tests, then both under
+# with an NVIDIA GPU and driver but no Rust: the kernel and whole-model tests (and the FP8 and
+# matvec ones again on the sm_80 PTX), then both under
 # compute-sanitizer memcheck and racecheck (small shapes only: DSPARK_GPU_SMALL=1, since the
 # sanitizer slows kernels 10-100×). Logs go to $OUT (or ./gpu-tier-logs) as logs.tar.gz plus
 # summary.txt; the summary table is printed last.
@@ -26,6 +27,10 @@ run() {  # name, limit in seconds, command...
 run gpu_kernels 240 .gpu-bundle/gpu_kernels --test-threads=1
 run gpu_model 300 .gpu-bundle/gpu_model --test-threads=1
 run gpu_upload 120 .gpu-bundle/gpu_upload --test-threads=1
+# The sm_80 PTX on this GPU (DSPARK_PTX=sm80: no PDL, FP8 widened in software): the kernels
+# whose code differs by architecture, and an FP8 model.
+run sm80_kernels 150 env DSPARK_PTX=sm80 .gpu-bundle/gpu_kernels --test-threads=1 fp8 matvec tensor_core norm_fold pdl_policy
+run sm80_model 60 env DSPARK_PTX=sm80 .gpu-bundle/gpu_model --test-threads=1 fp8_targets
 if command -v compute-sanitizer >/dev/null; then
     export DSPARK_GPU_SMALL=1
     san="compute-sanitizer --error-exitcode 9"

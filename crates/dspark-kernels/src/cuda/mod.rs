@@ -134,7 +134,10 @@ impl Gpu {
                 "compute capability {major}.{minor}; dspark needs 8.0 or newer"
             )));
         }
-        let pdl = major >= 9 && std::env::var_os("DSPARK_NO_PDL").is_none();
+        // `DSPARK_PTX=sm80` loads the sm_80 PTX on a newer GPU (its FP8 widening and other
+        // pre-Hopper paths, tested on the GPU at hand); that PTX has no PDL wait, so no PDL either.
+        let sm90 = major >= 9 && std::env::var("DSPARK_PTX").map_or(true, |v| v != "sm80");
+        let pdl = sm90 && std::env::var_os("DSPARK_NO_PDL").is_none();
         let no_pdl_for: Vec<String> = match std::env::var("DSPARK_NO_PDL_FOR") {
             Ok(v) => v.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect(),
             Err(_) => NO_PDL.iter().map(|s| s.to_string()).collect(),
@@ -142,7 +145,7 @@ impl Gpu {
         let mut modules = Vec::new();
         let mut functions = HashMap::new();
         for m in ptx::MODULES {
-            let src = if major >= 9 { m.sm90 } else { m.sm80 };
+            let src = if sm90 { m.sm90 } else { m.sm80 };
             let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src))?;
             for &name in m.functions {
                 let f = module.load_function(name)?;
