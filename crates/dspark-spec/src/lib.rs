@@ -2,7 +2,8 @@
 //!
 //! [`greedy`] is plain greedy decoding: the baseline every speculative result must equal token
 //! for token (Architecture Invariant: speculative output == plain greedy output).
-//! [`speculative`] is the DSpark loop, with [`verify_len`] choosing how many drafts to check.
+//! [`speculative`] is the DSpark loop, with [`verify_len`] choosing how many drafts to check;
+//! [`verify_budget`] is the same choice across the requests of a batched round.
 //! [`sampled`] holds their sampling twins, [`sample`] and [`speculative_sampled`] (lossless
 //! speculative sampling), over the [`sampler`]'s transform and uniforms.
 //! The loops never name a backend; the CLI picks one and hands it in.
@@ -19,6 +20,7 @@ pub mod sampled;
 pub mod sampler;
 pub mod speculative;
 pub mod stats;
+pub mod verify_budget;
 pub mod verify_len;
 
 pub use acceptance::{AcceptanceCheck, LowAcceptance};
@@ -28,4 +30,5 @@ pub use sampled::{sample, speculative_sampled, DraftLaw};
 pub use sampler::SamplingParams;
 pub use speculative::{prefill, speculative};
 pub use stats::{Generation, SpecStats, StopReason};
+pub use verify_budget::verify_budget;
 pub use verify_len::{CostTable, VerifyLen};

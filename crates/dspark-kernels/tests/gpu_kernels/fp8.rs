@@ -46,7 +46,11 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
         for r in 0..8 {
             let scale = [1.0f32, 3e6, 1e-30, 0.0, 1.0, 7e4, 1e-3, 1.0][r];
             x.extend(rng.vec(d_in).iter().enumerate().map(|(k, v)| {
-                if r == 4 { v * 10f32.powi((k % 13) as i32 - 6) } else { v * scale }
+                if r == 4 {
+                    v * 10f32.powi((k % 13) as i32 - 6)
+                } else {
+                    v * scale
+                }
             }));
         }
         let want = cpu::matmul::linear(&x, &wf, 8, d_in, d_out);
@@ -65,7 +69,10 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
         for r in 0..8 {
             let (got, want_r) = (&all[r * d_out..][..d_out], &want[r * d_out..][..d_out]);
             let e = rel_err(got, want_r);
-            assert!(e <= 1e-5 || want_r.iter().all(|v| *v == 0.0) && got.iter().all(|v| *v == 0.0), "{dtype} {d_in}->{d_out} row {r}: rel err {e}");
+            assert!(
+                e <= 1e-5 || want_r.iter().all(|v| *v == 0.0) && got.iter().all(|v| *v == 0.0),
+                "{dtype} {d_in}->{d_out} row {r}: rel err {e}"
+            );
             let (one, ran) = run(r..r + 1);
             assert!(ran.iter().any(|k| k.ends_with("_n1_fp8")), "1 row ran {ran:?}");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
