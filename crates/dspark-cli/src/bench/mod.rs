@@ -30,6 +30,7 @@ mod configs;
 mod prefill;
 mod projections;
 pub mod report;
+mod tp;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -91,6 +92,10 @@ pub struct BenchArgs {
     /// `bf16`, `fp8` (Qwen's block-scaled FP8, as `Qwen/Qwen3-8B-FP8` ships).
     #[arg(long, value_delimiter = ',', default_value = "bf16")]
     pub weights: Vec<WeightFormat>,
+    /// Latency of one small all-reduce in the tensor-parallel floor model (`tp`), µs: assumed
+    /// until a multi-GPU run measures it.
+    #[arg(long, default_value_t = 8.0)]
+    pub allreduce_us: f64,
 }
 
 /// A target weight format of the bench.
@@ -215,6 +220,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .concat(),
     };
     print!("{}", report.markdown());
+    // Issue #32's floor model at this run's ceiling, largest context and KV width (printed only).
+    for (name, cfg) in [("Qwen3-8B", configs::qwen3_8b()?), ("Qwen3-14B", tp::qwen3_14b()?)] {
+        let rows = tp::tp_floors(&cfg, max_ctx, args.kv_cache.bytes(), ceiling, args.allreduce_us, &[1, 2, 4, 8])
+            .map_err(anyhow::Error::msg)?;
+        print!("{}", tp::markdown(name, max_ctx, args.allreduce_us, &rows));
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
