@@ -12,6 +12,7 @@
 //! * [`testing`] makes random tiny models for property tests.
 
 pub mod backend;
+pub mod batch;
 pub mod checkpoint;
 pub mod cpu;
 pub mod cuda;
@@ -23,5 +24,6 @@ pub use backend::{
     Captured, Deferred, DeviceRows, DeviceSampled, DeviceTokens, Drafter, Filters, Forward, Greedy, LogitRows,
     Proposal, SampledVerify, TargetModel, VerifyOutcome,
 };
+pub use batch::{BatchDrafter, BatchTarget, SeqId, SeqState, Sequences};
 pub use checkpoint::config::Qwen3Config;
 pub use error::{Error, Result};

@@ -3,7 +3,8 @@
 //! [`greedy`] is plain greedy decoding: the baseline every speculative result must equal token
 //! for token (Architecture Invariant: speculative output == plain greedy output).
 //! [`speculative`] is the DSpark loop, with [`verify_len`] choosing how many drafts to check;
-//! [`verify_budget`] is the same choice across the requests of a batched round.
+//! [`verify_budget`] is the same choice across the requests of a batched round, and
+//! [`batched`] runs many requests' rounds at once over `dspark_model::batch`.
 //! [`sampled`] holds their sampling twins, [`sample`] and [`speculative_sampled`] (lossless
 //! speculative sampling), over the [`sampler`]'s transform and uniforms.
 //! The loops never name a backend; the CLI picks one and hands it in.
@@ -14,6 +15,7 @@
 //! [`StopReason::Stopped`]; the tokens before it are exactly those of an unbroken run.
 
 pub mod acceptance;
+pub mod batched;
 pub mod greedy;
 pub mod logprobs;
 pub mod sampled;
@@ -24,6 +26,7 @@ pub mod verify_budget;
 pub mod verify_len;
 
 pub use acceptance::{AcceptanceCheck, LowAcceptance};
+pub use batched::{batched, BatchOutput, BatchRequest, BatchVerify};
 pub use greedy::{greedy, GenerateOptions};
 pub use logprobs::{token_logprob, Emitted, TokenLogprob};
 pub use sampled::{sample, speculative_sampled, DraftLaw};

@@ -328,6 +328,21 @@ impl CpuDraft {
     }
 }
 
+/// A sequence's state is the draft's context cache (keys, values, length).
+impl crate::batch::SeqState for CpuDraft {
+    type State = (Vec<Vec<f32>>, Vec<Vec<f32>>, usize);
+
+    fn new_state(&self) -> Self::State {
+        (vec![Vec::new(); self.ctx_k.len()], vec![Vec::new(); self.ctx_v.len()], 0)
+    }
+
+    fn swap_state(&mut self, state: &mut Self::State) {
+        std::mem::swap(&mut self.ctx_k, &mut state.0);
+        std::mem::swap(&mut self.ctx_v, &mut state.1);
+        std::mem::swap(&mut self.ctx_len, &mut state.2);
+    }
+}
+
 impl Drafter for CpuDraft {
     fn block_size(&self) -> usize {
         self.cfg.block_size

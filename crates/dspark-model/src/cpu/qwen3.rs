@@ -236,6 +236,19 @@ impl CpuQwen3 {
     }
 }
 
+/// A sequence's state is its KV cache (the element type kept): `batch::Sequences` swaps it in.
+impl crate::batch::SeqState for CpuQwen3 {
+    type State = KvCache;
+
+    fn new_state(&self) -> KvCache {
+        KvCache::with_dtype(self.cfg.num_hidden_layers, self.cfg.kv_dim(), self.kv.dtype())
+    }
+
+    fn swap_state(&mut self, state: &mut KvCache) {
+        std::mem::swap(&mut self.kv, state);
+    }
+}
+
 impl TargetModel for CpuQwen3 {
     fn config(&self) -> &Qwen3Config {
         &self.cfg

@@ -1,0 +1,175 @@
+//! Many sequences in one model: the interface a batched round drives (issue #30) and the
+//! reference adapter that gives a single-sequence backend that interface.
+//!
+//! A batched round runs one target forward over the rows of several requests — each request's
+//! verify rows, or its prompt, against that request's own KV cache — and one draft pass over
+//! their blocks. [`BatchTarget`] and [`BatchDrafter`] are that contract: a request's state lives
+//! in the model under a [`SeqId`] from `open` until `close`, which frees it.
+//!
+//! [`Sequences`] implements both for any single-sequence model that can swap its per-sequence
+//! state in and out ([`SeqState`]: the CPU target's KV cache, the CPU draft's context cache). It
+//! runs a batch's items one after another, so it defines what a batched forward must return:
+//! each item's result is exactly that of the item alone on its sequence. (A backend that runs
+//! the items in one launch — the CUDA small-M kernels take M = all items' rows, attention ragged
+//! over each sequence's cache — is the rest of issue #30; it must return the same.)
+
+use crate::backend::{Captured, Drafter, Greedy, LogitRows, Proposal, TargetModel};
+use crate::{Error, Qwen3Config, Result};
+
+/// A sequence's handle in a [`BatchTarget`] or [`BatchDrafter`] (ids of closed sequences are
+/// reused).
+pub type SeqId = usize;
+
+/// A single-sequence model whose per-sequence state can be swapped out: `swap_state` exchanges
+/// the model's current state with `state` (the weights stay).
+pub trait SeqState {
+    type State;
+    /// An empty state, as the model has after construction.
+    fn new_state(&self) -> Self::State;
+    fn swap_state(&mut self, state: &mut Self::State);
+}
+
+/// A target holding several sequences, whose forward takes rows of many of them at once.
+pub trait BatchTarget {
+    fn config(&self) -> &Qwen3Config;
+    /// Positions one sequence may hold.
+    fn max_len(&self) -> usize;
+    /// A new, empty sequence.
+    fn open(&mut self) -> Result<SeqId>;
+    /// Frees a sequence's state.
+    fn close(&mut self, id: SeqId) -> Result<()>;
+    /// Positions sequence `id` holds.
+    fn seq_len(&mut self, id: SeqId) -> Result<usize>;
+    fn truncate(&mut self, id: SeqId, len: usize) -> Result<()>;
+    /// Which layers' outputs every forward captures (the draft's taps).
+    fn set_capture(&mut self, layers: &[usize]) -> Result<()>;
+    /// One forward over every item: item i's tokens appended to its sequence, its result the
+    /// greedy ids of the rows `rows` asks for and the captured rows of all its tokens.
+    fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> Result<Vec<Greedy>>;
+}
+
+/// A draft holding several sequences' context caches.
+pub trait BatchDrafter {
+    fn block_size(&self) -> usize;
+    fn target_layer_ids(&self) -> &[usize];
+    fn open(&mut self) -> Result<SeqId>;
+    fn close(&mut self, id: SeqId) -> Result<()>;
+    /// Appends the target's captured rows to sequence `id`'s context.
+    fn append_captured(&mut self, id: SeqId, captured: &Captured) -> Result<()>;
+    /// One proposal per item, after anchor `.1`, from sequence `.0`'s context.
+    fn propose_batch(&mut self, items: &[(SeqId, u32)]) -> Result<Vec<Proposal>>;
+}
+
+/// Several sequences over one single-sequence model, run item by item (see the module docs).
+pub struct Sequences<M: SeqState> {
+    model: M,
+    /// Index = [`SeqId`]; `None` for an id that is free.
+    states: Vec<Option<M::State>>,
+}
+
+impl<M: SeqState> Sequences<M> {
+    pub fn new(model: M) -> Sequences<M> {
+        Sequences { model, states: Vec::new() }
+    }
+
+    /// Sequences open now.
+    pub fn open_count(&self) -> usize {
+        self.states.iter().filter(|s| s.is_some()).count()
+    }
+
+    fn open_state(&mut self) -> SeqId {
+        let state = self.model.new_state();
+        match self.states.iter().position(Option::is_none) {
+            Some(id) => {
+                self.states[id] = Some(state);
+                id
+            }
+            None => {
+                self.states.push(Some(state));
+                self.states.len() - 1
+            }
+        }
+    }
+
+    fn close_state(&mut self, id: SeqId) -> Result<()> {
+        match self.states.get_mut(id) {
+            Some(s @ Some(_)) => {
+                *s = None;
+                Ok(())
+            }
+            _ => Err(Error::Request(format!("sequence {id} is not open"))),
+        }
+    }
+
+    /// Runs `f` on the model with sequence `id`'s state swapped in.
+    fn with<R>(&mut self, id: SeqId, f: impl FnOnce(&mut M) -> Result<R>) -> Result<R> {
+        let state = match self.states.get_mut(id) {
+            Some(Some(s)) => s,
+            _ => return Err(Error::Request(format!("sequence {id} is not open"))),
+        };
+        self.model.swap_state(state);
+        let out = f(&mut self.model);
+        self.model.swap_state(state);
+        out
+    }
+}
+
+impl<M: SeqState + TargetModel> BatchTarget for Sequences<M> {
+    fn config(&self) -> &Qwen3Config {
+        self.model.config()
+    }
+
+    fn max_len(&self) -> usize {
+        self.model.max_len()
+    }
+
+    fn open(&mut self) -> Result<SeqId> {
+        Ok(self.open_state())
+    }
+
+    fn close(&mut self, id: SeqId) -> Result<()> {
+        self.close_state(id)
+    }
+
+    fn seq_len(&mut self, id: SeqId) -> Result<usize> {
+        self.with(id, |m| Ok(m.len()))
+    }
+
+    fn truncate(&mut self, id: SeqId, len: usize) -> Result<()> {
+        self.with(id, |m| m.truncate(len))
+    }
+
+    fn set_capture(&mut self, layers: &[usize]) -> Result<()> {
+        self.model.set_capture(layers)
+    }
+
+    fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> Result<Vec<Greedy>> {
+        items.iter().map(|&(id, tokens, rows)| self.with(id, |m| m.forward_greedy(tokens, rows))).collect()
+    }
+}
+
+impl<M: SeqState + Drafter> BatchDrafter for Sequences<M> {
+    fn block_size(&self) -> usize {
+        self.model.block_size()
+    }
+
+    fn target_layer_ids(&self) -> &[usize] {
+        self.model.target_layer_ids()
+    }
+
+    fn open(&mut self) -> Result<SeqId> {
+        Ok(self.open_state())
+    }
+
+    fn close(&mut self, id: SeqId) -> Result<()> {
+        self.close_state(id)
+    }
+
+    fn append_captured(&mut self, id: SeqId, captured: &Captured) -> Result<()> {
+        self.with(id, |m| m.append_captured(captured))
+    }
+
+    fn propose_batch(&mut self, items: &[(SeqId, u32)]) -> Result<Vec<Proposal>> {
+        items.iter().map(|&(id, anchor)| self.with(id, |m| m.propose(anchor))).collect()
+    }
+}

@@ -1,0 +1,182 @@
+//! Continuous batching is lossless per request: every request of a batched run (random arrival
+//! rounds, prompt lengths, stopping conditions, batch limits and verify policies — fixed lengths
+//! or the paper's budget over random cost tables) produces exactly what plain greedy decoding of
+//! its prompt alone produces, tokens and stop reason, whoever shares its rounds; with a fixed
+//! verify length it also takes exactly its solo speculative run's rounds (its draft context is
+//! its own).
+//!
+//! Pairs are random tiny models (`dspark_model::testing`) on the CPU, through
+//! `dspark_model::Sequences` (each request's KV and draft context swapped in for its item).
+//! 300 cases unless `PROPTEST_CASES` says otherwise.
+
+use dspark_model::checkpoint::draft_config::MarkovKind;
+use dspark_model::cpu::qwen3::CpuQwen3;
+use dspark_model::testing::{random_draft, target_config, target_weights, DraftSpec};
+use dspark_model::{BatchTarget, Sequences};
+use dspark_spec::{batched, greedy, speculative, BatchRequest, BatchVerify, CostTable, GenerateOptions, VerifyLen};
+use proptest::prelude::*;
+use std::ops::ControlFlow;
+
+#[derive(Debug, Clone)]
+struct Case {
+    seed: u64,
+    vocab: usize,
+    block: usize,
+    confidence: bool,
+    /// (prompt length, max_tokens, arrival round, with an eos id) per request.
+    requests: Vec<(usize, usize, usize, bool)>,
+    max_batch: usize,
+    max_pos: usize,
+    /// `None`: the budget; `Some(n)`: n drafts a round.
+    fixed: Option<usize>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        any::<u64>(),
+        4usize..20,
+        1usize..=7,
+        any::<bool>(),
+        prop::collection::vec((1usize..10, 0usize..30, 0usize..8, any::<bool>()), 1..7),
+        1usize..5,
+        prop_oneof![Just(128usize), 12usize..40],
+        prop_oneof![Just(None), (0usize..9).prop_map(Some)],
+    )
+        .prop_map(|(seed, vocab, block, confidence, requests, max_batch, max_pos, fixed)| Case {
+            seed,
+            vocab,
+            block,
+            confidence,
+            requests,
+            max_batch,
+            max_pos,
+            fixed,
+        })
+}
+
+fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
+    let mut s = seed;
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn check(c: &Case) -> Result<(), TestCaseError> {
+    let cfg = target_config(c.vocab, 16, 2, 2, 1, 8, c.max_pos);
+    let weights = target_weights(c.seed, &cfg);
+    let spec = DraftSpec {
+        layers: 1,
+        block_size: c.block,
+        target_layer_ids: vec![0],
+        markov_rank: 4,
+        markov_kind: MarkovKind::Vanilla,
+        confidence_head: c.confidence,
+        confidence_with_markov: true,
+    };
+    let requests: Vec<BatchRequest> = c
+        .requests
+        .iter()
+        .enumerate()
+        .map(|(i, &(len, max_tokens, arrival, eos))| BatchRequest {
+            prompt: prompt(c.seed ^ (i as u64 * 977 + 1), len, c.vocab),
+            opts: GenerateOptions {
+                max_tokens,
+                eos_token_ids: if eos { vec![(c.seed % c.vocab as u64) as u32] } else { vec![] },
+                logprobs: None,
+            },
+            arrival,
+        })
+        .collect();
+    // The budget's cost table: a random slope per verify token, up to every request's full block.
+    let verify = match c.fixed {
+        Some(n) => BatchVerify::Fixed(n),
+        None => {
+            let slope = (c.seed % 11) as f64 * 0.04;
+            let tokens = requests.len() * (c.block + 1);
+            BatchVerify::Budget(CostTable { seconds: (1..=tokens).map(|n| 1.0 + slope * n as f64).collect() })
+        }
+    };
+    let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
+    let mut draft = Sequences::new(random_draft(c.seed ^ 0xD5, &cfg, &weights, &spec));
+    let out = batched(&mut target, &mut draft, &requests, &verify, c.max_batch)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert_eq!(target.open_count(), 0, "every sequence closed");
+    let mut alone = CpuQwen3::new(cfg.clone(), weights.clone());
+    for (i, r) in requests.iter().enumerate() {
+        let plain = greedy(&mut alone, &r.prompt, &r.opts, |_| ControlFlow::Continue(()))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&out[i].tokens, &plain.tokens, "request {}", i);
+        prop_assert_eq!(out[i].stop, plain.stop, "request {}", i);
+        prop_assert!(out[i].rounds.0 >= r.arrival, "request {} ran before it arrived", i);
+        // With a fixed verify length a request's rounds are its solo speculative run's: the
+        // same proposals from its own draft context, so the same acceptance and round count.
+        if let Some(n) = c.fixed {
+            let mut solo_draft = random_draft(c.seed ^ 0xD5, &cfg, &weights, &spec);
+            let solo = speculative(&mut alone, &mut solo_draft, &r.prompt, &r.opts, &VerifyLen::Fixed(n), |_| {
+                ControlFlow::Continue(())
+            })
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let rounds = solo.spec.as_ref().map_or(0, |s| s.verified.len());
+            prop_assert_eq!(out[i].rounds.1 - out[i].rounds.0, rounds, "request {}: rounds", i);
+        }
+    }
+    Ok(())
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #[test]
+    fn batched_requests_equal_their_solo_greedy_runs(c in case()) {
+        check(&c)?;
+    }
+}
+
+/// The batch is real: with four requests arriving together and room for four, they share
+/// rounds (each one's first and last rounds overlap the others'), and a limit of one runs them
+/// strictly one after another, with the same tokens.
+#[test]
+fn requests_share_rounds_up_to_the_batch_limit() {
+    let cfg = target_config(9, 16, 2, 2, 1, 8, 128);
+    let weights = target_weights(7, &cfg);
+    let spec = DraftSpec {
+        layers: 1,
+        block_size: 4,
+        target_layer_ids: vec![0],
+        markov_rank: 4,
+        markov_kind: MarkovKind::Vanilla,
+        confidence_head: true,
+        confidence_with_markov: true,
+    };
+    let opts = GenerateOptions { max_tokens: 20, eos_token_ids: vec![], logprobs: None };
+    let requests: Vec<BatchRequest> =
+        (0..4).map(|i| BatchRequest { prompt: prompt(i, 5, 9), opts: opts.clone(), arrival: 0 }).collect();
+    let run = |max_batch| {
+        let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
+        let mut draft = Sequences::new(random_draft(8, &cfg, &weights, &spec));
+        let out = batched(&mut target, &mut draft, &requests, &BatchVerify::Fixed(4), max_batch).unwrap();
+        assert_eq!(target.max_len(), 128);
+        out
+    };
+    let (four, one) = (run(4), run(1));
+    assert!(four.iter().all(|o| o.rounds.0 == 0), "{four:?}");
+    for w in one.windows(2) {
+        assert!(w[1].rounds.0 > w[0].rounds.1, "one at a time: {one:?}");
+    }
+    for (a, b) in four.iter().zip(&one) {
+        assert_eq!(a.tokens, b.tokens);
+    }
+    // A bad request is refused before any work: an empty prompt, named by its index.
+    let mut bad = requests.clone();
+    bad[2].prompt.clear();
+    let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
+    let mut draft = Sequences::new(random_draft(8, &cfg, &weights, &spec));
+    let e = batched(&mut target, &mut draft, &bad, &BatchVerify::Fixed(4), 2).unwrap_err();
+    assert!(e.to_string().contains("request 2"), "{e}");
+}
