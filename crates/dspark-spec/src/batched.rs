@@ -20,12 +20,18 @@
 //! batch and whatever the budget admits (tests/batched.rs checks it with random arrivals). A
 //! request's prompt goes through in one item; chunking long prompts across rounds is left to the
 //! backend that needs it (the CUDA one).
+//!
+//! [`Scheduler`] is the loop as a server drives it: `submit` any time, `step` runs one round
+//! and reports each committed token to a callback (whose `Break` stops that request, as the
+//! single-request loops' `on_token` does), `cancel` frees a request's sequences at once.
+//! [`batched`] drives it over a list of requests with arrival rounds.
 
 use crate::greedy::GenerateOptions;
 use crate::sampled::emit;
 use crate::stats::StopReason;
 use crate::verify_budget::verify_budget;
 use crate::verify_len::CostTable;
+use crate::Emitted;
 use dspark_model::{BatchDrafter, BatchTarget, Captured, Error, LogitRows, Result, SeqId};
 use std::ops::ControlFlow;
 
@@ -59,7 +65,7 @@ pub struct BatchOutput {
 
 /// A request in flight.
 struct Active {
-    req: usize,
+    id: usize,
     tid: SeqId,
     did: SeqId,
     tokens: Vec<u32>,
@@ -69,62 +75,119 @@ struct Active {
     first_round: usize,
 }
 
-/// Runs every request to its end, at most `max_batch` at a time, admitted in arrival order.
-pub fn batched<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
-    target: &mut T,
-    draft: &mut D,
-    requests: &[BatchRequest],
-    verify: &BatchVerify,
-    max_batch: usize,
-) -> Result<Vec<BatchOutput>> {
-    for (i, r) in requests.iter().enumerate() {
-        if r.prompt.is_empty() || r.prompt.len() > target.max_len() {
-            return Err(Error::Request(format!("request {i}: prompt of {} tokens", r.prompt.len())));
-        }
-        if r.opts.logprobs.is_some() {
-            return Err(Error::Request(format!("request {i}: batched decoding reports no logprobs")));
-        }
-    }
-    if max_batch == 0 {
-        return Err(Error::Request("max_batch must be at least 1".into()));
-    }
-    let block = draft.block_size();
-    let row = draft.target_layer_ids().len() * target.config().hidden_size;
-    target.set_capture(draft.target_layer_ids())?;
-    let mut order: Vec<usize> = (0..requests.len()).collect();
-    order.sort_by_key(|&i| (requests[i].arrival, i));
-    let mut waiting = order.into_iter().peekable();
-    let mut active: Vec<Active> = Vec::new();
-    let mut out: Vec<Option<BatchOutput>> = vec![None; requests.len()];
-    let mut round = 0usize;
-    let mut no_op = |_: &crate::Emitted| ControlFlow::Continue(());
+/// What [`Scheduler::step`] reports about a request that ended in its round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finished {
+    /// The id [`Scheduler::submit`] returned.
+    pub id: usize,
+    pub output: BatchOutput,
+}
 
-    loop {
-        while active.len() < max_batch && waiting.peek().is_some_and(|&i| requests[i].arrival <= round) {
-            let req = waiting.next().expect("peeked");
+/// Continuous batching as a server drives it (see the module docs).
+pub struct Scheduler {
+    verify: BatchVerify,
+    max_batch: usize,
+    /// Submitted, not yet admitted: (id, prompt, options), in submission order.
+    waiting: std::collections::VecDeque<(usize, Vec<u32>, GenerateOptions)>,
+    active: Vec<(Active, GenerateOptions, Vec<u32>)>,
+    next_id: usize,
+    round: usize,
+}
+
+impl Scheduler {
+    /// A scheduler running at most `max_batch` requests in a round.
+    pub fn new(verify: BatchVerify, max_batch: usize) -> Result<Scheduler> {
+        if max_batch == 0 {
+            return Err(Error::Request("max_batch must be at least 1".into()));
+        }
+        Ok(Scheduler { verify, max_batch, waiting: Default::default(), active: Vec::new(), next_id: 0, round: 0 })
+    }
+
+    /// Queues a request (checked here: a prompt the target can hold, no logprobs); returns its id.
+    pub fn submit<T: BatchTarget + ?Sized>(
+        &mut self,
+        target: &T,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+    ) -> Result<usize> {
+        if prompt.is_empty() || prompt.len() > target.max_len() {
+            return Err(Error::Request(format!(
+                "prompt of {} tokens: the target holds 1 ..= {}",
+                prompt.len(),
+                target.max_len()
+            )));
+        }
+        if opts.logprobs.is_some() {
+            return Err(Error::Request("batched decoding reports no logprobs".into()));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back((id, prompt, opts));
+        Ok(id)
+    }
+
+    /// Whether no request is queued or running.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.active.is_empty()
+    }
+
+    /// Rounds run so far.
+    pub fn round(&self) -> usize {
+        self.round
+    }
+
+    /// Drops request `id` wherever it is, freeing its sequences; its tokens so far are returned
+    /// (`None` if it is unknown or already finished).
+    pub fn cancel<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
+        &mut self,
+        target: &mut T,
+        draft: &mut D,
+        id: usize,
+    ) -> Result<Option<Vec<u32>>> {
+        if let Some(w) = self.waiting.iter().position(|w| w.0 == id) {
+            self.waiting.remove(w);
+            return Ok(Some(Vec::new()));
+        }
+        let Some(a) = self.active.iter().position(|a| a.0.id == id) else { return Ok(None) };
+        let (s, _, _) = self.active.remove(a);
+        target.close(s.tid)?;
+        draft.close(s.did)?;
+        Ok(Some(s.tokens))
+    }
+
+    /// One round (see the module docs): admits queued requests while fewer than `max_batch` run,
+    /// runs the draft pass and one target forward, commits each request's tokens through
+    /// `on_token(id, token)` and returns the requests that ended, their sequences closed.
+    pub fn step<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
+        &mut self,
+        target: &mut T,
+        draft: &mut D,
+        mut on_token: impl FnMut(usize, &Emitted) -> ControlFlow<()>,
+    ) -> Result<Vec<Finished>> {
+        let block = draft.block_size();
+        let row = draft.target_layer_ids().len() * target.config().hidden_size;
+        target.set_capture(draft.target_layer_ids())?;
+        while self.active.len() < self.max_batch {
+            let Some((id, prompt, opts)) = self.waiting.pop_front() else { break };
             let (tid, did) = (target.open()?, draft.open()?);
             let pending = Captured::Host(Vec::new());
-            active.push(Active { req, tid, did, tokens: Vec::new(), anchor: None, pending, first_round: round });
+            let s = Active { id, tid, did, tokens: Vec::new(), anchor: None, pending, first_round: self.round };
+            self.active.push((s, opts, prompt));
         }
-        if active.is_empty() {
-            match waiting.peek() {
-                Some(&i) => {
-                    round = requests[i].arrival;
-                    continue;
-                }
-                None => break,
-            }
+        if self.active.is_empty() {
+            return Ok(Vec::new());
         }
+        let active = &mut self.active;
 
         // The draft's pass for every decoding request, then each one's verify length.
-        let decoding: Vec<usize> = (0..active.len()).filter(|&a| active[a].anchor.is_some()).collect();
+        let decoding: Vec<usize> = (0..active.len()).filter(|&a| active[a].0.anchor.is_some()).collect();
         for &a in &decoding {
-            draft.append_captured(active[a].did, &active[a].pending)?;
+            draft.append_captured(active[a].0.did, &active[a].0.pending)?;
         }
         let items: Vec<(SeqId, u32)> =
-            decoding.iter().map(|&a| (active[a].did, active[a].anchor.unwrap_or(0))).collect();
+            decoding.iter().map(|&a| (active[a].0.did, active[a].0.anchor.unwrap_or(0))).collect();
         let proposals = draft.propose_batch(&items)?;
-        let mut ks: Vec<usize> = match verify {
+        let mut ks: Vec<usize> = match &self.verify {
             BatchVerify::Fixed(n) => vec![(*n).min(block); decoding.len()],
             BatchVerify::Budget(costs) => {
                 match proposals.iter().map(|p| p.survival.as_deref()).collect::<Option<Vec<_>>>() {
@@ -136,47 +199,36 @@ pub fn batched<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
         // Never verify past a request's context, nor more drafts than tokens it still wants.
         let mut lens = Vec::with_capacity(decoding.len());
         for (i, &a) in decoding.iter().enumerate() {
-            let p = target.seq_len(active[a].tid)?;
-            let wanted = requests[active[a].req].opts.max_tokens.saturating_sub(active[a].tokens.len() + 1);
+            let p = target.seq_len(active[a].0.tid)?;
+            let wanted = active[a].1.max_tokens.saturating_sub(active[a].0.tokens.len() + 1);
             ks[i] = ks[i].min(target.max_len().saturating_sub(p + 1)).min(wanted);
             lens.push(p);
         }
 
         // One target forward over every request's rows.
-        let inputs: Vec<Vec<u32>> = active
-            .iter()
-            .map(|s| match s.anchor {
-                None => requests[s.req].prompt.clone(),
-                Some(anchor) => {
-                    let i = decoding.iter().position(|&a| active[a].req == s.req).expect("decoding");
+        let slot = |a: usize| decoding.iter().position(|&d| d == a);
+        let inputs: Vec<Vec<u32>> = (0..active.len())
+            .map(|a| match (active[a].0.anchor, slot(a)) {
+                (Some(anchor), Some(i)) => {
                     std::iter::once(anchor).chain(proposals[i].tokens[..ks[i]].iter().copied()).collect()
                 }
+                _ => active[a].2.clone(),
             })
             .collect();
         let batch: Vec<(SeqId, &[u32], LogitRows)> = active
             .iter()
             .zip(&inputs)
-            .map(|(s, t)| (s.tid, t.as_slice(), if s.anchor.is_some() { LogitRows::All } else { LogitRows::Last }))
+            .map(|(s, t)| (s.0.tid, t.as_slice(), if s.0.anchor.is_some() { LogitRows::All } else { LogitRows::Last }))
             .collect();
         let results = target.forward_batch(&batch)?;
 
-        let mut finished = Vec::new();
+        let mut ended = Vec::new();
         for (a, f) in results.into_iter().enumerate() {
-            let opts = &requests[active[a].req].opts;
-            let s = &mut active[a];
-            let stop = match s.anchor {
-                None => {
-                    let first = *f.ids.last().ok_or_else(|| Error::Request("no logits row".into()))?;
-                    s.pending = f.captured;
-                    s.anchor = Some(first);
-                    if opts.max_tokens == 0 {
-                        Some(StopReason::MaxTokens)
-                    } else {
-                        emit(crate::Emitted { token: first, logprob: None }, &mut s.tokens, opts, &mut no_op)
-                    }
-                }
-                Some(_) => {
-                    let i = decoding.iter().position(|&d| d == a).expect("decoding");
+            let (s, opts, _) = &mut active[a];
+            let id = s.id;
+            let mut sink = |e: &Emitted| on_token(id, e);
+            let stop = match (s.anchor, slot(a)) {
+                (Some(_), Some(i)) => {
                     let (k, p, g) = (ks[i], lens[i], &f.ids);
                     let m = (0..k).take_while(|&j| proposals[i].tokens[j] == g[j]).count();
                     target.truncate(s.tid, p + m + 1)?;
@@ -184,12 +236,22 @@ pub fn batched<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
                     s.anchor = Some(g[m]);
                     let mut stop = None;
                     for &t in &g[..=m] {
-                        stop = emit(crate::Emitted { token: t, logprob: None }, &mut s.tokens, opts, &mut no_op);
+                        stop = emit(Emitted { token: t, logprob: None }, &mut s.tokens, opts, &mut sink);
                         if stop.is_some() {
                             break;
                         }
                     }
                     stop
+                }
+                _ => {
+                    let first = *f.ids.last().ok_or_else(|| Error::Request("no logits row".into()))?;
+                    s.pending = f.captured;
+                    s.anchor = Some(first);
+                    if opts.max_tokens == 0 {
+                        Some(StopReason::MaxTokens)
+                    } else {
+                        emit(Emitted { token: first, logprob: None }, &mut s.tokens, opts, &mut sink)
+                    }
                 }
             };
             let stop = match stop {
@@ -197,17 +259,62 @@ pub fn batched<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
                 other => other,
             };
             if let Some(stop) = stop {
-                finished.push(a);
-                let tokens = std::mem::take(&mut s.tokens);
-                out[s.req] = Some(BatchOutput { tokens, stop, rounds: (s.first_round, round) });
+                let output =
+                    BatchOutput { tokens: std::mem::take(&mut s.tokens), stop, rounds: (s.first_round, self.round) };
+                ended.push((a, Finished { id, output }));
             }
         }
-        for a in finished.into_iter().rev() {
-            let s = active.remove(a);
+        let mut finished = Vec::with_capacity(ended.len());
+        for (a, f) in ended.into_iter().rev() {
+            let (s, _, _) = self.active.remove(a);
             target.close(s.tid)?;
             draft.close(s.did)?;
+            finished.push(f);
         }
-        round += 1;
+        finished.reverse();
+        self.round += 1;
+        Ok(finished)
+    }
+}
+
+/// Runs every request to its end, at most `max_batch` at a time: request i is submitted at the
+/// round `requests[i].arrival` (rounds with nothing to run are skipped), outputs in request order.
+pub fn batched<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
+    target: &mut T,
+    draft: &mut D,
+    requests: &[BatchRequest],
+    verify: &BatchVerify,
+    max_batch: usize,
+) -> Result<Vec<BatchOutput>> {
+    let mut sched = Scheduler::new(verify.clone(), max_batch)?;
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by_key(|&i| (requests[i].arrival, i));
+    let mut arrivals = order.into_iter().peekable();
+    let mut index = Vec::with_capacity(requests.len()); // scheduler id → request index
+    let mut out: Vec<Option<BatchOutput>> = vec![None; requests.len()];
+    // Rounds the scheduler skipped while idle, so reported rounds count from round 0 of the run.
+    let mut skipped = 0usize;
+    loop {
+        let now = sched.round() + skipped;
+        if sched.is_idle() {
+            match arrivals.peek() {
+                Some(&i) if requests[i].arrival > now => skipped += requests[i].arrival - now,
+                Some(_) => {}
+                None => break,
+            }
+        }
+        let now = sched.round() + skipped;
+        while let Some(i) = arrivals.next_if(|&i| requests[i].arrival <= now) {
+            let id = sched
+                .submit(target, requests[i].prompt.clone(), requests[i].opts.clone())
+                .map_err(|e| Error::Request(format!("request {i}: {e}")))?;
+            debug_assert_eq!(id, index.len());
+            index.push(i);
+        }
+        for f in sched.step(target, draft, |_, _| ControlFlow::Continue(()))? {
+            let (a, b) = f.output.rounds;
+            out[index[f.id]] = Some(BatchOutput { rounds: (a + skipped, b + skipped), ..f.output });
+        }
     }
     out.into_iter()
         .enumerate()

@@ -180,3 +180,69 @@ fn requests_share_rounds_up_to_the_batch_limit() {
     let e = batched(&mut target, &mut draft, &bad, &BatchVerify::Fixed(4), 2).unwrap_err();
     assert!(e.to_string().contains("request 2"), "{e}");
 }
+
+/// The scheduler as a server drives it: tokens stream through the callback in commit order and
+/// add up to each request's output; a `Break` from the callback stops that request alone
+/// (`Stopped`, the tokens up to and including the one that broke); `cancel` frees a running
+/// request's sequences at once and a queued one's place.
+#[test]
+fn the_scheduler_streams_stops_and_cancels() {
+    use dspark_spec::{Scheduler, StopReason};
+    let cfg = target_config(11, 16, 2, 2, 1, 8, 128);
+    let weights = target_weights(3, &cfg);
+    let spec = DraftSpec {
+        layers: 1,
+        block_size: 3,
+        target_layer_ids: vec![0],
+        markov_rank: 4,
+        markov_kind: MarkovKind::Vanilla,
+        confidence_head: false,
+        confidence_with_markov: false,
+    };
+    let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
+    let mut draft = Sequences::new(random_draft(4, &cfg, &weights, &spec));
+    let opts = GenerateOptions { max_tokens: 24, eos_token_ids: vec![], logprobs: None };
+    let mut sched = Scheduler::new(BatchVerify::Fixed(3), 2).unwrap();
+    let ids: Vec<usize> = (0..4).map(|i| sched.submit(&target, prompt(i + 40, 4, 11), opts.clone()).unwrap()).collect();
+    let mut streamed: Vec<Vec<u32>> = vec![Vec::new(); 4];
+    let mut done = Vec::new();
+    // Request 1 breaks after its 5th token; request 3 (queued behind the first two) is cancelled.
+    assert_eq!(sched.cancel(&mut target, &mut draft, ids[3]).unwrap(), Some(vec![]));
+    while !sched.is_idle() {
+        let finished = sched
+            .step(&mut target, &mut draft, |id, e| {
+                streamed[id].push(e.token);
+                if id == ids[1] && streamed[id].len() == 5 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .unwrap();
+        assert!(target.open_count() <= 2, "at most max_batch sequences");
+        done.extend(finished);
+    }
+    assert_eq!(target.open_count(), 0);
+    let mut alone = CpuQwen3::new(cfg.clone(), weights.clone());
+    for f in &done {
+        assert_eq!(f.output.tokens, streamed[f.id], "request {}: streamed = output", f.id);
+        let plain = greedy(&mut alone, &prompt(f.id as u64 + 40, 4, 11), &opts, |_| ControlFlow::Continue(())).unwrap();
+        if f.id == ids[1] {
+            assert_eq!(f.output.stop, StopReason::Stopped);
+            assert_eq!(f.output.tokens[..], plain.tokens[..5]);
+        } else {
+            assert_eq!((&f.output.tokens, f.output.stop), (&plain.tokens, plain.stop));
+        }
+    }
+    let mut ended: Vec<usize> = done.iter().map(|f| f.id).collect();
+    ended.sort();
+    assert_eq!(ended, vec![0, 1, 2], "the cancelled request never runs");
+    // Cancelling a running request frees its sequences before its end.
+    let id = sched.submit(&target, prompt(7, 4, 11), opts.clone()).unwrap();
+    sched.step(&mut target, &mut draft, |_, _| ControlFlow::Continue(())).unwrap();
+    assert_eq!(target.open_count(), 1);
+    let so_far = sched.cancel(&mut target, &mut draft, id).unwrap().unwrap();
+    assert_eq!(so_far.len(), 1, "the prompt's round commits one token");
+    assert_eq!((target.open_count(), sched.is_idle()), (0, true));
+    assert_eq!(sched.cancel(&mut target, &mut draft, id).unwrap(), None);
+}
