@@ -54,6 +54,19 @@ fn case() -> impl Strategy<Value = Case> {
         })
 }
 
+/// A one-layer draft of `block` drafts with a rank-4 Markov head, with or without confidence.
+fn draft_spec(block: usize, confidence: bool) -> DraftSpec {
+    DraftSpec {
+        layers: 1,
+        block_size: block,
+        target_layer_ids: vec![0],
+        markov_rank: 4,
+        markov_kind: MarkovKind::Vanilla,
+        confidence_head: confidence,
+        confidence_with_markov: confidence,
+    }
+}
+
 fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
     let mut s = seed;
     (0..len)
@@ -67,15 +80,7 @@ fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
 fn check(c: &Case) -> Result<(), TestCaseError> {
     let cfg = target_config(c.vocab, 16, 2, 2, 1, 8, c.max_pos);
     let weights = target_weights(c.seed, &cfg);
-    let spec = DraftSpec {
-        layers: 1,
-        block_size: c.block,
-        target_layer_ids: vec![0],
-        markov_rank: 4,
-        markov_kind: MarkovKind::Vanilla,
-        confidence_head: c.confidence,
-        confidence_with_markov: true,
-    };
+    let spec = draft_spec(c.block, c.confidence);
     let requests: Vec<BatchRequest> = c
         .requests
         .iter()
@@ -145,15 +150,7 @@ proptest! {
 fn requests_share_rounds_up_to_the_batch_limit() {
     let cfg = target_config(9, 16, 2, 2, 1, 8, 128);
     let weights = target_weights(7, &cfg);
-    let spec = DraftSpec {
-        layers: 1,
-        block_size: 4,
-        target_layer_ids: vec![0],
-        markov_rank: 4,
-        markov_kind: MarkovKind::Vanilla,
-        confidence_head: true,
-        confidence_with_markov: true,
-    };
+    let spec = draft_spec(4, true);
     let opts = GenerateOptions { max_tokens: 20, eos_token_ids: vec![], logprobs: None };
     let requests: Vec<BatchRequest> =
         (0..4).map(|i| BatchRequest { prompt: prompt(i, 5, 9), opts: opts.clone(), arrival: 0 }).collect();
@@ -190,15 +187,7 @@ fn the_scheduler_streams_stops_and_cancels() {
     use dspark_spec::{Scheduler, StopReason};
     let cfg = target_config(11, 16, 2, 2, 1, 8, 128);
     let weights = target_weights(3, &cfg);
-    let spec = DraftSpec {
-        layers: 1,
-        block_size: 3,
-        target_layer_ids: vec![0],
-        markov_rank: 4,
-        markov_kind: MarkovKind::Vanilla,
-        confidence_head: false,
-        confidence_with_markov: false,
-    };
+    let spec = draft_spec(3, false);
     let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
     let mut draft = Sequences::new(random_draft(4, &cfg, &weights, &spec));
     let opts = GenerateOptions { max_tokens: 24, eos_token_ids: vec![], logprobs: None };

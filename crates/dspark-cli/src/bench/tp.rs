@@ -14,32 +14,20 @@
 //! That latency is a parameter until a multi-GPU run measures it (`--allreduce-us`); the speed-up
 //! over one GPU follows from both, and the all-reduces' share of the step is what bounds it.
 
+use crate::bench::configs::QWEN3_8B;
 use dspark_model::checkpoint::json::JsonObject;
 use dspark_model::{Qwen3Config, Result};
 use std::path::Path;
 
-/// Qwen3-14B, as `Qwen/Qwen3-14B`'s config.json ships it (the issue's larger target).
-pub const QWEN3_14B: &str = r#"{
-  "architectures": ["Qwen3ForCausalLM"],
-  "model_type": "qwen3",
-  "hidden_size": 5120,
-  "intermediate_size": 17408,
-  "num_hidden_layers": 40,
-  "num_attention_heads": 40,
-  "num_key_value_heads": 8,
-  "head_dim": 128,
-  "vocab_size": 151936,
-  "max_position_embeddings": 40960,
-  "rms_norm_eps": 1e-6,
-  "rope_theta": 1000000,
-  "tie_word_embeddings": false,
-  "hidden_act": "silu",
-  "torch_dtype": "bfloat16"
-}"#;
-
-/// The Qwen3-14B target config.
+/// The Qwen3-14B target config (`Qwen/Qwen3-14B`'s config.json): Qwen3-8B's with the shapes
+/// that differ.
 pub fn qwen3_14b() -> Result<Qwen3Config> {
-    Qwen3Config::from_json(&JsonObject::parse(Path::new("<built-in Qwen3-14B config>"), QWEN3_14B)?)
+    let text = QWEN3_8B
+        .replace("\"hidden_size\": 4096", "\"hidden_size\": 5120")
+        .replace("\"intermediate_size\": 12288", "\"intermediate_size\": 17408")
+        .replace("\"num_hidden_layers\": 36", "\"num_hidden_layers\": 40")
+        .replace("\"num_attention_heads\": 32", "\"num_attention_heads\": 40");
+    Qwen3Config::from_json(&JsonObject::parse(Path::new("<built-in Qwen3-14B config>"), &text)?)
 }
 
 /// One row of the model: a decode step of `cfg` on `n` GPUs at `ctx` cached positions.
