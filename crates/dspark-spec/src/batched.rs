@@ -87,6 +87,10 @@ pub struct Finished {
 pub struct Scheduler {
     verify: BatchVerify,
     max_batch: usize,
+    /// KV positions the running requests may hold together (`None`: no limit), and how many
+    /// their reservations take now.
+    kv_capacity: Option<usize>,
+    reserved: usize,
     /// Submitted, not yet admitted: (id, prompt, options), in submission order.
     waiting: std::collections::VecDeque<(usize, Vec<u32>, GenerateOptions)>,
     active: Vec<(Active, GenerateOptions, Vec<u32>)>,
@@ -100,7 +104,33 @@ impl Scheduler {
         if max_batch == 0 {
             return Err(Error::Request("max_batch must be at least 1".into()));
         }
-        Ok(Scheduler { verify, max_batch, waiting: Default::default(), active: Vec::new(), next_id: 0, round: 0 })
+        Ok(Scheduler {
+            verify,
+            max_batch,
+            kv_capacity: None,
+            reserved: 0,
+            waiting: Default::default(),
+            active: Vec::new(),
+            next_id: 0,
+            round: 0,
+        })
+    }
+
+    /// Bounds the KV positions running requests hold together (`--kv-capacity`): a request is
+    /// admitted only when its reservation — the most positions it can reach, prompt + max_tokens
+    /// at most the target's context (a verify never runs past the tokens still wanted, so the
+    /// drafts need no more) — fits beside the others', in submission order (a large request
+    /// waits rather than being passed), and gives it back when it ends or is cancelled. No
+    /// request then runs out of cache mid-generation. A request whose reservation exceeds the
+    /// whole capacity is refused at `submit`.
+    pub fn with_kv_capacity(mut self, tokens: usize) -> Scheduler {
+        self.kv_capacity = Some(tokens);
+        self
+    }
+
+    /// The positions a request reserves (see [`Scheduler::with_kv_capacity`]).
+    fn reservation(prompt: usize, opts: &GenerateOptions, max_len: usize) -> usize {
+        (prompt + opts.max_tokens).min(max_len)
     }
 
     /// Queues a request (checked here: a prompt the target can hold, no logprobs); returns its id.
@@ -119,6 +149,12 @@ impl Scheduler {
         }
         if opts.logprobs.is_some() {
             return Err(Error::Request("batched decoding reports no logprobs".into()));
+        }
+        let need = Self::reservation(prompt.len(), &opts, target.max_len());
+        if let Some(cap) = self.kv_capacity.filter(|&cap| need > cap) {
+            return Err(Error::Request(format!(
+                "prompt + max_tokens = {need} KV positions, more than the capacity of {cap}"
+            )));
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -149,7 +185,8 @@ impl Scheduler {
             return Ok(Some(Vec::new()));
         }
         let Some(a) = self.active.iter().position(|a| a.0.id == id) else { return Ok(None) };
-        let (s, _, _) = self.active.remove(a);
+        let (s, opts, prompt) = self.active.remove(a);
+        self.reserved -= Self::reservation(prompt.len(), &opts, target.max_len());
         target.close(s.tid)?;
         draft.close(s.did)?;
         Ok(Some(s.tokens))
@@ -168,6 +205,12 @@ impl Scheduler {
         let row = draft.target_layer_ids().len() * target.config().hidden_size;
         target.set_capture(draft.target_layer_ids())?;
         while self.active.len() < self.max_batch {
+            let Some((_, prompt, opts)) = self.waiting.front() else { break };
+            let need = Self::reservation(prompt.len(), opts, target.max_len());
+            if self.kv_capacity.is_some_and(|cap| self.reserved + need > cap) {
+                break;
+            }
+            self.reserved += need;
             let Some((id, prompt, opts)) = self.waiting.pop_front() else { break };
             let (tid, did) = (target.open()?, draft.open()?);
             let pending = Captured::Host(Vec::new());
@@ -266,7 +309,8 @@ impl Scheduler {
         }
         let mut finished = Vec::with_capacity(ended.len());
         for (a, f) in ended.into_iter().rev() {
-            let (s, _, _) = self.active.remove(a);
+            let (s, opts, prompt) = self.active.remove(a);
+            self.reserved -= Self::reservation(prompt.len(), &opts, target.max_len());
             target.close(s.tid)?;
             draft.close(s.did)?;
             finished.push(f);
@@ -277,16 +321,20 @@ impl Scheduler {
     }
 }
 
-/// Runs every request to its end, at most `max_batch` at a time: request i is submitted at the
-/// round `requests[i].arrival` (rounds with nothing to run are skipped), outputs in request order.
+/// Runs every request to its end, at most `max_batch` at a time and within `kv_capacity`
+/// positions ([`Scheduler::with_kv_capacity`]): request i is submitted at the round
+/// `requests[i].arrival` (rounds with nothing to run are skipped), outputs in request order.
 pub fn batched<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
     target: &mut T,
     draft: &mut D,
     requests: &[BatchRequest],
     verify: &BatchVerify,
-    max_batch: usize,
+    (max_batch, kv_capacity): (usize, Option<usize>),
 ) -> Result<Vec<BatchOutput>> {
     let mut sched = Scheduler::new(verify.clone(), max_batch)?;
+    if let Some(cap) = kv_capacity {
+        sched = sched.with_kv_capacity(cap);
+    }
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by_key(|&i| (requests[i].arrival, i));
     let mut arrivals = order.into_iter().peekable();

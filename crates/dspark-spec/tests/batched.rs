@@ -12,7 +12,7 @@
 use dspark_model::checkpoint::draft_config::MarkovKind;
 use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::testing::{random_draft, target_config, target_weights, DraftSpec};
-use dspark_model::{BatchTarget, Sequences};
+use dspark_model::{BatchTarget, Greedy, LogitRows, Qwen3Config, SeqId, Sequences};
 use dspark_spec::{batched, greedy, speculative, BatchRequest, BatchVerify, CostTable, GenerateOptions, VerifyLen};
 use proptest::prelude::*;
 use std::ops::ControlFlow;
@@ -29,6 +29,8 @@ struct Case {
     max_pos: usize,
     /// `None`: the budget; `Some(n)`: n drafts a round.
     fixed: Option<usize>,
+    /// `Some(x)`: a KV capacity of the largest request's reservation + x.
+    capacity_extra: Option<usize>,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -41,8 +43,9 @@ fn case() -> impl Strategy<Value = Case> {
         1usize..5,
         prop_oneof![Just(128usize), 12usize..40],
         prop_oneof![Just(None), (0usize..9).prop_map(Some)],
+        prop_oneof![Just(None), (0usize..60).prop_map(Some)],
     )
-        .prop_map(|(seed, vocab, block, confidence, requests, max_batch, max_pos, fixed)| Case {
+        .prop_map(|(seed, vocab, block, confidence, requests, max_batch, max_pos, fixed, capacity_extra)| Case {
             seed,
             vocab,
             block,
@@ -51,6 +54,7 @@ fn case() -> impl Strategy<Value = Case> {
             max_batch,
             max_pos,
             fixed,
+            capacity_extra,
         })
 }
 
@@ -64,6 +68,56 @@ fn draft_spec(block: usize, confidence: bool) -> DraftSpec {
         markov_kind: MarkovKind::Vanilla,
         confidence_head: confidence,
         confidence_with_markov: confidence,
+    }
+}
+
+/// A [`BatchTarget`] that records the most KV positions its open sequences held at once (during
+/// a forward, before the rollback).
+struct Metered<T> {
+    inner: T,
+    lens: std::collections::HashMap<SeqId, usize>,
+    peak: usize,
+}
+
+impl<T: BatchTarget> Metered<T> {
+    fn new(inner: T) -> Self {
+        Metered { inner, lens: Default::default(), peak: 0 }
+    }
+}
+
+impl<T: BatchTarget> BatchTarget for Metered<T> {
+    fn config(&self) -> &Qwen3Config {
+        self.inner.config()
+    }
+    fn max_len(&self) -> usize {
+        self.inner.max_len()
+    }
+    fn open(&mut self) -> dspark_model::Result<SeqId> {
+        let id = self.inner.open()?;
+        self.lens.insert(id, 0);
+        Ok(id)
+    }
+    fn close(&mut self, id: SeqId) -> dspark_model::Result<()> {
+        self.lens.remove(&id);
+        self.inner.close(id)
+    }
+    fn seq_len(&mut self, id: SeqId) -> dspark_model::Result<usize> {
+        self.inner.seq_len(id)
+    }
+    fn truncate(&mut self, id: SeqId, len: usize) -> dspark_model::Result<()> {
+        self.lens.insert(id, len);
+        self.inner.truncate(id, len)
+    }
+    fn set_capture(&mut self, layers: &[usize]) -> dspark_model::Result<()> {
+        self.inner.set_capture(layers)
+    }
+    fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> dspark_model::Result<Vec<Greedy>> {
+        for &(id, tokens, _) in items {
+            let len = self.inner.seq_len(id)? + tokens.len();
+            self.lens.insert(id, len);
+        }
+        self.peak = self.peak.max(self.lens.values().sum());
+        self.inner.forward_batch(items)
     }
 }
 
@@ -104,10 +158,18 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             BatchVerify::Budget(CostTable { seconds: (1..=tokens).map(|n| 1.0 + slope * n as f64).collect() })
         }
     };
-    let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
+    let target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
     let mut draft = Sequences::new(random_draft(c.seed ^ 0xD5, &cfg, &weights, &spec));
-    let out = batched(&mut target, &mut draft, &requests, &verify, c.max_batch)
+    // A KV capacity from the largest request's reservation up (or none): never exceeded.
+    let largest = requests.iter().map(|r| (r.prompt.len() + r.opts.max_tokens).min(c.max_pos)).max().unwrap_or(0);
+    let capacity = c.capacity_extra.map(|x| largest + x);
+    let mut target = Metered::new(target);
+    let out = batched(&mut target, &mut draft, &requests, &verify, (c.max_batch, capacity))
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    if let Some(cap) = capacity {
+        prop_assert!(target.peak <= cap, "{} KV positions held at once, capacity {}", target.peak, cap);
+    }
+    let target = target.inner;
     prop_assert_eq!(target.open_count(), 0, "every sequence closed");
     let mut alone = CpuQwen3::new(cfg.clone(), weights.clone());
     for (i, r) in requests.iter().enumerate() {
@@ -157,7 +219,7 @@ fn requests_share_rounds_up_to_the_batch_limit() {
     let run = |max_batch| {
         let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
         let mut draft = Sequences::new(random_draft(8, &cfg, &weights, &spec));
-        let out = batched(&mut target, &mut draft, &requests, &BatchVerify::Fixed(4), max_batch).unwrap();
+        let out = batched(&mut target, &mut draft, &requests, &BatchVerify::Fixed(4), (max_batch, None)).unwrap();
         assert_eq!(target.max_len(), 128);
         out
     };
@@ -174,14 +236,14 @@ fn requests_share_rounds_up_to_the_batch_limit() {
     bad[2].prompt.clear();
     let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
     let mut draft = Sequences::new(random_draft(8, &cfg, &weights, &spec));
-    let e = batched(&mut target, &mut draft, &bad, &BatchVerify::Fixed(4), 2).unwrap_err();
+    let e = batched(&mut target, &mut draft, &bad, &BatchVerify::Fixed(4), (2, None)).unwrap_err();
     assert!(e.to_string().contains("request 2"), "{e}");
 }
 
 /// The scheduler as a server drives it: tokens stream through the callback in commit order and
 /// add up to each request's output; a `Break` from the callback stops that request alone
 /// (`Stopped`, the tokens up to and including the one that broke); `cancel` frees a running
-/// request's sequences at once and a queued one's place.
+/// request's sequences at once and a queued one's place; a KV capacity refuses what cannot fit.
 #[test]
 fn the_scheduler_streams_stops_and_cancels() {
     use dspark_spec::{Scheduler, StopReason};
@@ -234,4 +296,9 @@ fn the_scheduler_streams_stops_and_cancels() {
     assert_eq!(so_far.len(), 1, "the prompt's round commits one token");
     assert_eq!((target.open_count(), sched.is_idle()), (0, true));
     assert_eq!(sched.cancel(&mut target, &mut draft, id).unwrap(), None);
+    // A request that could outgrow the whole KV capacity is refused when submitted.
+    let mut small = Scheduler::new(BatchVerify::Fixed(3), 2).unwrap().with_kv_capacity(27);
+    let e = small.submit(&target, prompt(5, 4, 11), opts.clone()).unwrap_err();
+    assert!(e.to_string().contains("28 KV positions") && e.to_string().contains("27"), "{e}");
+    assert!(small.submit(&target, prompt(5, 3, 11), opts.clone()).is_ok());
 }
