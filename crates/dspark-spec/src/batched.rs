@@ -18,8 +18,8 @@
 //! Each request's round is exactly [`speculative`](crate::speculative)'s round on its own
 //! sequence, so its output equals plain greedy decoding of its prompt alone, whoever shares the
 //! batch and whatever the budget admits (tests/batched.rs checks it with random arrivals). A
-//! request's prompt goes through in one item; chunking long prompts across rounds is left to the
-//! backend that needs it (the CUDA one).
+//! request's prompt goes through in one item, or in chunks of one per round
+//! ([`Scheduler::with_prefill_chunk`]) so that a long prompt does not stall the others' tokens.
 //!
 //! [`Scheduler`] is the loop as a server drives it: `submit` any time, `step` runs one round
 //! and reports each committed token to a callback (whose `Break` stops that request, as the
@@ -72,6 +72,8 @@ struct Active {
     /// The newest token, not yet in the target's cache; `None` until the prompt has run.
     anchor: Option<u32>,
     pending: Captured,
+    /// Prompt tokens already in the target's cache (while `anchor` is `None`).
+    prefilled: usize,
     first_round: usize,
 }
 
@@ -91,6 +93,8 @@ pub struct Scheduler {
     /// their reservations take now.
     kv_capacity: Option<usize>,
     reserved: usize,
+    /// Prompt tokens a request puts through one round's forward (`None`: its whole prompt).
+    prefill_chunk: Option<usize>,
     /// Submitted, not yet admitted: (id, prompt, options), in submission order.
     waiting: std::collections::VecDeque<(usize, Vec<u32>, GenerateOptions)>,
     active: Vec<(Active, GenerateOptions, Vec<u32>)>,
@@ -109,6 +113,7 @@ impl Scheduler {
             max_batch,
             kv_capacity: None,
             reserved: 0,
+            prefill_chunk: None,
             waiting: Default::default(),
             active: Vec::new(),
             next_id: 0,
@@ -125,6 +130,15 @@ impl Scheduler {
     /// whole capacity is refused at `submit`.
     pub fn with_kv_capacity(mut self, tokens: usize) -> Scheduler {
         self.kv_capacity = Some(tokens);
+        self
+    }
+
+    /// Splits prompts into chunks of at most `tokens` (≥ 1), one chunk a round, so a long prompt
+    /// shares each round with the others' verify rows instead of stalling them for its whole
+    /// length. Each chunk's captured rows go to the draft as they come (as
+    /// [`prefill`](crate::prefill) does); the last chunk gives the first token.
+    pub fn with_prefill_chunk(mut self, tokens: usize) -> Scheduler {
+        self.prefill_chunk = Some(tokens.max(1));
         self
     }
 
@@ -214,7 +228,16 @@ impl Scheduler {
             let Some((id, prompt, opts)) = self.waiting.pop_front() else { break };
             let (tid, did) = (target.open()?, draft.open()?);
             let pending = Captured::Host(Vec::new());
-            let s = Active { id, tid, did, tokens: Vec::new(), anchor: None, pending, first_round: self.round };
+            let s = Active {
+                id,
+                tid,
+                did,
+                tokens: Vec::new(),
+                anchor: None,
+                pending,
+                prefilled: 0,
+                first_round: self.round,
+            };
             self.active.push((s, opts, prompt));
         }
         if self.active.is_empty() {
@@ -255,7 +278,11 @@ impl Scheduler {
                 (Some(anchor), Some(i)) => {
                     std::iter::once(anchor).chain(proposals[i].tokens[..ks[i]].iter().copied()).collect()
                 }
-                _ => active[a].2.clone(),
+                _ => {
+                    let (done, prompt) = (active[a].0.prefilled, &active[a].2);
+                    let end = self.prefill_chunk.map_or(prompt.len(), |c| (done + c).min(prompt.len()));
+                    prompt[done..end].to_vec()
+                }
             })
             .collect();
         let batch: Vec<(SeqId, &[u32], LogitRows)> = active
@@ -267,8 +294,14 @@ impl Scheduler {
 
         let mut ended = Vec::new();
         for (a, f) in results.into_iter().enumerate() {
-            let (s, opts, _) = &mut active[a];
+            let (s, opts, prompt) = &mut active[a];
             let id = s.id;
+            if s.anchor.is_none() && s.prefilled + inputs[a].len() < prompt.len() {
+                // A prompt chunk before the last: its rows go to the draft now.
+                s.prefilled += inputs[a].len();
+                draft.append_captured(s.did, &f.captured)?;
+                continue;
+            }
             let mut sink = |e: &Emitted| on_token(id, e);
             let stop = match (s.anchor, slot(a)) {
                 (Some(_), Some(i)) => {
@@ -321,19 +354,32 @@ impl Scheduler {
     }
 }
 
-/// Runs every request to its end, at most `max_batch` at a time and within `kv_capacity`
-/// positions ([`Scheduler::with_kv_capacity`]): request i is submitted at the round
+/// The limits of a batched run (see [`Scheduler`]'s builders).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Requests running at once.
+    pub max_batch: usize,
+    /// KV positions they may hold together ([`Scheduler::with_kv_capacity`]).
+    pub kv_capacity: Option<usize>,
+    /// Prompt tokens a request puts through one round ([`Scheduler::with_prefill_chunk`]).
+    pub prefill_chunk: Option<usize>,
+}
+
+/// Runs every request to its end within `limits`: request i is submitted at the round
 /// `requests[i].arrival` (rounds with nothing to run are skipped), outputs in request order.
 pub fn batched<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
     target: &mut T,
     draft: &mut D,
     requests: &[BatchRequest],
     verify: &BatchVerify,
-    (max_batch, kv_capacity): (usize, Option<usize>),
+    limits: BatchLimits,
 ) -> Result<Vec<BatchOutput>> {
-    let mut sched = Scheduler::new(verify.clone(), max_batch)?;
-    if let Some(cap) = kv_capacity {
+    let mut sched = Scheduler::new(verify.clone(), limits.max_batch)?;
+    if let Some(cap) = limits.kv_capacity {
         sched = sched.with_kv_capacity(cap);
+    }
+    if let Some(chunk) = limits.prefill_chunk {
+        sched = sched.with_prefill_chunk(chunk);
     }
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by_key(|&i| (requests[i].arrival, i));

@@ -26,7 +26,7 @@ pub mod verify_budget;
 pub mod verify_len;
 
 pub use acceptance::{AcceptanceCheck, LowAcceptance};
-pub use batched::{batched, BatchOutput, BatchRequest, BatchVerify, Finished, Scheduler};
+pub use batched::{batched, BatchLimits, BatchOutput, BatchRequest, BatchVerify, Finished, Scheduler};
 pub use greedy::{greedy, GenerateOptions};
 pub use logprobs::{token_logprob, Emitted, TokenLogprob};
 pub use sampled::{sample, speculative_sampled, DraftLaw};

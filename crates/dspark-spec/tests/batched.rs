@@ -13,7 +13,9 @@ use dspark_model::checkpoint::draft_config::MarkovKind;
 use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::testing::{random_draft, target_config, target_weights, DraftSpec};
 use dspark_model::{BatchTarget, Greedy, LogitRows, Qwen3Config, SeqId, Sequences};
-use dspark_spec::{batched, greedy, speculative, BatchRequest, BatchVerify, CostTable, GenerateOptions, VerifyLen};
+use dspark_spec::{
+    batched, greedy, speculative, BatchLimits, BatchRequest, BatchVerify, CostTable, GenerateOptions, VerifyLen,
+};
 use proptest::prelude::*;
 use std::ops::ControlFlow;
 
@@ -31,6 +33,8 @@ struct Case {
     fixed: Option<usize>,
     /// `Some(x)`: a KV capacity of the largest request's reservation + x.
     capacity_extra: Option<usize>,
+    /// Prompt tokens a request puts through a round (`None`: whole prompts).
+    prefill_chunk: Option<usize>,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -44,18 +48,24 @@ fn case() -> impl Strategy<Value = Case> {
         prop_oneof![Just(128usize), 12usize..40],
         prop_oneof![Just(None), (0usize..9).prop_map(Some)],
         prop_oneof![Just(None), (0usize..60).prop_map(Some)],
+        prop_oneof![Just(None), (1usize..5).prop_map(Some)],
     )
-        .prop_map(|(seed, vocab, block, confidence, requests, max_batch, max_pos, fixed, capacity_extra)| Case {
-            seed,
-            vocab,
-            block,
-            confidence,
-            requests,
-            max_batch,
-            max_pos,
-            fixed,
-            capacity_extra,
-        })
+        .prop_map(
+            |(seed, vocab, block, confidence, requests, max_batch, max_pos, fixed, capacity_extra, prefill_chunk)| {
+                Case {
+                    seed,
+                    vocab,
+                    block,
+                    confidence,
+                    requests,
+                    max_batch,
+                    max_pos,
+                    fixed,
+                    capacity_extra,
+                    prefill_chunk,
+                }
+            },
+        )
 }
 
 /// A one-layer draft of `block` drafts with a rank-4 Markov head, with or without confidence.
@@ -121,6 +131,10 @@ impl<T: BatchTarget> BatchTarget for Metered<T> {
     }
 }
 
+fn limits(max_batch: usize) -> BatchLimits {
+    BatchLimits { max_batch, kv_capacity: None, prefill_chunk: None }
+}
+
 fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
     let mut s = seed;
     (0..len)
@@ -164,8 +178,9 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     let largest = requests.iter().map(|r| (r.prompt.len() + r.opts.max_tokens).min(c.max_pos)).max().unwrap_or(0);
     let capacity = c.capacity_extra.map(|x| largest + x);
     let mut target = Metered::new(target);
-    let out = batched(&mut target, &mut draft, &requests, &verify, (c.max_batch, capacity))
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let limits = BatchLimits { max_batch: c.max_batch, kv_capacity: capacity, prefill_chunk: c.prefill_chunk };
+    let out =
+        batched(&mut target, &mut draft, &requests, &verify, limits).map_err(|e| TestCaseError::fail(e.to_string()))?;
     if let Some(cap) = capacity {
         prop_assert!(target.peak <= cap, "{} KV positions held at once, capacity {}", target.peak, cap);
     }
@@ -187,7 +202,9 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             })
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let rounds = solo.spec.as_ref().map_or(0, |s| s.verified.len());
-            prop_assert_eq!(out[i].rounds.1 - out[i].rounds.0, rounds, "request {}: rounds", i);
+            // Its prompt took one round, or one a chunk.
+            let prefill = c.prefill_chunk.map_or(1, |k| r.prompt.len().div_ceil(k));
+            prop_assert_eq!(out[i].rounds.1 - out[i].rounds.0 + 1, prefill + rounds, "request {}: rounds", i);
         }
     }
     Ok(())
@@ -219,7 +236,7 @@ fn requests_share_rounds_up_to_the_batch_limit() {
     let run = |max_batch| {
         let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
         let mut draft = Sequences::new(random_draft(8, &cfg, &weights, &spec));
-        let out = batched(&mut target, &mut draft, &requests, &BatchVerify::Fixed(4), (max_batch, None)).unwrap();
+        let out = batched(&mut target, &mut draft, &requests, &BatchVerify::Fixed(4), limits(max_batch)).unwrap();
         assert_eq!(target.max_len(), 128);
         out
     };
@@ -236,7 +253,7 @@ fn requests_share_rounds_up_to_the_batch_limit() {
     bad[2].prompt.clear();
     let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
     let mut draft = Sequences::new(random_draft(8, &cfg, &weights, &spec));
-    let e = batched(&mut target, &mut draft, &bad, &BatchVerify::Fixed(4), (2, None)).unwrap_err();
+    let e = batched(&mut target, &mut draft, &bad, &BatchVerify::Fixed(4), limits(2)).unwrap_err();
     assert!(e.to_string().contains("request 2"), "{e}");
 }
 
