@@ -75,6 +75,8 @@ struct Active {
     /// Prompt tokens already in the target's cache (while `anchor` is `None`).
     prefilled: usize,
     first_round: usize,
+    prompt: Vec<u32>,
+    opts: GenerateOptions,
 }
 
 /// What [`Scheduler::step`] reports about a request that ended in its round.
@@ -97,7 +99,7 @@ pub struct Scheduler {
     prefill_chunk: Option<usize>,
     /// Submitted, not yet admitted: (id, prompt, options), in submission order.
     waiting: std::collections::VecDeque<(usize, Vec<u32>, GenerateOptions)>,
-    active: Vec<(Active, GenerateOptions, Vec<u32>)>,
+    active: Vec<Active>,
     next_id: usize,
     round: usize,
 }
@@ -198,9 +200,9 @@ impl Scheduler {
             self.waiting.remove(w);
             return Ok(Some(Vec::new()));
         }
-        let Some(a) = self.active.iter().position(|a| a.0.id == id) else { return Ok(None) };
-        let (s, opts, prompt) = self.active.remove(a);
-        self.reserved -= Self::reservation(prompt.len(), &opts, target.max_len());
+        let Some(a) = self.active.iter().position(|a| a.id == id) else { return Ok(None) };
+        let s = self.active.remove(a);
+        self.reserved -= Self::reservation(s.prompt.len(), &s.opts, target.max_len());
         target.close(s.tid)?;
         draft.close(s.did)?;
         Ok(Some(s.tokens))
@@ -237,8 +239,10 @@ impl Scheduler {
                 pending,
                 prefilled: 0,
                 first_round: self.round,
+                prompt,
+                opts,
             };
-            self.active.push((s, opts, prompt));
+            self.active.push(s);
         }
         if self.active.is_empty() {
             return Ok(Vec::new());
@@ -246,12 +250,12 @@ impl Scheduler {
         let active = &mut self.active;
 
         // The draft's pass for every decoding request, then each one's verify length.
-        let decoding: Vec<usize> = (0..active.len()).filter(|&a| active[a].0.anchor.is_some()).collect();
+        let decoding: Vec<usize> = (0..active.len()).filter(|&a| active[a].anchor.is_some()).collect();
         for &a in &decoding {
-            draft.append_captured(active[a].0.did, &active[a].0.pending)?;
+            draft.append_captured(active[a].did, &active[a].pending)?;
         }
         let items: Vec<(SeqId, u32)> =
-            decoding.iter().map(|&a| (active[a].0.did, active[a].0.anchor.unwrap_or(0))).collect();
+            decoding.iter().map(|&a| (active[a].did, active[a].anchor.unwrap_or(0))).collect();
         let proposals = draft.propose_batch(&items)?;
         let mut ks: Vec<usize> = match &self.verify {
             BatchVerify::Fixed(n) => vec![(*n).min(block); decoding.len()],
@@ -265,8 +269,8 @@ impl Scheduler {
         // Never verify past a request's context, nor more drafts than tokens it still wants.
         let mut lens = Vec::with_capacity(decoding.len());
         for (i, &a) in decoding.iter().enumerate() {
-            let p = target.seq_len(active[a].0.tid)?;
-            let wanted = active[a].1.max_tokens.saturating_sub(active[a].0.tokens.len() + 1);
+            let p = target.seq_len(active[a].tid)?;
+            let wanted = active[a].opts.max_tokens.saturating_sub(active[a].tokens.len() + 1);
             ks[i] = ks[i].min(target.max_len().saturating_sub(p + 1)).min(wanted);
             lens.push(p);
         }
@@ -274,12 +278,12 @@ impl Scheduler {
         // One target forward over every request's rows.
         let slot = |a: usize| decoding.iter().position(|&d| d == a);
         let inputs: Vec<Vec<u32>> = (0..active.len())
-            .map(|a| match (active[a].0.anchor, slot(a)) {
+            .map(|a| match (active[a].anchor, slot(a)) {
                 (Some(anchor), Some(i)) => {
                     std::iter::once(anchor).chain(proposals[i].tokens[..ks[i]].iter().copied()).collect()
                 }
                 _ => {
-                    let (done, prompt) = (active[a].0.prefilled, &active[a].2);
+                    let (done, prompt) = (active[a].prefilled, &active[a].prompt);
                     let end = self.prefill_chunk.map_or(prompt.len(), |c| (done + c).min(prompt.len()));
                     prompt[done..end].to_vec()
                 }
@@ -288,15 +292,15 @@ impl Scheduler {
         let batch: Vec<(SeqId, &[u32], LogitRows)> = active
             .iter()
             .zip(&inputs)
-            .map(|(s, t)| (s.0.tid, t.as_slice(), if s.0.anchor.is_some() { LogitRows::All } else { LogitRows::Last }))
+            .map(|(s, t)| (s.tid, t.as_slice(), if s.anchor.is_some() { LogitRows::All } else { LogitRows::Last }))
             .collect();
         let results = target.forward_batch(&batch)?;
 
         let mut ended = Vec::new();
         for (a, f) in results.into_iter().enumerate() {
-            let (s, opts, prompt) = &mut active[a];
+            let s = &mut active[a];
             let id = s.id;
-            if s.anchor.is_none() && s.prefilled + inputs[a].len() < prompt.len() {
+            if s.anchor.is_none() && s.prefilled + inputs[a].len() < s.prompt.len() {
                 // A prompt chunk before the last: its rows go to the draft now.
                 s.prefilled += inputs[a].len();
                 draft.append_captured(s.did, &f.captured)?;
@@ -312,7 +316,7 @@ impl Scheduler {
                     s.anchor = Some(g[m]);
                     let mut stop = None;
                     for &t in &g[..=m] {
-                        stop = emit(Emitted { token: t, logprob: None }, &mut s.tokens, opts, &mut sink);
+                        stop = emit(Emitted { token: t, logprob: None }, &mut s.tokens, &s.opts, &mut sink);
                         if stop.is_some() {
                             break;
                         }
@@ -323,10 +327,10 @@ impl Scheduler {
                     let first = *f.ids.last().ok_or_else(|| Error::Request("no logits row".into()))?;
                     s.pending = f.captured;
                     s.anchor = Some(first);
-                    if opts.max_tokens == 0 {
+                    if s.opts.max_tokens == 0 {
                         Some(StopReason::MaxTokens)
                     } else {
-                        emit(Emitted { token: first, logprob: None }, &mut s.tokens, opts, &mut sink)
+                        emit(Emitted { token: first, logprob: None }, &mut s.tokens, &s.opts, &mut sink)
                     }
                 }
             };
@@ -342,8 +346,8 @@ impl Scheduler {
         }
         let mut finished = Vec::with_capacity(ended.len());
         for (a, f) in ended.into_iter().rev() {
-            let (s, opts, prompt) = self.active.remove(a);
-            self.reserved -= Self::reservation(prompt.len(), &opts, target.max_len());
+            let s = self.active.remove(a);
+            self.reserved -= Self::reservation(s.prompt.len(), &s.opts, target.max_len());
             target.close(s.tid)?;
             draft.close(s.did)?;
             finished.push(f);
