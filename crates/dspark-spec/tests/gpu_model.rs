@@ -277,6 +277,27 @@ fn two_layer_draft(block_size: usize, markov_kind: MarkovKind, confidence: bool)
     }
 }
 
+/// CUDA greedy = CPU greedy for `prompt` (a fresh CPU target from `cpu`'s folder is the caller's),
+/// and speculative = that greedy on CUDA at each verify length of `ks`; returns the greedy tokens.
+fn greedy_and_speculative_agree(
+    cpu: &mut CpuQwen3,
+    t: &mut CudaQwen3,
+    dr: &mut CudaDraft,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    ks: [usize; 2],
+    name: &str,
+) -> Vec<u32> {
+    let want = greedy(cpu, prompt, opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+    let plain = greedy(t, prompt, opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+    assert_eq!(plain, want, "{name}: CUDA greedy != CPU greedy");
+    for k in ks {
+        let out = speculative(t, dr, prompt, opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(())).unwrap().tokens;
+        assert_eq!(out, plain, "{name}: speculative (verify {k}) != greedy");
+    }
+    plain
+}
+
 /// CUDA logits against the CPU's at 1e-4 for a prompt, then (after rolling both back to half
 /// the prompt) a verify-shaped step of `rows` and a decode step of its first token.
 fn steps_match_the_cpu(cpu: &mut CpuQwen3, cuda: &mut CudaQwen3, prompt: &[u32], rows: &[u32], name: &str) {

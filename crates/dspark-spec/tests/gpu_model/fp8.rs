@@ -66,15 +66,8 @@ fn fp8_targets_match_the_cpu_and_stay_lossless() {
         let mut t = CudaQwen3::load(gpu(), &tdir, 256).unwrap();
         let mut dr = CudaDraft::load(&ddir, &t).unwrap();
         let mut cpu = CpuQwen3::load(&tdir).unwrap();
-        let want = greedy(&mut cpu, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
-        let plain = greedy(&mut t, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
-        assert_eq!(plain, want, "{name}: CUDA greedy != CPU greedy");
-        for k in [7, 1 + rng.below(7)] {
-            let out = speculative(&mut t, &mut dr, &prompt, &opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens;
-            assert_eq!(out, plain, "{name}: speculative (verify {k}) != greedy");
-        }
+        let ks = [7, 1 + rng.below(7)];
+        greedy_and_speculative_agree(&mut cpu, &mut t, &mut dr, &prompt, &opts, ks, &name);
         // After a GEMM prefill: plain and speculative share it, so they still agree.
         t.set_prefill(PrefillMode::Gemm);
         let plain = greedy(&mut t, &long, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;

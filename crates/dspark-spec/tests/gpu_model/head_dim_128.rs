@@ -30,14 +30,7 @@ fn qwen3_8b_attention_shape_matches_the_cpu_and_stays_lossless() {
         let mut cpu = CpuQwen3::load(&tdir).unwrap();
         let mut t = CudaQwen3::load(gpu(), &tdir, 160).unwrap();
         let mut dr = CudaDraft::load(&ddir, &t).unwrap();
-        let want = greedy(&mut cpu, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
-        let plain = greedy(&mut t, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
-        assert_eq!(plain, want, "{name}: CUDA greedy != CPU greedy");
-        for k in [7, 1 + rng.below(7)] {
-            let out = speculative(&mut t, &mut dr, &prompt, &opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens;
-            assert_eq!(out, plain, "{name}: speculative (verify {k}) != greedy");
-        }
+        let ks = [7, 1 + rng.below(7)];
+        greedy_and_speculative_agree(&mut cpu, &mut t, &mut dr, &prompt, &opts, ks, &name);
     }
 }
