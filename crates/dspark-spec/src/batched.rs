@@ -97,6 +97,9 @@ pub struct Scheduler {
     reserved: usize,
     /// Prompt tokens a request puts through one round's forward (`None`: its whole prompt).
     prefill_chunk: Option<usize>,
+    /// Whether the target captures the draft's taps yet (set on the first round; a scheduler
+    /// serves one target and draft).
+    capture_set: bool,
     /// Submitted, not yet admitted: (id, prompt, options), in submission order.
     waiting: std::collections::VecDeque<(usize, Vec<u32>, GenerateOptions)>,
     active: Vec<Active>,
@@ -116,6 +119,7 @@ impl Scheduler {
             kv_capacity: None,
             reserved: 0,
             prefill_chunk: None,
+            capture_set: false,
             waiting: Default::default(),
             active: Vec::new(),
             next_id: 0,
@@ -219,7 +223,11 @@ impl Scheduler {
     ) -> Result<Vec<Finished>> {
         let block = draft.block_size();
         let row = draft.target_layer_ids().len() * target.config().hidden_size;
-        target.set_capture(draft.target_layer_ids())?;
+        // Once: a CUDA target drops its captured graphs whenever its capture list is set.
+        if !self.capture_set {
+            target.set_capture(draft.target_layer_ids())?;
+            self.capture_set = true;
+        }
         while self.active.len() < self.max_batch {
             let Some((_, prompt, opts)) = self.waiting.front() else { break };
             let need = Self::reservation(prompt.len(), opts, target.max_len());
