@@ -48,7 +48,8 @@ impl Forward {
 pub enum Captured {
     /// `[rows, T · hidden]` row-major.
     Host(Vec<f32>),
-    /// The first `rows` rows of the target's shared capture buffer, valid until its next forward.
+    /// Rows `first .. first + rows` of a device buffer the target shares with its drafts, valid
+    /// until its next forward (a batched forward's items have their rows one after another).
     Device(DeviceRows),
 }
 
@@ -58,6 +59,8 @@ pub struct DeviceRows {
     /// Which buffer and which forward wrote it; a draft refuses a stale handle.
     pub buffer: usize,
     pub generation: u64,
+    /// The first row of these captures in the buffer.
+    pub first: usize,
     pub rows: usize,
 }
 
@@ -422,7 +425,7 @@ mod tests {
             Captured::Host(v) => assert_eq!(v, vec![0., 1., 2., 3., 4., 5., 6., 7.]),
             other => panic!("{other:?}"),
         }
-        let dev = Captured::Device(DeviceRows { buffer: 7, generation: 3, rows: 8 });
+        let dev = Captured::Device(DeviceRows { buffer: 7, generation: 3, first: 0, rows: 8 });
         match dev.prefix(5, 4) {
             Captured::Device(d) => assert_eq!((d.buffer, d.generation, d.rows), (7, 3, 5)),
             other => panic!("{other:?}"),

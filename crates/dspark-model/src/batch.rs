@@ -24,9 +24,14 @@ pub type SeqId = usize;
 /// the model's current state with `state` (the weights stay).
 pub trait SeqState {
     type State;
-    /// An empty state, as the model has after construction.
-    fn new_state(&self) -> Self::State;
+    /// An empty state, as the model has after construction (a GPU model takes it from a pool
+    /// planned at start-up, and fails when the pool is empty).
+    fn new_state(&mut self) -> Result<Self::State>;
     fn swap_state(&mut self, state: &mut Self::State);
+    /// Takes back the state of a closed sequence (a GPU model returns its buffers to the pool).
+    fn release_state(&mut self, state: Self::State) {
+        drop(state);
+    }
 }
 
 /// A target holding several sequences, whose forward takes rows of many of them at once.
@@ -77,9 +82,14 @@ impl<M: SeqState> Sequences<M> {
         self.states.iter().filter(|s| s.is_some()).count()
     }
 
-    fn open_state(&mut self) -> SeqId {
-        let state = self.model.new_state();
-        match self.states.iter().position(Option::is_none) {
+    /// The model itself (its current state is the one it had before any sequence opened).
+    pub fn model(&mut self) -> &mut M {
+        &mut self.model
+    }
+
+    fn open_state(&mut self) -> Result<SeqId> {
+        let state = self.model.new_state()?;
+        Ok(match self.states.iter().position(Option::is_none) {
             Some(id) => {
                 self.states[id] = Some(state);
                 id
@@ -88,21 +98,22 @@ impl<M: SeqState> Sequences<M> {
                 self.states.push(Some(state));
                 self.states.len() - 1
             }
-        }
+        })
     }
 
     fn close_state(&mut self, id: SeqId) -> Result<()> {
-        match self.states.get_mut(id) {
-            Some(s @ Some(_)) => {
-                *s = None;
+        match self.states.get_mut(id).and_then(Option::take) {
+            Some(state) => {
+                self.model.release_state(state);
                 Ok(())
             }
-            _ => Err(Error::Request(format!("sequence {id} is not open"))),
+            None => Err(Error::Request(format!("sequence {id} is not open"))),
         }
     }
 
-    /// Runs `f` on the model with sequence `id`'s state swapped in.
-    fn with<R>(&mut self, id: SeqId, f: impl FnOnce(&mut M) -> Result<R>) -> Result<R> {
+    /// Runs `f` on the model with sequence `id`'s state swapped in (the bench holds a draft
+    /// context's length fixed through it).
+    pub fn with<R>(&mut self, id: SeqId, f: impl FnOnce(&mut M) -> Result<R>) -> Result<R> {
         let state = match self.states.get_mut(id) {
             Some(Some(s)) => s,
             _ => return Err(Error::Request(format!("sequence {id} is not open"))),
@@ -124,7 +135,7 @@ impl<M: SeqState + TargetModel> BatchTarget for Sequences<M> {
     }
 
     fn open(&mut self) -> Result<SeqId> {
-        Ok(self.open_state())
+        self.open_state()
     }
 
     fn close(&mut self, id: SeqId) -> Result<()> {
@@ -158,7 +169,7 @@ impl<M: SeqState + Drafter> BatchDrafter for Sequences<M> {
     }
 
     fn open(&mut self) -> Result<SeqId> {
-        Ok(self.open_state())
+        self.open_state()
     }
 
     fn close(&mut self, id: SeqId) -> Result<()> {

@@ -12,6 +12,8 @@
 //!   handed to the draft == host captures, stale capture handles refused;
 //! * Qwen3-8B's attention shape (head dim 128, four query heads per KV head) on bf16 pairs:
 //!   logits against the CPU, greedy = CPU greedy = speculative (`gpu_model/head_dim_128.rs`).
+//! * many requests in one target (`batched.rs`): a batched forward's items = each sequence
+//!   alone, bit for bit; batched rounds = each request's solo greedy and solo round count.
 //! * a bf16 KV cache against the CPU reference rounded alike, and lossless on it (`kv_bf16.rs`).
 //! * FP8 targets in Qwen's block-scaled layout: logits against the CPU's dequantized reference,
 //!   the GEMM prefill, greedy = CPU greedy = speculative (`fp8.rs`).
@@ -533,6 +535,9 @@ fn graph_replays_match_eager_launches_bit_for_bit() {
         token = ga.ids[0];
     }
 }
+
+#[path = "gpu_model/batched.rs"]
+mod batched;
 
 #[path = "gpu_model/fp8.rs"]
 mod fp8;

@@ -26,6 +26,7 @@
 //! embeddings and head; its phases and projections carry the suffix `_fp8` and their floors
 //! count the FP8 bytes.
 
+mod concurrency;
 mod configs;
 mod prefill;
 mod projections;
@@ -96,6 +97,13 @@ pub struct BenchArgs {
     /// until a multi-GPU run measures it.
     #[arg(long, default_value_t = 8.0)]
     pub allreduce_us: f64,
+    /// Requests per batched round to measure (issue #30, `concurrency.rs`), at each of
+    /// `--contexts`; empty: none.
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Tuning: only the batched rounds of `--concurrency`, no other phase.
+    #[arg(long)]
+    pub concurrency_only: bool,
 }
 
 /// A target weight format of the bench.
@@ -145,8 +153,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut measured = Measured::default();
     let mut formats = args.weights.clone();
     formats.dedup();
-    for &format in formats.iter().filter(|_| !args.projections_only) {
+    for &format in formats.iter().filter(|_| !args.projections_only && !args.concurrency_only) {
         measure_model(&args, &gpu, format, max_ctx, ceiling, &mut measured)?;
+    }
+    let mut batched = Vec::new();
+    if args.concurrency.contains(&0) {
+        bail!("--concurrency: every level must be at least 1 request");
+    }
+    if !args.concurrency.is_empty() {
+        for &ctx in &args.contexts {
+            eprintln!("bench: batched rounds at {ctx} positions, requests {:?}", args.concurrency);
+            let weights = RandomWeights::new(gpu.clone(), args.seed, 0.02);
+            let target =
+                CudaQwen3::from_source_kv(gpu.clone(), configs::qwen3_8b()?, &weights, max_ctx, args.kv_cache)?;
+            let dw = RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02);
+            let draft = CudaDraft::from_source(configs::dspark_8b()?, &dw, &target)?;
+            let mut rng = args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let vocab = target.config().vocab_size as u64;
+            let mut token = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                (rng % vocab) as u32
+            };
+            batched.extend(concurrency::measure(target, draft, ctx, &args.concurrency, args.iters, &mut token)?);
+        }
     }
     let Measured { phases, modelled, profiles, prefill, notes: model_notes } = measured;
 
@@ -208,6 +239,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         modelled,
         profiles,
         prefill,
+        concurrency: batched,
         notes: [
             vec![
                 format!("KV caches are {} (`--kv-cache`, the draft's alike); floors count them at that width.", args.kv_cache.name()),

@@ -143,6 +143,8 @@ pub struct Report {
     pub modelled: Vec<Modelled>,
     pub profiles: Vec<Profile>,
     pub prefill: Vec<PrefillRow>,
+    /// Batched rounds of many requests (`--concurrency`, bench/concurrency.rs).
+    pub concurrency: Vec<super::concurrency::ConcurrencyRow>,
     pub notes: Vec<String>,
 }
 
@@ -187,6 +189,9 @@ impl Report {
                 p.floor_micros,
                 p.ratio
             );
+        }
+        if !self.concurrency.is_empty() {
+            s.push_str(&super::concurrency::markdown(&self.concurrency));
         }
         if !self.prefill.is_empty() {
             let _ = writeln!(s, "\n### Prefill (median wall time of the prompt's forward; roofline = its projection GEMMs alone in cuBLAS)\n");
@@ -382,6 +387,7 @@ pub fn median(xs: &mut [f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::concurrency::ConcurrencyRow;
 
     #[test]
     fn floors_ratios_and_model() {
@@ -418,6 +424,7 @@ mod tests {
             modelled: vec![],
             profiles: vec![],
             prefill: vec![],
+            concurrency: vec![],
             notes: vec![],
         };
         let met: Vec<(String, bool)> = r.goals().into_iter().map(|g| (g.name.clone(), g.met())).collect();
@@ -464,9 +471,33 @@ mod tests {
                 gemm_share: 0.75,
                 draft_append_micros: 6e3,
             }],
+            concurrency: vec![
+                ConcurrencyRow {
+                    requests: 1,
+                    ctx: 512,
+                    policy: "full".into(),
+                    verify_rows: 8,
+                    round_micros: 5000.0,
+                    tokens_per_round: 3.5,
+                    aggregate_tokens_per_s: 700.0,
+                    per_request_tokens_per_s: 700.0,
+                },
+                ConcurrencyRow {
+                    requests: 8,
+                    ctx: 512,
+                    policy: "budget".into(),
+                    verify_rows: 40,
+                    round_micros: 10000.0,
+                    tokens_per_round: 26.0,
+                    aggregate_tokens_per_s: 2600.0,
+                    per_request_tokens_per_s: 325.0,
+                },
+            ],
             notes: vec!["a note".into()],
         };
         let md = r.markdown();
+        // The batched rows against one request's full-block round at the same context.
+        assert!(md.contains("| 8 | 512 | budget | 40 | 10000 | 26.00 | 2600 | 325 | 3.71× | 0.46× |"), "{md}");
         // The graph figures are the table's main ones and the goals'; the eager ones stand beside them.
         for want in
             ["**1.100**", "k_proj", "**6.25×**", "| 5.00 | 40.00 | 8.00× |", "matvec_tc_bf16", "100.0%", "a note"]

@@ -127,6 +127,18 @@ impl KvCaches {
         }
     }
 
+    /// The first K cache's device address (0 with no layers): names which caches a captured
+    /// CUDA graph writes, so a model whose caches are swapped per sequence keys its graphs on it.
+    pub fn addr(&self, gpu: &Gpu) -> u64 {
+        let mut first = 0;
+        self.visit_lens_and_addrs(gpu, |_, a| {
+            if first == 0 {
+                first = a;
+            }
+        });
+        first
+    }
+
     /// The same as a list.
     pub(crate) fn lens_and_addrs(&self, gpu: &Gpu) -> Vec<(usize, u64)> {
         let mut all = Vec::new();

@@ -67,6 +67,11 @@ impl LayerCaches {
         self.caches.layers_mut()
     }
 
+    /// The first K cache's device address (a graph's key: which caches it writes).
+    pub fn addr(&self) -> u64 {
+        self.recorded.first().map_or(0, |r| r.1)
+    }
+
     /// Layer `l`'s K and V caches.
     pub fn layer(&self, l: usize) -> Option<(KvView<'_>, KvView<'_>)> {
         self.caches.layer(l)

@@ -332,8 +332,8 @@ impl CpuDraft {
 impl crate::batch::SeqState for CpuDraft {
     type State = (Vec<Vec<f32>>, Vec<Vec<f32>>, usize);
 
-    fn new_state(&self) -> Self::State {
-        (vec![Vec::new(); self.ctx_k.len()], vec![Vec::new(); self.ctx_v.len()], 0)
+    fn new_state(&mut self) -> Result<Self::State> {
+        Ok((vec![Vec::new(); self.ctx_k.len()], vec![Vec::new(); self.ctx_v.len()], 0))
     }
 
     fn swap_state(&mut self, state: &mut Self::State) {

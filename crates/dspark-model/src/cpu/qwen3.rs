@@ -240,8 +240,8 @@ impl CpuQwen3 {
 impl crate::batch::SeqState for CpuQwen3 {
     type State = KvCache;
 
-    fn new_state(&self) -> KvCache {
-        KvCache::with_dtype(self.cfg.num_hidden_layers, self.cfg.kv_dim(), self.kv.dtype())
+    fn new_state(&mut self) -> Result<KvCache> {
+        Ok(KvCache::with_dtype(self.cfg.num_hidden_layers, self.cfg.kv_dim(), self.kv.dtype()))
     }
 
     fn swap_state(&mut self, state: &mut KvCache) {

@@ -18,10 +18,11 @@ use crate::checkpoint::shared_heads::SharedHeads;
 use crate::cpu::dspark::check_tensors;
 use crate::cpu::markov::prefix_survival;
 use crate::cuda::graphs::StepGraphs;
-use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
+use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch, Segment};
 use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
 
 mod prefill;
+mod sequences;
 use crate::cuda::qwen3::{
     handoff_id, plan_sample, CudaQwen3, DraftRows, SharedCapture, SharedDraftRows, SharedTokens, CHUNK,
 };
@@ -34,6 +35,7 @@ use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleShape, CFG_WORDS, ROW_WORDS};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
+pub use sequences::DraftSeq;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -62,8 +64,8 @@ struct Confidence {
 /// address `rows`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum DraftStep {
-    Append { rows: usize, features: u64 },
-    Propose { kv_cap: usize, sample: Option<SampleShape>, rows: u64 },
+    Append { rows: usize, features: u64, caches: u64 },
+    Propose { kv_cap: usize, sample: Option<SampleShape>, rows: u64, caches: u64 },
 }
 
 /// How a proposal's chain picks each slot's token.
@@ -94,6 +96,8 @@ pub struct CudaDraft {
     inv_freq: CudaSlice<f32>,
     /// Every layer's K/V cache, with the addresses the one-launch context append reads.
     caches: LayerCaches,
+    /// Context caches planned for more sequences (`sequences.rs`), not in use.
+    seq_pool: Vec<LayerCaches>,
     /// Every layer's k_proj|v_proj rows stacked `[layers · 2·kv, H]` (a device copy of the rows
     /// in `layers`, 84 MB for DSpark-8B): context rows take one projection for all layers.
     ctx_kv: WeightBuf,
@@ -269,6 +273,7 @@ impl CudaDraft {
             norm: ck.vector(&arena, "norm.weight", &[h])?,
             inv_freq: arena.upload(&inv_freq(l.rope_theta as f32, l.head_dim)).map_err(drv)?,
             caches,
+            seq_pool: Vec::new(),
             ctx_kv,
             ctx_k_norm,
             ctx_out: z(CHUNK * n_layers * 2 * kv)?,
@@ -336,7 +341,8 @@ impl CudaDraft {
         // The copy also waits for every earlier kernel: the attention kernels rely on it to read
         // settled cache rows before their PDL wait (ARCHITECTURE.md).
         gpu.stream.memcpy_htod(&lens, &mut self.step_in.slice_mut(..2)).map_err(drv)?;
-        let key = DraftStep::Append { rows: n, features: features.device_ptr(&gpu.stream).0 };
+        let key =
+            DraftStep::Append { rows: n, features: features.device_ptr(&gpu.stream).0, caches: self.caches.addr() };
         let mut graphs = std::mem::take(&mut self.graphs);
         let ran = graphs.run(&gpu, n, key, || self.launch_append(features, n, first_pos));
         self.graphs = graphs;
@@ -422,6 +428,7 @@ impl CudaDraft {
         gpu.embedding(&self.embed_tokens, h, &ids, b, &mut self.x.slice_mut(..b * h)).map_err(gpu_err)?;
         // The final norm runs on its own: the Markov chain and the confidence head read the
         // normalised rows too.
+        let seg = Segment { start: 0, rows: b, lens, caches: self.caches.caches_mut() };
         run_layers(
             &gpu,
             &l,
@@ -429,9 +436,8 @@ impl CudaDraft {
             &mut self.scratch,
             &mut self.x.slice_mut(..b * h),
             (b, false),
-            &lens,
             &self.inv_freq,
-            self.caches.caches_mut(),
+            &mut [seg],
             None,
             |_, _| Ok(()),
         )?;
@@ -585,8 +591,8 @@ impl CudaDraft {
             Pick::Sample(shape) => Some(shape),
         };
         let mut graphs = std::mem::take(&mut self.graphs);
-        let ran =
-            graphs.run(&gpu, b, DraftStep::Propose { kv_cap, sample, rows }, || self.launch_propose(p, kv_cap, pick));
+        let key = DraftStep::Propose { kv_cap, sample, rows, caches: self.caches.addr() };
+        let ran = graphs.run(&gpu, b, key, || self.launch_propose(p, kv_cap, pick));
         self.graphs = graphs;
         ran?;
         let generation = {
@@ -688,14 +694,15 @@ impl Drafter for CudaDraft {
         }
         let shared = self.capture.clone();
         let cap = shared.lock().map_err(|_| Error::Request("capture buffer poisoned".into()))?;
-        if d.buffer != handoff_id(&shared) || d.generation != cap.generation || d.rows > CHUNK {
+        if d.buffer != handoff_id(&shared) || d.generation != cap.generation || d.first + d.rows > CHUNK {
             return Err(Error::Request(
                 "device captures are stale or from another target: append them before the next forward".into(),
             ));
         }
         self.check_room(d.rows)?;
         let row = self.cfg.num_taps() * self.cfg.layer.hidden_size;
-        self.append_chunk(&cap.data.slice(..d.rows * row), d.rows)
+        let rows = cap.data.slice(d.first * row..(d.first + d.rows) * row);
+        self.append_chunk(&rows, d.rows)
     }
 
     fn propose(&mut self, anchor: u32) -> Result<Proposal> {

@@ -140,6 +140,17 @@ impl Scratch {
     }
 }
 
+/// Where the rows of one sequence in a step attend: rows `start .. start + rows` of the step,
+/// at that sequence's positions (`lens`), against its own K/V caches. A single-sequence step is
+/// one segment of all its rows; a batched step (`cuda::qwen3::batch`) has one per request, and
+/// every projection still runs once over all rows, so the weights are read once for all of them.
+pub struct Segment<'a> {
+    pub start: usize,
+    pub rows: usize,
+    pub lens: StepLens<'a>,
+    pub caches: LayersKv<'a>,
+}
+
 /// Runs `layers` in order over `n` rows of `x` (`[n, H]`, updated in place), one
 /// [`layer_step`] each with its own K/V cache. Each layer's `down` leaves the next layer's input
 /// norm for it, and the last layer's leaves `final_norm` when one is given; `after(l, x)` runs
@@ -153,18 +164,27 @@ pub fn run_layers(
     s: &mut Scratch,
     x: &mut CudaViewMut<f32>,
     (n, causal): (usize, bool),
-    lens: &StepLens<'_>,
     inv_freq: &CudaSlice<f32>,
-    mut caches: LayersKv<'_>,
+    segments: &mut [Segment<'_>],
     final_norm: Option<&CudaSlice<f32>>,
     mut after: impl FnMut(usize, &CudaViewMut<f32>) -> Result<()>,
 ) -> Result<Option<Normed>> {
-    if caches.layers() < layers.len() {
-        return Err(gpu_err(CudaError::Shape(format!(
-            "{} layers with K/V caches for {}",
-            layers.len(),
-            caches.layers()
-        ))));
+    let mut next = 0;
+    for seg in segments.iter() {
+        if seg.caches.layers() < layers.len() {
+            return Err(gpu_err(CudaError::Shape(format!(
+                "{} layers with K/V caches for {}",
+                layers.len(),
+                seg.caches.layers()
+            ))));
+        }
+        if seg.start != next || seg.rows == 0 {
+            return Err(gpu_err(CudaError::Shape(format!("segment at row {} of {} rows", seg.start, seg.rows))));
+        }
+        next += seg.rows;
+    }
+    if next != n {
+        return Err(gpu_err(CudaError::Shape(format!("segments cover {next} of {n} rows"))));
     }
     let mut normed = None;
     for (l, lw) in layers.iter().enumerate() {
@@ -172,8 +192,7 @@ pub fn run_layers(
             Some(next) => Some(&next.input_layernorm),
             None => final_norm,
         };
-        let cache = (&mut caches, l);
-        normed = layer_step(gpu, cfg, lw, s, x, n, lens, inv_freq, cache, causal, (normed, next_norm))?;
+        normed = layer_step(gpu, cfg, lw, s, x, n, inv_freq, (segments, l), causal, (normed, next_norm))?;
         after(l, x)?;
     }
     Ok(normed)
@@ -193,9 +212,8 @@ fn layer_step(
     s: &mut Scratch,
     x: &mut CudaViewMut<f32>,
     n: usize,
-    lens: &StepLens<'_>,
     inv_freq: &CudaSlice<f32>,
-    (cache, l): (&mut LayersKv<'_>, usize),
+    (segments, l): (&mut [Segment<'_>], usize),
     causal: bool,
     (input, next_norm): (Option<Normed>, Option<&CudaSlice<f32>>),
 ) -> Result<Option<Normed>> {
@@ -222,22 +240,27 @@ fn layer_step(
         false,
     )
     .map_err(e)?;
-    let (mut k_app, mut v_app) = cache.append_views(l);
     let rope =
         RopeWeights { q_norm: &lw.q_norm.as_view(), k_norm: &lw.k_norm.as_view(), inv_freq: &inv_freq.as_view(), eps };
-    gpu.rope_attention(
-        &s.qkv.slice(..n * qkv_dim),
-        &rope,
-        &mut s.q.slice_mut(..n * q),
-        (&mut k_app, &mut v_app),
-        &mut s.o.slice_mut(..n * q),
-        n,
-        lens,
-        heads,
-        causal,
-        &mut s.ops,
-    )
-    .map_err(e)?;
+    // Each sequence's rows attend over its own cache, in a launch of their own (the kernels and
+    // their split are chosen by the segment's rows, as when that sequence runs alone).
+    for seg in segments.iter_mut() {
+        let (r0, r1) = (seg.start, seg.start + seg.rows);
+        let (mut k_app, mut v_app) = seg.caches.append_views(l);
+        gpu.rope_attention(
+            &s.qkv.slice(r0 * qkv_dim..r1 * qkv_dim),
+            &rope,
+            &mut s.q.slice_mut(r0 * q..r1 * q),
+            (&mut k_app, &mut v_app),
+            &mut s.o.slice_mut(r0 * q..r1 * q),
+            seg.rows,
+            &seg.lens,
+            heads,
+            causal,
+            &mut s.ops,
+        )
+        .map_err(e)?;
+    }
     let post = gpu
         .matvec_norm_out(
             &lw.o_proj,

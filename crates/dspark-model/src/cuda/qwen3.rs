@@ -18,13 +18,15 @@ use crate::backend::{
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::graphs::StepGraphs;
-use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch};
+use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch, Segment};
 use crate::cuda::prefill::{Prefill, PrefillMode, MAX_PREFILL_ROWS};
 
+mod batch;
 mod prefill;
 mod sampled;
 use crate::cuda::weights::{CheckpointUpload, WeightSource};
 use crate::error::Result;
+pub use batch::CudaBatch;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::kv::{KvCaches, KvDtype};
@@ -76,8 +78,9 @@ pub fn handoff_id<T>(h: &Arc<Mutex<Handoff<T>>>) -> usize {
 pub const CHUNK: usize = 64;
 
 /// A step's graph key: (rows, first logits row, attention key capacity, argmax, sampler phases
-/// and the address of the draft rows it judges against, 0 for one-hot drafts).
-type StepKey = (usize, Option<usize>, usize, bool, Option<(SampleShape, u64)>);
+/// and the address of the draft rows it judges against, 0 for one-hot drafts, the K/V caches'
+/// address — caches are swapped per sequence in a batch).
+type StepKey = (usize, Option<usize>, usize, bool, Option<(SampleShape, u64)>, u64);
 
 /// A Qwen3 target on one GPU.
 pub struct CudaQwen3 {
@@ -328,7 +331,7 @@ impl CudaQwen3 {
             Some((_, shape, false)) => Some((shape, 0)),
             None => None,
         };
-        let key = (n, logit_from, kv_cap, argmax, shape);
+        let key = (n, logit_from, kv_cap, argmax, shape, self.caches.addr(&gpu));
         let ran = graphs.run(&gpu, n, key, || self.launch_step(n, (first_pos, kv_cap), logit_from, argmax, shape));
         self.graphs = graphs;
         ran?;
@@ -357,6 +360,7 @@ impl CudaQwen3 {
         let mut cap = shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
         // The last layer's `down` also leaves the final norm when logits are wanted.
         let capture = &self.capture;
+        let seg = Segment { start: 0, rows: n, lens, caches: self.caches.layers_mut() };
         let normed = run_layers(
             &gpu,
             c,
@@ -364,9 +368,8 @@ impl CudaQwen3 {
             &mut self.scratch,
             &mut self.x.slice_mut(..n * h),
             (n, true),
-            &lens,
             &self.inv_freq,
-            self.caches.layers_mut(),
+            &mut [seg],
             logit_from.map(|_| &self.norm),
             |l, x| {
                 for (slot, _) in capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
@@ -526,7 +529,12 @@ impl TargetModel for CudaQwen3 {
             let captured = match (&self.prefill, tokens.len() <= step && !self.capture.is_empty()) {
                 (Some(pf), true) => {
                     let generation = crate::cuda::prefill::lock(&pf.captured)?.generation;
-                    Captured::Device(DeviceRows { buffer: handoff_id(&pf.captured), generation, rows: tokens.len() })
+                    Captured::Device(DeviceRows {
+                        buffer: handoff_id(&pf.captured),
+                        generation,
+                        first: 0,
+                        rows: tokens.len(),
+                    })
                 }
                 _ => Captured::Host(p.captured),
             };
@@ -608,6 +616,6 @@ impl CudaQwen3 {
             .lock()
             .map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?
             .generation;
-        Ok(Captured::Device(DeviceRows { buffer: handoff_id(&self.captured), generation, rows }))
+        Ok(Captured::Device(DeviceRows { buffer: handoff_id(&self.captured), generation, first: 0, rows }))
     }
 }

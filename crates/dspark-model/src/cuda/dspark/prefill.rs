@@ -48,8 +48,8 @@ impl CudaDraft {
         self.check_room(d.rows)?;
         let th = self.cfg.num_taps() * self.cfg.layer.hidden_size;
         let rows = self.prefill.as_ref().map_or(CHUNK, |p| p.rows);
-        for start in (0..d.rows).step_by(rows) {
-            let n = (d.rows - start).min(rows);
+        for start in (d.first..d.first + d.rows).step_by(rows) {
+            let n = (d.first + d.rows - start).min(rows);
             self.gemm_append(&cap.data.slice(start * th..(start + n) * th), n)?;
         }
         Ok(())

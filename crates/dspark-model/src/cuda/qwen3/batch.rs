@@ -1,0 +1,352 @@
+//! Many sequences in one CUDA target, their rows in one forward (issue #30): [`CudaBatch`], the
+//! GPU's [`BatchTarget`].
+//!
+//! A batched round hands the target several requests' rows at once — each request's verify rows
+//! (anchor + drafts) or a piece of its prompt. They run as one step of up to [`CHUNK`] rows:
+//!
+//! ```text
+//! x = embed(ids of every item, one after another)
+//! per layer: q|k|v, o, gate|up, down   — one matvec each over all rows (weights read once)
+//!            RoPE + append + attention — one launch per item, over that item's own caches
+//! logits, argmax                       — rows from the first one any item asks for
+//! ```
+//!
+//! Every projection's rows are independent of the other rows of its launch (the small-M
+//! kernels' K split and summation order depend on the matrix alone, matvec.cu), and each
+//! item's attention runs the same kernels over the same rows as when its sequence runs alone,
+//! so an item's ids and captures equal those of the same tokens through
+//! [`TargetModel::forward_greedy`] on that sequence alone, bit for bit: the lossless invariant
+//! per request, checked by the GPU tier (`dspark-spec/tests/gpu_model/batched.rs`).
+//!
+//! Items longer than [`CHUNK`] rows (prompts) run alone through the model's own forward (the
+//! GEMM prefill), their sequence's caches swapped in: as solo. Each sequence's K/V caches come
+//! from a pool planned when the batch is made (`max_seqs` caches of the model's `max_len`
+//! positions: contiguous, not paged — a sequence may grow to `max_len`), so opening a sequence
+//! allocates nothing. Batched steps launch eagerly; CUDA graphs stay with single-sequence steps.
+
+use super::{handoff_id, CudaQwen3, CHUNK};
+use crate::backend::{check_forward, check_truncate, Captured, DeviceRows, Greedy, LogitRows, TargetModel};
+use crate::batch::{BatchTarget, SeqId};
+use crate::checkpoint::config::Qwen3Config;
+use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, Segment};
+use crate::error::{Error, Result};
+use cudarc::driver::CudaSlice;
+use dspark_kernels::cuda::kv::KvCaches;
+use dspark_kernels::cuda::norm_fold::Normed;
+use dspark_kernels::cuda::ops::StepLens;
+
+/// One sequence's target state: its K/V caches and the positions they hold.
+struct SeqKv {
+    caches: KvCaches,
+    len: usize,
+}
+
+/// A [`CudaQwen3`] holding up to `max_seqs` sequences (see the module docs).
+pub struct CudaBatch {
+    model: CudaQwen3,
+    /// Index = [`SeqId`]; `None` for a free id.
+    seqs: Vec<Option<SeqKv>>,
+    /// Caches not in use.
+    pool: Vec<KvCaches>,
+    max_seqs: usize,
+    /// `[first_pos, kv_len]` of each item of a step, then the step's token ids.
+    step_in: CudaSlice<u32>,
+}
+
+impl CudaBatch {
+    /// Plans K/V caches for `max_seqs` sequences of the model's `max_len` positions each (the
+    /// model's own caches are the first of them).
+    pub fn new(mut model: CudaQwen3, max_seqs: usize) -> Result<CudaBatch> {
+        if max_seqs == 0 {
+            return Err(Error::Request("a batch of 0 sequences".into()));
+        }
+        let (layers, kv) = (model.cfg.num_hidden_layers, model.cfg.kv_dim());
+        let dtype = model.kv_dtype();
+        let own = std::mem::replace(&mut model.caches, KvCaches::F32 { k: Vec::new(), v: Vec::new() });
+        let mut pool = vec![own];
+        for _ in 1..max_seqs {
+            let caches = kv_caches(&model.arena, dtype, layers, model.max_len * kv).map_err(|e| {
+                Error::Request(format!("K/V caches for {max_seqs} sequences of {} positions: {e}", model.max_len))
+            })?;
+            pool.push(caches);
+        }
+        let step_in = model.arena.zeros::<u32>(3 * CHUNK).map_err(drv)?;
+        model.len = 0;
+        Ok(CudaBatch { model, seqs: Vec::new(), pool, max_seqs, step_in })
+    }
+
+    /// The model (with no sequence's caches in it).
+    pub fn model(&mut self) -> &mut CudaQwen3 {
+        &mut self.model
+    }
+
+    fn seq(&mut self, id: SeqId) -> Result<&mut SeqKv> {
+        match self.seqs.get_mut(id) {
+            Some(Some(s)) => Ok(s),
+            _ => Err(Error::Request(format!("sequence {id} is not open"))),
+        }
+    }
+
+    /// Runs `f` on the model with sequence `id`'s caches swapped in.
+    fn alone<R>(&mut self, id: SeqId, f: impl FnOnce(&mut CudaQwen3) -> Result<R>) -> Result<R> {
+        let seq = match self.seqs.get_mut(id) {
+            Some(Some(s)) => s,
+            _ => return Err(Error::Request(format!("sequence {id} is not open"))),
+        };
+        std::mem::swap(&mut self.model.caches, &mut seq.caches);
+        self.model.len = seq.len;
+        let out = f(&mut self.model);
+        seq.len = self.model.len;
+        std::mem::swap(&mut self.model.caches, &mut seq.caches);
+        self.model.len = 0;
+        out
+    }
+
+    /// A result's device captures copied to the host (another forward is about to overwrite
+    /// their buffer before the draft reads them).
+    fn to_host(&self, g: Greedy) -> Result<Greedy> {
+        let captured = Captured::Host(self.host_captures(&g.captured)?);
+        Ok(Greedy { ids: g.ids, captured })
+    }
+
+    /// The rows `captured` names, on the host (tests compare them with a sequence run alone).
+    pub fn host_captures(&self, captured: &Captured) -> Result<Vec<f32>> {
+        let d = match captured {
+            Captured::Host(v) => return Ok(v.clone()),
+            Captured::Device(d) => d,
+        };
+        let row = self.model.capture.len() * self.model.cfg.hidden_size;
+        let shared = match &self.model.prefill {
+            Some(pf) if handoff_id(&pf.captured) == d.buffer => pf.captured.clone(),
+            _ => self.model.captured.clone(),
+        };
+        let cap = shared.lock().map_err(|_| Error::Request("capture buffer poisoned".into()))?;
+        if d.generation != cap.generation || d.buffer != handoff_id(&shared) {
+            return Err(Error::Request("device captures are stale: read them before the next forward".into()));
+        }
+        let mut host = vec![0f32; d.rows * row];
+        let rows = cap.data.slice(d.first * row..(d.first + d.rows) * row);
+        self.model.gpu.stream.memcpy_dtoh(&rows, &mut host).map_err(drv)?;
+        Ok(host)
+    }
+
+    /// One step over `items` (indices into `all`, at most [`CHUNK`] rows in total).
+    fn step(&mut self, all: &[(SeqId, &[u32], LogitRows)], items: &[usize]) -> Result<Vec<Greedy>> {
+        let m = &mut self.model;
+        let gpu = m.gpu.clone();
+        let (h, v) = (m.cfg.hidden_size, m.cfg.vocab_size);
+        let n: usize = items.iter().map(|&i| all[i].1.len()).sum();
+        let s_count = items.len();
+        // Positions of every item, then the ids, in one copy (which also orders the step after
+        // every earlier kernel, as `run_step`'s does).
+        let mut up = Vec::with_capacity(2 * s_count + n);
+        for &i in items {
+            let seq = self.seqs[all[i].0].as_ref().ok_or_else(|| Error::Request("sequence closed".into()))?;
+            up.extend_from_slice(&[seq.len as u32, (seq.len + all[i].1.len()) as u32]);
+        }
+        for &i in items {
+            up.extend_from_slice(all[i].1);
+        }
+        gpu.stream.memcpy_htod(&up, &mut self.step_in.slice_mut(..up.len())).map_err(drv)?;
+        let ids_at = 2 * s_count;
+        gpu.embedding(&m.embed_tokens, h, &self.step_in.slice(ids_at..ids_at + n), n, &mut m.x.slice_mut(..n * h))
+            .map_err(gpu_err)?;
+        // The first row whose logits an item wants: rows from there to n get them.
+        let (mut at, mut from) = (0, n);
+        for &i in items {
+            let len = all[i].1.len();
+            let first = match all[i].2 {
+                LogitRows::All => at,
+                LogitRows::Last => at + len - 1,
+            };
+            from = from.min(first);
+            at += len;
+        }
+        let shared = m.captured.clone();
+        let mut cap = shared.lock().map_err(|_| Error::Request("capture buffer poisoned".into()))?;
+        cap.generation += 1;
+        let generation = cap.generation;
+        let t = m.capture.len();
+        let capture = &m.capture;
+        // Each item's segment: its rows, its positions, its caches (disjoint borrows of seqs).
+        let mut segments = Vec::with_capacity(s_count);
+        let mut owned: Vec<(usize, &mut SeqKv)> = Vec::with_capacity(s_count);
+        {
+            let mut wanted: Vec<(SeqId, usize)> = items.iter().enumerate().map(|(k, &i)| (all[i].0, k)).collect();
+            wanted.sort_unstable();
+            let mut rest = self.seqs.iter_mut().enumerate();
+            for (id, k) in wanted {
+                let seq = loop {
+                    match rest.next() {
+                        Some((j, Some(s))) if j == id => break s,
+                        Some(_) => continue,
+                        None => return Err(Error::Request(format!("sequence {id} is not open, or twice in a step"))),
+                    }
+                };
+                owned.push((k, seq));
+            }
+            owned.sort_unstable_by_key(|(k, _)| *k);
+        }
+        let mut start = 0;
+        for (k, seq) in owned.iter_mut() {
+            let rows = all[items[*k]].1.len();
+            let lens =
+                StepLens { dev: self.step_in.slice(2 * *k..2 * *k + 2), first_pos: seq.len, kv_cap: seq.len + rows };
+            segments.push(Segment { start, rows, lens, caches: seq.caches.layers_mut() });
+            start += rows;
+        }
+        let normed = run_layers(
+            &gpu,
+            &m.cfg,
+            &m.layers,
+            &mut m.scratch,
+            &mut m.x.slice_mut(..n * h),
+            (n, true),
+            &m.inv_freq,
+            &mut segments,
+            Some(&m.norm),
+            |l, x| {
+                for (slot, _) in capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
+                    gpu.copy_rows(&x.as_view(), &mut cap.data.slice_mut(slot * h..), n, h, (h, t * h))
+                        .map_err(gpu_err)?;
+                }
+                Ok(())
+            },
+        )?;
+        drop(segments);
+        drop(cap);
+        let rows = n - from;
+        let normed = normed.unwrap_or(Normed::Done);
+        let parts = normed.parts();
+        let head = m.lm_head.as_ref().unwrap_or(&m.embed_tokens);
+        let s = &mut m.scratch;
+        gpu.matvec_normed(
+            head,
+            &mut s.u.slice_mut(from * h..n * h),
+            normed,
+            &s.ss.slice(from * parts..n * parts),
+            &mut m.logits.slice_mut(..rows * v),
+            (rows, h, v),
+            false,
+        )
+        .map_err(gpu_err)?;
+        gpu.argmax_split(&m.logits.slice(..rows * v), v, v, rows, &mut m.next_ids.slice_mut(..rows), &mut s.ops)
+            .map_err(gpu_err)?;
+        let mut ids = vec![0u32; rows];
+        gpu.stream.memcpy_dtoh(&m.next_ids.slice(..rows), &mut ids).map_err(drv)?;
+        let mut out = Vec::with_capacity(s_count);
+        let mut start = 0;
+        for (k, seq) in owned {
+            let (_, tokens, want) = all[items[k]];
+            let len = tokens.len();
+            let picked = match want {
+                LogitRows::All => ids[start - from..start + len - from].to_vec(),
+                LogitRows::Last => vec![ids[start + len - 1 - from]],
+            };
+            let captured = if t == 0 {
+                Captured::Host(Vec::new())
+            } else {
+                Captured::Device(DeviceRows { buffer: handoff_id(&shared), generation, first: start, rows: len })
+            };
+            seq.len += len;
+            out.push(Greedy { ids: picked, captured });
+            start += len;
+        }
+        Ok(out)
+    }
+}
+
+impl BatchTarget for CudaBatch {
+    fn config(&self) -> &Qwen3Config {
+        &self.model.cfg
+    }
+
+    fn max_len(&self) -> usize {
+        self.model.max_len
+    }
+
+    fn open(&mut self) -> Result<SeqId> {
+        let caches = self.pool.pop().ok_or_else(|| {
+            Error::Request(format!("all {} sequences' K/V caches are in use (the batch's size)", self.max_seqs))
+        })?;
+        let seq = Some(SeqKv { caches, len: 0 });
+        Ok(match self.seqs.iter().position(Option::is_none) {
+            Some(id) => {
+                self.seqs[id] = seq;
+                id
+            }
+            None => {
+                self.seqs.push(seq);
+                self.seqs.len() - 1
+            }
+        })
+    }
+
+    fn close(&mut self, id: SeqId) -> Result<()> {
+        match self.seqs.get_mut(id).and_then(Option::take) {
+            Some(seq) => {
+                self.pool.push(seq.caches);
+                Ok(())
+            }
+            None => Err(Error::Request(format!("sequence {id} is not open"))),
+        }
+    }
+
+    fn seq_len(&mut self, id: SeqId) -> Result<usize> {
+        Ok(self.seq(id)?.len)
+    }
+
+    fn truncate(&mut self, id: SeqId, len: usize) -> Result<()> {
+        let seq = self.seq(id)?;
+        check_truncate(seq.len, len)?;
+        seq.len = len;
+        Ok(())
+    }
+
+    fn set_capture(&mut self, layers: &[usize]) -> Result<()> {
+        self.model.set_capture(layers)
+    }
+
+    fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> Result<Vec<Greedy>> {
+        let (cfg, max_len) = (self.model.cfg.clone(), self.model.max_len);
+        for (k, &(id, tokens, _)) in items.iter().enumerate() {
+            if items[..k].iter().any(|it| it.0 == id) {
+                return Err(Error::Request(format!("sequence {id} appears twice in one forward")));
+            }
+            let len = self.seq(id)?.len;
+            check_forward(&cfg, len, max_len, tokens)?;
+        }
+        let mut out: Vec<Option<Greedy>> = vec![None; items.len()];
+        // Prompts longer than a step run alone (the GEMM prefill); a later one overwrites the
+        // prefill's capture buffer, so every one but the last hands its captures over the host.
+        let long: Vec<usize> = (0..items.len()).filter(|&i| items[i].1.len() > CHUNK).collect();
+        for (j, &i) in long.iter().enumerate() {
+            let (id, tokens, rows) = items[i];
+            let g = self.alone(id, |m| m.forward_greedy(tokens, rows))?;
+            out[i] = Some(if j + 1 < long.len() { self.to_host(g)? } else { g });
+        }
+        // The rest in steps of up to CHUNK rows, in order; all but the last step's captures go
+        // to the host for the same reason.
+        let mut steps: Vec<Vec<usize>> = Vec::new();
+        let mut rows = CHUNK;
+        for i in (0..items.len()).filter(|&i| items[i].1.len() <= CHUNK) {
+            let len = items[i].1.len();
+            if rows + len > CHUNK {
+                steps.push(Vec::new());
+                rows = 0;
+            }
+            rows += len;
+            if let Some(step) = steps.last_mut() {
+                step.push(i);
+            }
+        }
+        let last = steps.len().saturating_sub(1);
+        for (si, step) in steps.iter().enumerate() {
+            let got = self.step(items, step)?;
+            for (&i, g) in step.iter().zip(got) {
+                out[i] = Some(if si < last { self.to_host(g)? } else { g });
+            }
+        }
+        out.into_iter().map(|g| g.ok_or_else(|| Error::Request("an item of the batch was not run".into()))).collect()
+    }
+}

@@ -1,0 +1,144 @@
+//! Many requests in one CUDA target (issue #30): `CudaBatch` against each sequence alone.
+//!
+//! * one batched forward's items — several sequences' rows, verify-shaped or a prompt's, more
+//!   rows than one step holds, prompts long enough for the GEMM prefill — give each item the
+//!   ids and captures of the same tokens through its own `CudaQwen3` alone, bit for bit;
+//! * batched speculative rounds (`dspark_spec::batched` over `CudaBatch` and the draft's
+//!   `Sequences`) give every request its solo CUDA greedy tokens, and at a fixed verify length
+//!   its solo speculative round count; a full pool of sequences is refused with a clear error.
+
+use super::*;
+use dspark_kernels::cpu::argmax::argmax_rows;
+use dspark_model::cuda::qwen3::CudaBatch;
+use dspark_model::{BatchTarget, Sequences};
+use dspark_spec::verify_len::CostTable;
+use dspark_spec::{batched, BatchLimits, BatchRequest, BatchVerify};
+
+const MAX_LEN: usize = 128;
+
+#[test]
+fn batched_forward_items_equal_each_sequence_alone() {
+    let (_dir, tdir, _ddir) = write_bf16_pair(3, &two_layer_draft(4, MarkovKind::Vanilla, false), DType::BF16);
+    let seqs = 4;
+    let mut batch = CudaBatch::new(CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap(), seqs).unwrap();
+    let taps = [0usize, 2];
+    batch.set_capture(&taps).unwrap();
+    let vocab = batch.config().vocab_size;
+    let ids: Vec<usize> = (0..seqs).map(|_| batch.open().unwrap()).collect();
+    let err = batch.open().unwrap_err().to_string();
+    assert!(err.contains("in use"), "a fifth sequence: {err}");
+    let mut solo: Vec<CudaQwen3> = (0..seqs).map(|_| CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap()).collect();
+    for s in &mut solo {
+        s.set_capture(&taps).unwrap();
+    }
+    let mut rng = Rng(41);
+    let (mut items_run, mut multi_step, mut long_run) = (0, 0, 0);
+    for round in 0..40 {
+        // A random subset of the sequences, each with 1–12 rows (a prompt of 65–90 sometimes).
+        let mut items: Vec<(usize, Vec<u32>, LogitRows)> = Vec::new();
+        for (s, &id) in ids.iter().enumerate() {
+            if rng.below(4) == 0 {
+                continue;
+            }
+            let len = batch.seq_len(id).unwrap();
+            let want = if rng.below(8) == 0 { 65 + rng.below(26) } else { 1 + rng.below(12) };
+            let n = want.min(MAX_LEN - len);
+            if n == 0 {
+                // Full: roll it back to a random length, on both sides.
+                let keep = rng.below(len);
+                batch.truncate(id, keep).unwrap();
+                solo[s].truncate(keep).unwrap();
+                continue;
+            }
+            let tokens: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
+            let rows = if rng.below(2) == 0 { LogitRows::All } else { LogitRows::Last };
+            items.push((s, tokens, rows));
+        }
+        if items.is_empty() {
+            continue;
+        }
+        let short_rows: usize = items.iter().map(|it| it.1.len()).filter(|&n| n <= 64).sum();
+        multi_step += usize::from(short_rows > 64);
+        long_run += items.iter().filter(|it| it.1.len() > 64).count();
+        let batch_items: Vec<(usize, &[u32], LogitRows)> =
+            items.iter().map(|(s, t, r)| (ids[*s], t.as_slice(), *r)).collect();
+        let got = batch.forward_batch(&batch_items).unwrap();
+        // Read every item's captures before any other forward overwrites them.
+        let got_caps: Vec<Vec<f32>> = got.iter().map(|g| batch.host_captures(&g.captured).unwrap()).collect();
+        for ((s, tokens, rows), (g, caps)) in items.iter().zip(got.iter().zip(&got_caps)) {
+            let alone = solo[*s].forward(tokens, *rows).unwrap();
+            let want: Vec<u32> = argmax_rows(&alone.logits, vocab).into_iter().map(|i| i as u32).collect();
+            assert_eq!(g.ids, want, "round {round}, sequence {s}: ids of {} rows", tokens.len());
+            let same = caps.len() == alone.captured.len()
+                && caps.iter().zip(&alone.captured).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "round {round}, sequence {s}: captures of {} rows differ from the sequence alone",
+                tokens.len()
+            );
+            assert_eq!(batch.seq_len(ids[*s]).unwrap(), solo[*s].len(), "round {round}, sequence {s}: length");
+            items_run += 1;
+        }
+    }
+    assert!(
+        items_run >= 80 && multi_step >= 1 && long_run >= 3,
+        "{items_run} items, {multi_step} multi-step, {long_run} long"
+    );
+    for id in ids {
+        batch.close(id).unwrap();
+    }
+    assert!(batch.close(0).is_err(), "closing a closed sequence");
+}
+
+#[test]
+fn batched_rounds_equal_solo_runs_on_the_gpu() {
+    let kinds = [MarkovKind::Vanilla, MarkovKind::Gated, MarkovKind::Rnn];
+    for seed in 0..6u64 {
+        let mut rng = Rng(seed * 131 + 7);
+        let spec = two_layer_draft(2 + rng.below(6), kinds[rng.below(3)], rng.below(2) == 1);
+        let (_dir, tdir, ddir) = write_bf16_pair(seed + 20, &spec, DType::BF16);
+        let max_batch = 1 + rng.below(5);
+        let vocab = 96;
+        let requests: Vec<BatchRequest> = (0..1 + rng.below(7))
+            .map(|_| {
+                let len = if rng.below(4) == 0 { 65 + rng.below(30) } else { 1 + rng.below(20) };
+                BatchRequest {
+                    prompt: (0..len).map(|_| rng.below(vocab) as u32).collect(),
+                    opts: GenerateOptions { max_tokens: rng.below(30), eos_token_ids: vec![], logprobs: None },
+                    arrival: rng.below(6),
+                }
+            })
+            .collect();
+        let fixed = (rng.below(3) > 0).then(|| 1 + rng.below(spec.block_size));
+        let verify = match fixed {
+            Some(k) => BatchVerify::Fixed(k),
+            None => {
+                let tokens = max_batch * (spec.block_size + 1);
+                BatchVerify::Budget(CostTable { seconds: (1..=tokens).map(|n| 1.0 + 0.05 * n as f64).collect() })
+            }
+        };
+        let target = CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap();
+        let mut draft = CudaDraft::load(&ddir, &target).unwrap();
+        draft.reserve_sequences(max_batch).unwrap();
+        let mut target = CudaBatch::new(target, max_batch).unwrap();
+        let mut draft = Sequences::new(draft);
+        let limits = BatchLimits { max_batch, kv_capacity: None, prefill_chunk: None };
+        let out = batched(&mut target, &mut draft, &requests, &verify, limits).unwrap();
+        assert_eq!(draft.open_count(), 0, "seed {seed}: every draft sequence closed");
+
+        let mut alone = CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap();
+        let mut alone_draft = CudaDraft::load(&ddir, &alone).unwrap();
+        for (i, r) in requests.iter().enumerate() {
+            let plain = greedy(&mut alone, &r.prompt, &r.opts, |_| ControlFlow::Continue(())).unwrap();
+            assert_eq!(out[i].tokens, plain.tokens, "seed {seed}, request {i} (prompt {})", r.prompt.len());
+            if let Some(k) = fixed {
+                let solo = speculative(&mut alone, &mut alone_draft, &r.prompt, &r.opts, &VerifyLen::Fixed(k), |_| {
+                    ControlFlow::Continue(())
+                })
+                .unwrap();
+                let rounds = solo.spec.as_ref().map_or(0, |s| s.verified.len());
+                assert_eq!(out[i].rounds.1 - out[i].rounds.0, rounds, "seed {seed}, request {i}: rounds");
+            }
+        }
+    }
+}
