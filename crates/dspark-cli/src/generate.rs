@@ -390,6 +390,22 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
 /// A loaded target and its draft, if any.
 pub(crate) type Models = (Box<dyn TargetModel>, Option<Box<dyn Drafter>>);
 
+/// The models as their backend's own types (`serve --max-batch` builds its batched models from
+/// them).
+pub(crate) enum Loaded {
+    Cpu(CpuQwen3, Option<CpuDraft>),
+    Cuda(CudaQwen3, Option<CudaDraft>),
+}
+
+impl Loaded {
+    pub(crate) fn boxed(self) -> Models {
+        match self {
+            Loaded::Cpu(t, d) => (Box::new(t), d.map(|d| Box::new(d) as Box<dyn Drafter>)),
+            Loaded::Cuda(t, d) => (Box::new(t), d.map(|d| Box::new(d) as Box<dyn Drafter>)),
+        }
+    }
+}
+
 /// The target (and the draft, when given) built from their folders or the embedded demo on
 /// `device`: the loading `generate` and `serve` share. `cfg` is the target's config, read by
 /// the caller (which checks the prompt against it first).
@@ -402,6 +418,19 @@ pub(crate) fn load_models(
     kv_cache: KvDtype,
     prefill: PrefillMode,
 ) -> Result<Models> {
+    Ok(load_typed(target_src, draft_src, cfg, device, max_context, kv_cache, prefill)?.boxed())
+}
+
+/// [`load_models`], the models in their own types.
+pub(crate) fn load_typed(
+    target_src: Source<'_>,
+    draft_src: Option<Source<'_>>,
+    cfg: Qwen3Config,
+    device: Device,
+    max_context: usize,
+    kv_cache: KvDtype,
+    prefill: PrefillMode,
+) -> Result<Loaded> {
     Ok(match device {
         Device::Cpu => {
             // The target's checkpoint stays mapped until the draft is in: the draft's own
@@ -417,11 +446,11 @@ pub(crate) fn load_models(
                     let ck = src.checkpoint()?;
                     let shared = SharedHeads::find(&ck, &tck, tied, shape);
                     let w = DraftWeights::load_sharing(&dcfg, &ck, t.weights(), shared)?;
-                    Some(Box::new(CpuDraft::new(dcfg, w).with_kv_dtype(kv_cache)) as Box<dyn Drafter>)
+                    Some(CpuDraft::new(dcfg, w).with_kv_dtype(kv_cache))
                 }
                 None => None,
             };
-            (Box::new(t), d)
+            Loaded::Cpu(t, d)
         }
         Device::Cuda => {
             let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
@@ -451,11 +480,11 @@ pub(crate) fn load_models(
                         .with_progress(crate::progress::load_bar(), "draft");
                     let d = CudaDraft::from_source_sharing(dcfg, &up, &t, shared)?;
                     up.finish()?;
-                    Some(Box::new(d) as Box<dyn Drafter>)
+                    Some(d)
                 }
                 None => None,
             };
-            (Box::new(t), d)
+            Loaded::Cuda(t, d)
         }
     })
 }

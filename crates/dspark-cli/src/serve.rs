@@ -4,16 +4,17 @@
 //! ```text
 //! dspark serve [--target DIR [--draft DIR]] [--host 127.0.0.1] [--port 8000] [--model-name NAME]
 //!              [--device cpu|cuda] [--api-key KEY] [--max-queue N] [--strict-model]
-//!              [--max-context N]
+//!              [--max-context N] [--max-batch R]
 //! ```
 
 use crate::demo;
-use crate::generate::{load_models, Device, Source};
+use crate::generate::{load_typed, Device, Loaded, Source};
 use anyhow::{Context, Result};
 use clap::Args;
 use dspark_model::checkpoint::chat_template::ChatTemplate;
 use dspark_model::checkpoint::generation_config::SamplingDefaults;
-use dspark_serve::{Engine, ServeOptions};
+use dspark_model::{BatchDrafter, BatchTarget, Sequences};
+use dspark_serve::{Engine, Models, ServeOptions};
 use dspark_spec::{DraftLaw, VerifyLen};
 use std::path::PathBuf;
 
@@ -50,9 +51,17 @@ pub struct ServeArgs {
     /// Positions of context per request (prompt + max tokens), capped at max_position_embeddings.
     #[arg(long, default_value_t = 8192)]
     max_context: usize,
+    /// Greedy requests decoded together in each speculative round (continuous batching; needs a
+    /// draft). Each takes K/V caches of --max-context positions, planned at start-up. 1: one
+    /// request at a time.
+    #[arg(long, default_value_t = 1)]
+    max_batch: usize,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    if args.max_batch == 0 {
+        anyhow::bail!("--max-batch: at least 1 request");
+    }
     let device = crate::generate::resolve_device(args.device)?;
     let model_name = match (&args.model_name, &args.target) {
         (Some(n), _) => n.clone(),
@@ -66,7 +75,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         strict_model: args.strict_model,
         max_context: args.max_context,
     };
-    let (target, draft, max_context) = (args.target.clone(), args.draft.clone(), args.max_context);
+    let (target, draft, max_context, max_batch) =
+        (args.target.clone(), args.draft.clone(), args.max_context, args.max_batch);
     let load = Box::new(move || -> Result<Engine> {
         let (target_src, draft_src) = match &target {
             Some(dir) => (Source::Dir(dir), draft.as_deref().map(Source::Dir)),
@@ -81,7 +91,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         };
         let cfg = target_src.target_config()?;
         let defaults = target_src.generation_config()?.map(|g| g.sampling()).unwrap_or(SamplingDefaults::GREEDY);
-        let (target, draft) = load_models(
+        if max_batch > 1 && draft_src.is_none() {
+            anyhow::bail!("--max-batch {max_batch}: batched rounds need a draft (--draft)");
+        }
+        let loaded = load_typed(
             target_src,
             draft_src,
             cfg,
@@ -90,15 +103,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
             dspark_kernels::KvDtype::F32,
             dspark_model::cuda::prefill::PrefillMode::Gemm,
         )?;
-        let eos_token_ids = target_src.eos_ids(&target.config().eos_token_ids)?;
-        let verify_len = VerifyLen::Fixed(draft.as_ref().map_or(1, |d| d.block_size()));
-        let law = match &draft {
-            Some(d) if !d.prefers_sampled_block() => DraftLaw::Greedy,
+        let (eos_token_ids, models, block, prefers_sampled) = match loaded.boxed_or_batched(max_batch)? {
+            Built::Solo(target, draft) => {
+                let eos = target_src.eos_ids(&target.config().eos_token_ids)?;
+                let block = draft.as_ref().map(|d| d.block_size());
+                let sampled = draft.as_ref().is_some_and(|d| d.prefers_sampled_block());
+                (eos, Models::Solo { target, draft }, block, sampled)
+            }
+            Built::Batched(target, draft, sampled) => {
+                let eos = target_src.eos_ids(&target.config().eos_token_ids)?;
+                let block = Some(draft.block_size());
+                (eos, Models::Batched { target, draft, max_batch }, block, sampled)
+            }
+        };
+        let verify_len = VerifyLen::Fixed(block.unwrap_or(1));
+        let law = match block {
+            Some(_) if !prefers_sampled => DraftLaw::Greedy,
             _ => DraftLaw::default(),
         };
         Ok(Engine {
-            target,
-            draft,
+            models,
             tokenizer: std::sync::Arc::new(tokenizer),
             chat_template: std::sync::Arc::new(chat_template),
             eos_token_ids,
@@ -108,4 +132,38 @@ pub fn run(args: ServeArgs) -> Result<()> {
         })
     });
     dspark_serve::run(&args.host, args.port, opts, load)
+}
+
+/// The models as the engine takes them.
+enum Built {
+    Solo(Box<dyn dspark_model::TargetModel>, Option<Box<dyn dspark_model::Drafter>>),
+    /// Target, draft, and whether the draft prefers sampled blocks.
+    Batched(Box<dyn BatchTarget>, Box<dyn BatchDrafter>, bool),
+}
+
+impl Loaded {
+    /// Boxed for the solo engine (`max_batch` 1), or holding `max_batch` sequences each: the CPU
+    /// models through `Sequences`, the CUDA target as a `CudaBatch` (K/V caches for every
+    /// sequence planned now) and the draft's contexts reserved.
+    fn boxed_or_batched(self, max_batch: usize) -> Result<Built> {
+        use dspark_model::Drafter;
+        if max_batch <= 1 {
+            let (t, d) = self.boxed();
+            return Ok(Built::Solo(t, d));
+        }
+        Ok(match self {
+            Loaded::Cpu(t, Some(d)) => {
+                let sampled = d.prefers_sampled_block();
+                Built::Batched(Box::new(Sequences::new(t)), Box::new(Sequences::new(d)), sampled)
+            }
+            Loaded::Cuda(t, Some(mut d)) => {
+                let sampled = d.prefers_sampled_block();
+                d.reserve_sequences(max_batch).context("--max-batch: the draft's context caches")?;
+                let t = dspark_model::cuda::qwen3::CudaBatch::new(t, max_batch)
+                    .context("--max-batch: K/V caches for every sequence")?;
+                Built::Batched(Box::new(t), Box::new(Sequences::new(d)), sampled)
+            }
+            Loaded::Cpu(_, None) | Loaded::Cuda(_, None) => anyhow::bail!("--max-batch needs a draft"),
+        })
+    }
 }

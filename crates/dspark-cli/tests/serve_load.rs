@@ -1,10 +1,12 @@
 //! Load on `dspark serve` (demo pair, CPU): 32 concurrent streaming clients send 200 greedy
-//! requests in all, mixed prompts, chat and completions, and max_tokens. None may be lost (each
-//! stream ends with `[DONE]` after a chunk with a finish_reason) and each output must equal its
-//! solo run (the same request, non-streamed, with nothing else in flight). Request latency,
-//! time to first token, inter-token latency and throughput are printed, not asserted: the CPU
-//! engine runs one request at a time, so they measure the queue as much as the engine.
-//! Beside it: streams dropped while their requests wait in the queue are skipped by the engine.
+//! requests in all, mixed prompts, chat and completions, and max_tokens, to a server running one
+//! request at a time and to one batching 8 (`--max-batch 8`). None may be lost (each stream ends
+//! with `[DONE]` after a chunk with a finish_reason) and each output must equal its solo run (the
+//! same request, non-streamed, with nothing else in flight, on a one-at-a-time server). Request
+//! latency, time to first token, inter-token latency and throughput are printed, not asserted.
+//! Beside it: streams dropped while their requests wait in the queue are skipped by the engine;
+//! on the batching server, streams started together all get their first token before any ends,
+//! and a sampled request (run alone between rounds) gives its seed's tokens.
 
 mod common;
 
@@ -133,10 +135,22 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 
 #[test]
 fn load_32_streaming_clients_200_requests() {
+    load(&[], "one at a time");
+}
+
+#[test]
+fn load_32_streaming_clients_200_requests_batched() {
+    load(&["--max-batch", "8"], "--max-batch 8");
+}
+
+/// The load test against a server started with `extra` flags (see the module docs).
+fn load(extra: &[&str], label: &str) {
     let t0 = Instant::now();
-    let s = Server::start(&["--max-queue", "256"]);
+    let plain = Server::start(&["--max-queue", "256"]);
+    let batched = (!extra.is_empty()).then(|| Server::start(&[&["--max-queue", "256"], extra].concat()));
 
     // Solo runs: each distinct request once, non-streamed, nothing else in flight.
+    let s = &plain;
     let mut solo: HashMap<Job, Solo> = HashMap::new();
     for i in 0..REQUESTS {
         let (p, chat, m) = job(i);
@@ -159,6 +173,7 @@ fn load_32_streaming_clients_200_requests() {
         );
     }
     let solo_s = t0.elapsed().as_secs_f64();
+    let s = batched.as_ref().unwrap_or(&plain);
 
     let next = Arc::new(AtomicUsize::new(0));
     let results: Results = Arc::new(Mutex::new(Vec::new()));
@@ -202,7 +217,7 @@ fn load_32_streaming_clients_200_requests() {
     }
     assert!(s.post("/v1/completions", &request(false, PROMPTS[0], 2, false)).status() == 200);
     eprintln!(
-        "load: {CLIENTS} clients, {REQUESTS} streamed requests, {tokens} tokens in {:.2} s = {:.1} tok/s, {:.1} req/s; \
+        "load ({label}): {CLIENTS} clients, {REQUESTS} streamed requests, {tokens} tokens in {:.2} s = {:.1} tok/s, {:.1} req/s; \
          request latency p50 {:.0} ms p99 {:.0} ms; first token p50 {:.0} ms p99 {:.0} ms; \
          inter-token p50 {:.1} ms p99 {:.1} ms; solo runs {solo_s:.2} s; total {:.2} s",
         wall.as_secs_f64(),
@@ -254,4 +269,53 @@ fn streams_dropped_while_queued_are_skipped() {
         served.as_secs_f64() * 1e3,
         t0.elapsed().as_secs_f64()
     );
+}
+
+/// First-token and end times (from the common start) of `n` streams of `max_tokens` each,
+/// started together.
+fn together(base: &str, n: usize, max_tokens: u64) -> Vec<(Duration, Duration)> {
+    let start = Instant::now();
+    let workers: Vec<_> = (0..n)
+        .map(|i| {
+            let base = base.to_string();
+            std::thread::spawn(move || {
+                let got = stream_one(&base, false, PROMPTS[i % 6], max_tokens).unwrap();
+                let first = got.first_token.expect("a streamed token");
+                (start.elapsed() - got.latency + first, start.elapsed())
+            })
+        })
+        .collect();
+    workers.into_iter().map(|w| w.join().unwrap()).collect()
+}
+
+#[test]
+fn batched_streams_advance_together() {
+    let s = Server::start(&["--max-batch", "4"]);
+    // Four long streams at once: each gets its first token before any of them ends. (On the
+    // one-at-a-time server the fourth waits for the three before it: checked below.)
+    let times = together(&s.base, 4, 48);
+    let first_end = times.iter().map(|t| t.1).min().unwrap();
+    for (i, (first, _)) in times.iter().enumerate() {
+        assert!(*first < first_end, "stream {i}: first token at {first:?}, after a stream ended at {first_end:?}");
+    }
+    let plain = Server::start(&[]);
+    let times = together(&plain.base, 4, 48);
+    let first_end = times.iter().map(|t| t.1).min().unwrap();
+    let waited = times.iter().filter(|t| t.0 > first_end).count();
+    assert!(waited >= 1, "one at a time, some stream should start after another ended: {times:?}");
+
+    // A sampled request on the batching server runs alone and gives its seed's tokens.
+    let body = json!({"prompt": PROMPTS[2], "max_tokens": 24, "temperature": 0.8, "seed": 7});
+    let a = json_of(s.post("/v1/completions", &body));
+    let b = json_of(plain.post("/v1/completions", &body));
+    assert_eq!(ids(&a["dspark"]["tokens"]), ids(&b["dspark"]["tokens"]), "sampled tokens on the batching server");
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    // n = 3 greedy choices run one after another in the rounds: three equal texts, in order.
+    let body = json!({"prompt": PROMPTS[3], "max_tokens": 12, "n": 3});
+    let v = json_of(s.post("/v1/completions", &body));
+    let want = json_of(plain.post("/v1/completions", &json!({"prompt": PROMPTS[3], "max_tokens": 12})));
+    for i in 0..3 {
+        assert_eq!(v["choices"][i]["index"], i, "{v}");
+        assert_eq!(v["choices"][i]["text"], want["choices"][0]["text"], "choice {i}");
+    }
 }

@@ -51,6 +51,9 @@ pub trait BatchTarget {
     /// One forward over every item: item i's tokens appended to its sequence, its result the
     /// greedy ids of the rows `rows` asks for and the captured rows of all its tokens.
     fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> Result<Vec<Greedy>>;
+    /// Runs `f` on sequence `id` as a single-sequence target (what a batched round does not
+    /// cover — a sampled request, logprobs — runs through the plain loops this way).
+    fn with_target(&mut self, id: SeqId, f: &mut dyn FnMut(&mut dyn TargetModel) -> Result<()>) -> Result<()>;
 }
 
 /// A draft holding several sequences' context caches.
@@ -63,6 +66,8 @@ pub trait BatchDrafter {
     fn append_captured(&mut self, id: SeqId, captured: &Captured) -> Result<()>;
     /// One proposal per item, after anchor `.1`, from sequence `.0`'s context.
     fn propose_batch(&mut self, items: &[(SeqId, u32)]) -> Result<Vec<Proposal>>;
+    /// Runs `f` on sequence `id` as a single-sequence draft.
+    fn with_draft(&mut self, id: SeqId, f: &mut dyn FnMut(&mut dyn Drafter) -> Result<()>) -> Result<()>;
 }
 
 /// Several sequences over one single-sequence model, run item by item (see the module docs).
@@ -157,6 +162,10 @@ impl<M: SeqState + TargetModel> BatchTarget for Sequences<M> {
     fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> Result<Vec<Greedy>> {
         items.iter().map(|&(id, tokens, rows)| self.with(id, |m| m.forward_greedy(tokens, rows))).collect()
     }
+
+    fn with_target(&mut self, id: SeqId, f: &mut dyn FnMut(&mut dyn TargetModel) -> Result<()>) -> Result<()> {
+        self.with(id, |m| f(m))
+    }
 }
 
 impl<M: SeqState + Drafter> BatchDrafter for Sequences<M> {
@@ -182,5 +191,9 @@ impl<M: SeqState + Drafter> BatchDrafter for Sequences<M> {
 
     fn propose_batch(&mut self, items: &[(SeqId, u32)]) -> Result<Vec<Proposal>> {
         items.iter().map(|&(id, anchor)| self.with(id, |m| m.propose(anchor))).collect()
+    }
+
+    fn with_draft(&mut self, id: SeqId, f: &mut dyn FnMut(&mut dyn Drafter) -> Result<()>) -> Result<()> {
+        self.with(id, |m| f(m))
     }
 }

@@ -1,11 +1,13 @@
-//! The engine thread: owns the models and runs one request at a time from a bounded FIFO.
+//! The engine thread: owns the models and runs the requests of a bounded FIFO — one at a time
+//! ([`Models::Solo`]), or greedy ones together in batched rounds ([`Models::Batched`],
+//! `batched.rs`).
 
 use crate::metrics::Metrics;
 use dspark_model::checkpoint::chat_template::ChatTemplate;
 use dspark_model::checkpoint::detok::IncrementalDecoder;
 use dspark_model::checkpoint::generation_config::SamplingDefaults;
 use dspark_model::checkpoint::tokenizer::Tokenizer;
-use dspark_model::{Drafter, TargetModel};
+use dspark_model::{BatchDrafter, BatchTarget, Drafter, TargetModel};
 use dspark_spec::{
     sample, speculative, speculative_sampled, DraftLaw, Emitted, GenerateOptions, SamplingParams, StopReason,
     TokenLogprob, VerifyLen,
@@ -15,10 +17,29 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+/// The models, and how requests share them.
+pub enum Models {
+    /// One request at a time through the plain loops.
+    Solo { target: Box<dyn TargetModel>, draft: Option<Box<dyn Drafter>> },
+    /// Continuous batching (`--max-batch`): up to `max_batch` greedy requests share each round
+    /// (`dspark_spec::Scheduler`); a sampled request, or one asking for logprobs, runs alone
+    /// through the plain loops on a sequence of its own between rounds.
+    Batched { target: Box<dyn BatchTarget>, draft: Box<dyn BatchDrafter>, max_batch: usize },
+}
+
+impl Models {
+    /// Positions one request may hold.
+    fn max_len(&self) -> usize {
+        match self {
+            Models::Solo { target, .. } => target.max_len(),
+            Models::Batched { target, .. } => target.max_len(),
+        }
+    }
+}
+
 /// What the server runs: the models and what it needs to read and write text.
 pub struct Engine {
-    pub target: Box<dyn TargetModel>,
-    pub draft: Option<Box<dyn Drafter>>,
+    pub models: Models,
     pub tokenizer: Arc<Tokenizer>,
     /// The model folder's chat template (Qwen3's built-in format without one).
     pub chat_template: Arc<ChatTemplate>,
@@ -143,7 +164,7 @@ pub fn start(max_queue: usize, max_context: usize, load: Loader, metrics: Arc<Me
     let (r, f, m) = (ready.clone(), failed.clone(), metrics.clone());
     std::thread::Builder::new().name("dspark-engine".into()).spawn(move || match load() {
         Ok(engine) => {
-            let context = max_context.min(engine.target.max_len());
+            let context = max_context.min(engine.models.max_len());
             let _ = r.set(Ready {
                 tokenizer: Arc::clone(&engine.tokenizer),
                 chat_template: Arc::clone(&engine.chat_template),
@@ -163,6 +184,9 @@ pub fn start(max_queue: usize, max_context: usize, load: Loader, metrics: Arc<Me
 }
 
 fn serve_queue(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
+    if matches!(engine.models, Models::Batched { .. }) {
+        return crate::batched::serve(engine, rx, metrics);
+    }
     for job in rx {
         metrics.queue_depth.dec();
         if job.tx.is_closed() {
@@ -175,14 +199,14 @@ fn serve_queue(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
 /// Per-request text state: the generated ids, their text so far (decoded incrementally: each
 /// token costs a decode of the few ids since the last complete character, not of them all), how
 /// much of it was sent, stop strings.
-struct TextState<'a> {
+pub(crate) struct TextState {
     index: usize,
-    decoder: IncrementalDecoder<&'a Tokenizer>,
+    decoder: IncrementalDecoder<Arc<Tokenizer>>,
     /// The text of `ids` as far as it is complete (an eos id contributes none).
     text: String,
-    eos: &'a [u32],
-    stop: &'a [String],
-    tx: &'a UnboundedSender<Event>,
+    eos: Arc<[u32]>,
+    stop: Arc<[String]>,
+    tx: UnboundedSender<Event>,
     ids: Vec<u32>,
     /// Logprobs of tokens whose text has not been sent yet.
     pending: Vec<Logprob>,
@@ -193,7 +217,28 @@ struct TextState<'a> {
     failure: Option<String>,
 }
 
-impl TextState<'_> {
+impl TextState {
+    pub(crate) fn new(engine: &Engine, job: &Job, index: usize) -> TextState {
+        TextState {
+            index,
+            decoder: IncrementalDecoder::new(Arc::clone(&engine.tokenizer)),
+            text: String::new(),
+            eos: engine.eos_token_ids.clone().into(),
+            stop: job.req.stop.clone().into(),
+            tx: job.tx.clone(),
+            ids: Vec::new(),
+            pending: Vec::new(),
+            sent: 0,
+            stopped: false,
+            failure: None,
+        }
+    }
+
+    /// Sends an event on the choice's request channel.
+    pub(crate) fn tx_send(&self, e: Event) -> bool {
+        self.tx.send(e).is_ok()
+    }
+
     /// Takes a generated id into the text (an eos id adds none; the decoder holds back an
     /// incomplete character until it completes, and `last` flushes it).
     fn take(&mut self, e: Option<&Emitted>, last: bool) -> Result<(), String> {
@@ -215,7 +260,7 @@ impl TextState<'_> {
 
     /// Takes `id` (none at the end) and sends what became final; returns false when generation
     /// must end (stop string, client gone, decode failure).
-    fn advance(&mut self, e: Option<&Emitted>, last: bool) -> bool {
+    pub(crate) fn advance(&mut self, e: Option<&Emitted>, last: bool) -> bool {
         if let Err(e) = self.take(e, last) {
             self.failure = Some(e);
             return false;
@@ -229,7 +274,7 @@ impl TextState<'_> {
         let end = match hit {
             Some(i) => i,
             None if last => text.len(),
-            None => hold_back(text, from, self.stop),
+            None => hold_back(text, from, &self.stop),
         };
         self.stopped = hit.is_some();
         // The logprobs of the tokens taken so far go out with the next text sent; at the end
@@ -262,56 +307,75 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
     for index in 0..job.req.n {
         let seed = job.req.params.seed.wrapping_add(index as u64);
         let params = SamplingParams { seed, ..job.req.params };
-        if !run_choice(engine, &job, index, params, metrics) {
+        let mut st = TextState::new(engine, &job, index);
+        let Engine { models: Models::Solo { target, draft }, eos_token_ids, verify_len, law, .. } = engine else {
+            return;
+        };
+        let draft: Option<&mut dyn Drafter> = match draft {
+            Some(d) => Some(d.as_mut()),
+            None => None,
+        };
+        let result = run_loops(target.as_mut(), draft, &job.req, eos_token_ids, (verify_len, *law), params, &mut st);
+        if !finish_choice(&mut st, result, job.req.prompt.len(), metrics) {
             return;
         }
     }
 }
 
-/// One choice; false when the request must end (an error was sent, or the client is gone).
-fn run_choice(engine: &mut Engine, job: &Job, index: usize, params: SamplingParams, metrics: &Metrics) -> bool {
-    let req = &job.req;
-    let mut st = TextState {
-        index,
-        decoder: IncrementalDecoder::new(&engine.tokenizer),
-        text: String::new(),
-        eos: &engine.eos_token_ids,
-        stop: &req.stop,
-        tx: &job.tx,
-        ids: Vec::new(),
-        pending: Vec::new(),
-        sent: 0,
-        stopped: false,
-        failure: None,
-    };
-    let opts = GenerateOptions {
-        max_tokens: req.max_tokens,
-        eos_token_ids: engine.eos_token_ids.clone(),
-        logprobs: req.logprobs,
-    };
+/// One choice through the plain loops (speculative with a draft), its tokens into `st`.
+pub(crate) fn run_loops(
+    target: &mut dyn TargetModel,
+    draft: Option<&mut dyn Drafter>,
+    req: &Request,
+    eos: &[u32],
+    (verify_len, law): (&VerifyLen, DraftLaw),
+    params: SamplingParams,
+    st: &mut TextState,
+) -> Result<Finish, String> {
+    let opts = GenerateOptions { max_tokens: req.max_tokens, eos_token_ids: eos.to_vec(), logprobs: req.logprobs };
     // A stop string, the client gone or a decode failure ends the loop after this token.
     let on_token =
         |e: &Emitted| if st.advance(Some(e), false) { ControlFlow::Continue(()) } else { ControlFlow::Break(()) };
-    let (target, draft) = (&mut engine.target, &mut engine.draft);
-    let (verify_len, law) = (&engine.verify_len, engine.law);
     let result = match draft {
-        Some(d) if params.is_greedy() => {
-            speculative(target.as_mut(), d.as_mut(), &req.prompt, &opts, verify_len, on_token)
-        }
-        Some(d) => {
-            speculative_sampled(target.as_mut(), d.as_mut(), &req.prompt, &opts, verify_len, &params, law, on_token)
-        }
-        None => sample(target.as_mut(), &req.prompt, &opts, &params, on_token),
+        Some(d) if params.is_greedy() => speculative(target, d, &req.prompt, &opts, verify_len, on_token),
+        Some(d) => speculative_sampled(target, d, &req.prompt, &opts, verify_len, &params, law, on_token),
+        None => sample(target, &req.prompt, &opts, &params, on_token),
     };
+    let g = result.map_err(|e| e.to_string())?;
+    Ok(Finish {
+        stop: g.stop,
+        spec: g.spec.as_ref().map(|s| (s.rounds(), s.mean_accepted_length())),
+        tokens_per_second: Some(g.decode_tokens_per_second()),
+        stats: g.spec,
+    })
+}
+
+/// How a choice's generation ended, whichever loop ran it.
+pub(crate) struct Finish {
+    pub(crate) stop: StopReason,
+    /// Speculative rounds and mean committed tokens per round.
+    pub(crate) spec: Option<(usize, f64)>,
+    pub(crate) tokens_per_second: Option<f64>,
+    pub(crate) stats: Option<dspark_spec::SpecStats>,
+}
+
+/// Sends a choice's end: the held-back text and `Done`, or the error. False when the request
+/// must end (an error was sent, or the client is gone).
+pub(crate) fn finish_choice(
+    st: &mut TextState,
+    result: Result<Finish, String>,
+    prompt_tokens: usize,
+    metrics: &Metrics,
+) -> bool {
     let g = match result {
         Ok(g) => g,
         Err(e) => {
-            let _ = job.tx.send(Event::Error(e.to_string()));
+            let _ = st.tx.send(Event::Error(e));
             return false;
         }
     };
     if let Some(e) = st.failure.take() {
-        let _ = job.tx.send(Event::Error(e));
+        let _ = st.tx.send(Event::Error(e));
         return false;
     }
     metrics.generated_tokens.inc_by(st.ids.len() as u64);
@@ -321,7 +385,7 @@ fn run_choice(engine: &mut Engine, job: &Job, index: usize, params: SamplingPara
     // The held-back text (none after a stop string: generation ended inside or at it).
     if !st.stopped && !st.advance(None, true) {
         if let Some(e) = st.failure.take() {
-            let _ = job.tx.send(Event::Error(e));
+            let _ = st.tx.send(Event::Error(e));
             return false;
         }
         if !st.stopped {
@@ -329,11 +393,12 @@ fn run_choice(engine: &mut Engine, job: &Job, index: usize, params: SamplingPara
         }
     }
     let finish_reason = if st.stopped || g.stop == StopReason::Eos { "stop" } else { "length" };
-    let spec = g.spec.as_ref().map(|s| (s.rounds(), s.mean_accepted_length()));
-    metrics.tokens_per_second.set(g.decode_tokens_per_second());
-    if let Some(s) = &g.spec {
+    if let Some(tps) = g.tokens_per_second {
+        metrics.tokens_per_second.set(tps);
+    }
+    if let Some(s) = &g.stats {
         metrics.record_spec(s);
     }
-    let done = Done { finish_reason, prompt_tokens: req.prompt.len(), tokens: st.ids, spec };
-    job.tx.send(Event::Done { index, done }).is_ok()
+    let done = Done { finish_reason, prompt_tokens, tokens: std::mem::take(&mut st.ids), spec: g.spec };
+    st.tx.send(Event::Done { index: st.index, done }).is_ok()
 }

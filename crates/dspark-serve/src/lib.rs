@@ -25,10 +25,11 @@
 //! host-logits path.
 
 mod api;
+mod batched;
 mod engine;
 mod metrics;
 
-pub use engine::{Engine, Loader};
+pub use engine::{Engine, Loader, Models};
 
 use std::sync::Arc;
 

@@ -121,6 +121,14 @@ impl<T: BatchTarget> BatchTarget for Metered<T> {
     fn set_capture(&mut self, layers: &[usize]) -> dspark_model::Result<()> {
         self.inner.set_capture(layers)
     }
+    fn with_target(
+        &mut self,
+        id: SeqId,
+        f: &mut dyn FnMut(&mut dyn dspark_model::TargetModel) -> dspark_model::Result<()>,
+    ) -> dspark_model::Result<()> {
+        self.inner.with_target(id, f)
+    }
+
     fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> dspark_model::Result<Vec<Greedy>> {
         for &(id, tokens, _) in items {
             let len = self.inner.seq_len(id)? + tokens.len();

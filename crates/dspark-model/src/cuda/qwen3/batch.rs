@@ -307,6 +307,10 @@ impl BatchTarget for CudaBatch {
         self.model.set_capture(layers)
     }
 
+    fn with_target(&mut self, id: SeqId, f: &mut dyn FnMut(&mut dyn TargetModel) -> Result<()>) -> Result<()> {
+        self.alone(id, |m| f(m))
+    }
+
     fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> Result<Vec<Greedy>> {
         let (cfg, max_len) = (self.model.cfg.clone(), self.model.max_len);
         for (k, &(id, tokens, _)) in items.iter().enumerate() {

@@ -1,0 +1,179 @@
+//! The engine's batched loop (`dspark serve --max-batch R`, issue #30).
+//!
+//! Up to R greedy choices run at once in `dspark_spec::Scheduler` rounds: each round the draft
+//! proposes for every running choice and one target forward verifies all their rows, so every
+//! stream advances every round instead of waiting for the requests queued before it. The loop:
+//!
+//! ```text
+//! while a slot is free: take a job from the FIFO (block for one when nothing runs)
+//!     greedy, no logprobs → submit its first choice to the scheduler
+//!     otherwise           → run it now, alone, through the plain loops on a sequence of its own
+//! one scheduler round; each token → its choice's text state (stop strings, client gone → stop
+//!     that choice); each finished choice → its Done, and the job's next choice is submitted
+//! ```
+//!
+//! Jobs stay in the bounded FIFO until a slot frees, so a full server still answers 429. A
+//! job's choices run one after another (its events stay in choice order, as the solo engine's).
+//! Each choice's tokens are exactly its solo greedy run's (the scheduler's lossless invariant,
+//! `dspark-spec/tests/batched.rs`), which the server tests check over HTTP. A sampled request or
+//! one asking for logprobs pauses the rounds while it runs: batched sampling is not built yet.
+
+use crate::engine::{finish_choice, run_loops, Engine, Event, Finish, Job, Models, TextState};
+use crate::metrics::Metrics;
+use dspark_spec::{BatchVerify, GenerateOptions, SamplingParams, Scheduler, VerifyLen};
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::sync::mpsc::{Receiver, TryRecvError};
+
+/// A choice in the scheduler.
+struct Running {
+    job: Job,
+    index: usize,
+    st: TextState,
+}
+
+/// Serves the queue with batched rounds (see the module docs).
+pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
+    let Models::Batched { draft, max_batch, .. } = &engine.models else { return };
+    let max_batch = *max_batch;
+    let verify = match engine.verify_len {
+        VerifyLen::Fixed(n) => BatchVerify::Fixed(n),
+        VerifyLen::Auto(_) => BatchVerify::Fixed(draft.block_size()),
+    };
+    let new_scheduler = || Scheduler::new(verify.clone(), max_batch).map_err(|e| e.to_string());
+    let mut sched = match new_scheduler() {
+        Ok(s) => s,
+        Err(e) => return eprintln!("dspark serve: {e}"),
+    };
+    let mut running: HashMap<usize, Running> = HashMap::new();
+    let mut open = true;
+    while open || !running.is_empty() {
+        while open && running.len() < max_batch {
+            let job = if running.is_empty() {
+                match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(job) => job,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            };
+            metrics.queue_depth.dec();
+            if job.tx.is_closed() {
+                continue;
+            }
+            if job.req.params.is_greedy() && job.req.logprobs.is_none() {
+                submit_choice(&mut engine, &mut sched, &mut running, job, 0);
+            } else {
+                run_alone(&mut engine, job, metrics);
+            }
+        }
+        if running.is_empty() {
+            continue;
+        }
+        let Models::Batched { target, draft, .. } = &mut engine.models else { return };
+        let stepped = sched.step(target.as_mut(), draft.as_mut(), |id, e| {
+            let going = running.get_mut(&id).is_some_and(|r| r.st.advance(Some(e), false));
+            if going {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        });
+        match stepped {
+            Ok(finished) => {
+                for f in finished {
+                    let Some(mut r) = running.remove(&f.id) else { continue };
+                    // The first token comes from the prompt's round; every later round verified.
+                    let rounds = f.output.rounds.1 - f.output.rounds.0;
+                    let committed = f.output.tokens.len().saturating_sub(1);
+                    let spec = (rounds > 0).then(|| (rounds, committed as f64 / rounds as f64));
+                    let result = Ok(Finish { stop: f.output.stop, spec, tokens_per_second: None, stats: None });
+                    let more = finish_choice(&mut r.st, result, r.job.req.prompt.len(), metrics);
+                    if more && r.index + 1 < r.job.req.n {
+                        submit_choice(&mut engine, &mut sched, &mut running, r.job, r.index + 1);
+                    }
+                }
+            }
+            Err(e) => {
+                // A failed round fails every choice in it; their sequences are freed and the
+                // scheduler starts afresh for the jobs still queued.
+                let msg = format!("batched round failed: {e}");
+                eprintln!("dspark serve: {msg}");
+                for (id, r) in running.drain() {
+                    let _ = r.st.tx_send(Event::Error(msg.clone()));
+                    let _ = sched.cancel(target.as_mut(), draft.as_mut(), id);
+                }
+                match new_scheduler() {
+                    Ok(s) => sched = s,
+                    Err(e) => return eprintln!("dspark serve: {e}"),
+                }
+            }
+        }
+    }
+}
+
+/// Submits choice `index` of `job` to the scheduler (an error goes to the client).
+fn submit_choice(
+    engine: &mut Engine,
+    sched: &mut Scheduler,
+    running: &mut HashMap<usize, Running>,
+    job: Job,
+    index: usize,
+) {
+    let st = TextState::new(engine, &job, index);
+    let opts =
+        GenerateOptions { max_tokens: job.req.max_tokens, eos_token_ids: engine.eos_token_ids.clone(), logprobs: None };
+    let Models::Batched { target, .. } = &engine.models else { return };
+    match sched.submit(target.as_ref(), job.req.prompt.clone(), opts) {
+        Ok(id) => {
+            running.insert(id, Running { job, index, st });
+        }
+        Err(e) => {
+            let _ = job.tx.send(Event::Error(e.to_string()));
+        }
+    }
+}
+
+/// Runs every choice of `job` now through the plain loops, each on sequences of its own.
+fn run_alone(engine: &mut Engine, job: Job, metrics: &Metrics) {
+    for index in 0..job.req.n {
+        let seed = job.req.params.seed.wrapping_add(index as u64);
+        let params = SamplingParams { seed, ..job.req.params };
+        let mut st = TextState::new(engine, &job, index);
+        let Engine { models: Models::Batched { target, draft, .. }, eos_token_ids, verify_len, law, .. } = engine
+        else {
+            return;
+        };
+        let mut result = Err("the request did not run".to_string());
+        let ran = (|| -> dspark_model::Result<()> {
+            let tid = target.open()?;
+            let did = match draft.open() {
+                Ok(did) => did,
+                Err(e) => {
+                    target.close(tid)?;
+                    return Err(e);
+                }
+            };
+            let r = target.with_target(tid, &mut |t| {
+                draft.with_draft(did, &mut |d| {
+                    result = run_loops(t, Some(d), &job.req, eos_token_ids, (verify_len, *law), params, &mut st);
+                    Ok(())
+                })
+            });
+            target.close(tid)?;
+            draft.close(did)?;
+            r
+        })();
+        let result = ran.map_err(|e| e.to_string()).and(result);
+        if !finish_choice(&mut st, result, job.req.prompt.len(), metrics) {
+            return;
+        }
+    }
+}
