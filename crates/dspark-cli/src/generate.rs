@@ -391,7 +391,8 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
 pub(crate) type Models = (Box<dyn TargetModel>, Option<Box<dyn Drafter>>);
 
 /// The models as their backend's own types (`serve --max-batch` builds its batched models from
-/// them).
+/// them). Made once per process and boxed or batched at once, so its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Loaded {
     Cpu(CpuQwen3, Option<CpuDraft>),
     Cuda(CudaQwen3, Option<CudaDraft>),
