@@ -39,6 +39,11 @@ pub trait BatchTarget {
     fn config(&self) -> &Qwen3Config;
     /// Positions one sequence may hold.
     fn max_len(&self) -> usize;
+    /// The prompt chunk a single-sequence prefill of this target takes
+    /// ([`TargetModel::prefill_chunk`]): a batched prompt in chunks of it runs as it does alone.
+    fn prefill_chunk(&self) -> usize {
+        usize::MAX
+    }
     /// A new, empty sequence.
     fn open(&mut self) -> Result<SeqId>;
     /// Frees a sequence's state.
@@ -137,6 +142,10 @@ impl<M: SeqState + TargetModel> BatchTarget for Sequences<M> {
 
     fn max_len(&self) -> usize {
         self.model.max_len()
+    }
+
+    fn prefill_chunk(&self) -> usize {
+        self.model.prefill_chunk()
     }
 
     fn open(&mut self) -> Result<SeqId> {

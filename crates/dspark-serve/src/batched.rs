@@ -12,6 +12,13 @@
 //!     that choice); each finished choice → its Done, and the job's next choice is submitted
 //! ```
 //!
+//! How many drafts each request verifies is the paper's Algorithm 1 (`verify_budget`) over a
+//! cost table measured when the engine starts: forwards of 1 ..= 64 tokens timed on a sequence
+//! (a batched step holds 64 rows; more rows are more steps, so beyond 64 the table adds whole
+//! steps), and every request's confidence-head survival. A draft without a confidence head
+//! verifies full blocks. Prompts go through the rounds in the target's own prefill chunks, so a
+//! long prompt shares rounds with the others' tokens and is prefilled as it would be alone.
+//!
 //! Jobs stay in the bounded FIFO until a slot frees, so a full server still answers 429. A
 //! job's choices run one after another (its events stay in choice order, as the solo engine's).
 //! Each choice's tokens are exactly its solo greedy run's (the scheduler's lossless invariant,
@@ -20,7 +27,8 @@
 
 use crate::engine::{finish_choice, run_loops, Engine, Event, Finish, Job, Models, TextState};
 use crate::metrics::Metrics;
-use dspark_spec::{BatchVerify, GenerateOptions, SamplingParams, Scheduler, VerifyLen};
+use dspark_model::BatchTarget;
+use dspark_spec::{BatchVerify, CostTable, GenerateOptions, SamplingParams, Scheduler};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -34,13 +42,18 @@ struct Running {
 
 /// Serves the queue with batched rounds (see the module docs).
 pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
-    let Models::Batched { draft, max_batch, .. } = &engine.models else { return };
+    let Models::Batched { target, draft, max_batch } = &mut engine.models else { return };
     let max_batch = *max_batch;
-    let verify = match engine.verify_len {
-        VerifyLen::Fixed(n) => BatchVerify::Fixed(n),
-        VerifyLen::Auto(_) => BatchVerify::Fixed(draft.block_size()),
+    let rows = max_batch * (draft.block_size() + 1);
+    let verify = match cost_table(target.as_mut(), rows) {
+        Ok(costs) => BatchVerify::Budget(costs),
+        Err(e) => return eprintln!("dspark serve: measuring the verify cost table: {e}"),
     };
-    let new_scheduler = || Scheduler::new(verify.clone(), max_batch).map_err(|e| e.to_string());
+    let chunk = target.prefill_chunk();
+    let new_scheduler = || {
+        let s = Scheduler::new(verify.clone(), max_batch).map_err(|e| e.to_string())?;
+        Ok::<_, String>(if chunk < usize::MAX { s.with_prefill_chunk(chunk) } else { s })
+    };
     let mut sched = match new_scheduler() {
         Ok(s) => s,
         Err(e) => return eprintln!("dspark serve: {e}"),
@@ -176,4 +189,30 @@ fn run_alone(engine: &mut Engine, job: Job, metrics: &Metrics) {
             return;
         }
     }
+}
+
+/// Rows of one batched step (`CudaBatch`; the CPU's sequences run item by item, which the same
+/// table only approximates).
+const STEP_ROWS: usize = 64;
+
+/// Seconds of a batched forward of 1 ..= `rows` tokens: forwards of up to [`STEP_ROWS`] timed on
+/// a fresh sequence (best of 3), whole steps added beyond.
+fn cost_table(target: &mut dyn BatchTarget, rows: usize) -> dspark_model::Result<CostTable> {
+    let id = target.open()?;
+    let mut measured = None;
+    let ran = target.with_target(id, &mut |t| {
+        measured = Some(CostTable::measure(t, rows.min(STEP_ROWS), 3)?);
+        Ok(())
+    });
+    target.close(id)?;
+    ran?;
+    let one = measured.map(|c| c.seconds).unwrap_or_default();
+    let Some(&full) = one.last() else { return Ok(CostTable { seconds: Vec::new() }) };
+    let seconds = (1..=rows)
+        .map(|b| {
+            let (steps, rest) = (b / STEP_ROWS, b % STEP_ROWS);
+            steps as f64 * full + if rest > 0 { one[rest - 1] } else { 0.0 }
+        })
+        .collect();
+    Ok(CostTable { seconds })
 }

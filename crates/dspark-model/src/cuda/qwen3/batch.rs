@@ -265,6 +265,10 @@ impl BatchTarget for CudaBatch {
         self.model.max_len
     }
 
+    fn prefill_chunk(&self) -> usize {
+        self.model.prefill_chunk()
+    }
+
     fn open(&mut self) -> Result<SeqId> {
         let caches = self.pool.pop().ok_or_else(|| {
             Error::Request(format!("all {} sequences' K/V caches are in use (the batch's size)", self.max_seqs))
