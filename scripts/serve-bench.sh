@@ -8,7 +8,10 @@
 # tokens equal generate's (they must, at temperature 0). Logs and summary.json under $OUT.
 #
 # Usage: DSPARK=.gpu-bundle/dspark TARGET=/path/to/qwen3 [DRAFT=/path/to/draft] \
-#            [PROMPT_TOKENS=512 | PROMPT='text'] [N=256] [RUNS=3] [DEVICE=cuda] bash scripts/serve-bench.sh
+#            [PROMPT_TOKENS=512 | PROMPT='text'] [N=256] [RUNS=3] [DEVICE=cuda] \
+#            [CLIENTS=8 MAX_BATCH=8] bash scripts/serve-bench.sh
+# CLIENTS > 1 adds a load phase: that many streaming clients at once, RUNS requests each, against
+# a server of `--max-batch MAX_BATCH` (aggregate tok/s, first-token and inter-token p50 / p99).
 # Without TARGET it serves the embedded demo pair. A TARGET without tokenizer.json (the random
 # Qwen3-8B of scripts/random_qwen3.py, as scripts/ttft.sh makes it: TARGET=/tmp/qwen3-8b-random)
 # gets the real Qwen3 tokenizer copied in from TOKENIZER (default .test-data/qwen3/tokenizer.json,

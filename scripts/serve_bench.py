@@ -10,6 +10,10 @@ scripts/serve-bench.sh, which documents the settings; every setting comes from t
   N        tokens to generate (default 256)
   RUNS     streamed requests measured after one warm-up (default 3)
   OUT      folder for the logs (default ./serve-bench-logs)
+  CLIENTS  concurrent streaming clients after the solo runs (default 1: none); each sends RUNS
+           requests, and the summary's "load" gives aggregate tok/s, time to first token and
+           inter-token latency (p50 / p99), and whether every stream's tokens equal generate's
+  MAX_BATCH  `serve --max-batch` (default 1: one request at a time)
 
 1. `dspark generate --json` (GPU memory polled with nvidia-smi while it runs): prefill ms,
    decode tok/s, tokens.
@@ -48,6 +52,8 @@ DRAFT = env("DRAFT")
 DEVICE = env("DEVICE", "cuda")
 N = int(env("N", "256"))
 RUNS = int(env("RUNS", "3"))
+CLIENTS = int(env("CLIENTS", "1"))
+MAX_BATCH = int(env("MAX_BATCH", "1"))
 OUT = env("OUT", os.path.join(os.getcwd(), "serve-bench-logs"))
 
 
@@ -132,7 +138,8 @@ def run_generate(pflags, plen):
 
 def start_server(plen):
     ctx = ["--max-context", str(plen + N + 64)] if plen else []
-    cmd = [DSPARK, "serve", *model_args(), "--port", "0", *ctx]
+    cmd = [DSPARK, "serve", *model_args(), "--port", "0", *ctx, "--max-batch", str(MAX_BATCH),
+           "--max-queue", str(max(64, 2 * CLIENTS))]
     err = open(os.path.join(OUT, "serve.err"), "w+")
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
     t0 = time.monotonic()
@@ -173,8 +180,9 @@ def start_server(plen):
     return p, host, port, load_s
 
 
-def stream(host, port, prompt_field):
-    """One streamed greedy completion: (first token s, total s, tokens, dspark field, usage)."""
+def stream(host, port, prompt_field, gaps=None):
+    """One streamed greedy completion: (first token s, total s, tokens, dspark field, usage);
+    with `gaps`, the seconds between consecutive text chunks are appended to it."""
     body = json.dumps({
         "prompt": prompt_field, "max_tokens": N, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True},
@@ -201,8 +209,12 @@ def stream(host, port, prompt_field):
         for ch in e.get("choices") or []:
             if ch.get("text"):
                 pieces += 1
+                now = time.perf_counter() - t0
                 if first is None:
-                    first = time.perf_counter() - t0
+                    first = now
+                elif gaps is not None:
+                    gaps.append(now - last)
+                last = now
             if ch.get("finish_reason") is not None:
                 dspark = e.get("dspark")
         if e.get("usage"):
@@ -212,6 +224,53 @@ def stream(host, port, prompt_field):
     if not done:
         sys.exit("the stream ended without [DONE]")
     return first, total, dspark, usage
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[round((len(xs) - 1) * p)] if xs else None
+
+
+def concurrent(host, port, pfield, want):
+    """CLIENTS threads, RUNS streamed requests each, all at once: aggregate tok/s over the wall
+    time, first token and inter-token latency p50 / p99 (ms), tokens equal to generate's."""
+    gaps, firsts, counts, equal, errors = [], [], [], [], []
+    lock = threading.Lock()
+
+    def client():
+        for _ in range(RUNS):
+            mine = []
+            try:
+                first, total, dspark, usage = stream(host, port, pfield, mine)
+            except SystemExit as e:
+                with lock:
+                    errors.append(str(e))
+                return
+            with lock:
+                gaps.extend(mine)
+                firsts.append(first)
+                counts.append((usage or {}).get("completion_tokens") or 0)
+                equal.append((dspark or {}).get("tokens") == want)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ms = lambda x: x * 1e3 if x is not None else None
+    load = {
+        "clients": CLIENTS, "requests": len(counts), "errors": errors, "wall_s": wall,
+        "aggregate_tokens_per_second": sum(counts) / wall,
+        "first_token_ms_p50": ms(pct([f for f in firsts if f is not None], 0.5)),
+        "first_token_ms_p99": ms(pct([f for f in firsts if f is not None], 0.99)),
+        "inter_token_ms_p50": ms(pct(gaps, 0.5)), "inter_token_ms_p99": ms(pct(gaps, 0.99)),
+        "tokens_match_generate": bool(equal) and all(equal),
+    }
+    log(f"load: {CLIENTS} clients x {RUNS}: {load['aggregate_tokens_per_second']:.1f} tok/s aggregate, "
+        f"inter-token p50 {load['inter_token_ms_p50'] or 0:.1f} ms p99 {load['inter_token_ms_p99'] or 0:.1f} ms")
+    return load
 
 
 def main():
@@ -244,6 +303,7 @@ def main():
             })
             log(f"run {i}: first token {runs[-1]['first_token_ms']:.1f} ms, "
                 f"{runs[-1]['stream_tokens_per_second'] or 0:.1f} tok/s streamed, {toks} tokens")
+        load = concurrent(host, port, pfield, g["tokens"]) if CLIENTS > 1 else None
         busy_peak = mem.stop().peak
     finally:
         p.terminate()
@@ -274,6 +334,8 @@ def main():
         "ratio_tokens_per_second": tps / gs["tokens_per_second"] if tps and gs["tokens_per_second"] else None,
         "first_token_minus_prefill_ms": ttft - gs["prefill_ms"] if ttft is not None else None,
         "gpu_memory_serve_idle_minus_generate_peak_mib": idle - gen_mem,
+        "max_batch": MAX_BATCH,
+        "load": load,
     }
     with open(os.path.join(OUT, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
