@@ -300,7 +300,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     let cfg = target_src.target_config()?;
     check_context(prompt.len(), args.max_context, cfg.max_position_embeddings)?;
     let (mut target, mut draft) =
-        load_models(target_src, draft_src, cfg, device, args.max_context, args.kv_cache, args.prefill)?;
+        load_typed(target_src, draft_src, cfg, device, args.max_context, args.kv_cache, args.prefill)?.boxed();
     let load = load_start.elapsed();
     let verify_len = match &draft {
         Some(d) => Some(parse_verify_len(args.verify_len.as_deref(), d.block_size(), target.as_mut())?),
@@ -408,21 +408,9 @@ impl Loaded {
 }
 
 /// The target (and the draft, when given) built from their folders or the embedded demo on
-/// `device`: the loading `generate` and `serve` share. `cfg` is the target's config, read by
-/// the caller (which checks the prompt against it first).
-pub(crate) fn load_models(
-    target_src: Source<'_>,
-    draft_src: Option<Source<'_>>,
-    cfg: Qwen3Config,
-    device: Device,
-    max_context: usize,
-    kv_cache: KvDtype,
-    prefill: PrefillMode,
-) -> Result<Models> {
-    Ok(load_typed(target_src, draft_src, cfg, device, max_context, kv_cache, prefill)?.boxed())
-}
-
-/// [`load_models`], the models in their own types.
+/// `device`, in their own types (`.boxed()` for the loops): the loading `generate` and `serve`
+/// share. `cfg` is the target's config, read by the caller (which checks the prompt against it
+/// first).
 pub(crate) fn load_typed(
     target_src: Source<'_>,
     draft_src: Option<Source<'_>>,

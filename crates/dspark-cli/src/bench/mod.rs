@@ -168,14 +168,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 CudaQwen3::from_source_kv(gpu.clone(), configs::qwen3_8b()?, &weights, max_ctx, args.kv_cache)?;
             let dw = RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02);
             let draft = CudaDraft::from_source(configs::dspark_8b()?, &dw, &target)?;
-            let mut rng = args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let vocab = target.config().vocab_size as u64;
-            let mut token = move || {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                (rng % vocab) as u32
-            };
+            let mut token = tokens(args.seed, target.config().vocab_size);
             batched.extend(concurrency::measure(target, draft, ctx, &args.concurrency, args.iters, &mut token)?);
         }
     }
@@ -302,14 +295,7 @@ fn measure_model(
         target.streamed_weight_bytes() as f64 / 1e9,
     ));
     let (phases, modelled, profiles) = (&mut out.phases, &mut out.modelled, &mut out.profiles);
-    let mut rng = args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let vocab = target.config().vocab_size as u64;
-    let mut token = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng % vocab) as u32
-    };
+    let mut token = tokens(args.seed, target.config().vocab_size);
 
     let tb = target.streamed_weight_bytes() as f64;
     let tcfg = target.config().clone();
@@ -472,6 +458,17 @@ fn measure_model(
         out.prefill.extend(rows);
     }
     Ok(())
+}
+
+/// Random token ids below `vocab` (xorshift from `seed`): the bench's prompts and drafts.
+fn tokens(seed: u64, vocab: usize) -> impl FnMut() -> u32 {
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % vocab as u64) as u32
+    }
 }
 
 /// Median µs of `iters` calls after 3 warm-up calls.

@@ -380,22 +380,9 @@ impl CudaQwen3 {
             },
         )?;
         let Some(from) = logit_from else { return Ok(()) };
-        let rows = n - from;
-        // The last layer's `down` left the final norm of all n rows; logits take rows from..n.
-        let normed = normed.unwrap_or(Normed::Done);
-        let parts = normed.parts();
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        drop(cap);
+        let rows = self.head_logits(normed, from, n)?;
         let s = &mut self.scratch;
-        gpu.matvec_normed(
-            head,
-            &mut s.u.slice_mut(from * h..n * h),
-            normed,
-            &s.ss.slice(from * parts..n * parts),
-            &mut self.logits.slice_mut(..rows * v),
-            (rows, h, v),
-            false,
-        )
-        .map_err(gpu_err)?;
         if argmax {
             let logits = self.logits.slice(..rows * v);
             gpu.argmax_split(&logits, v, v, rows, &mut self.next_ids.slice_mut(..rows), &mut s.ops).map_err(gpu_err)?;
@@ -417,6 +404,29 @@ impl CudaQwen3 {
             gpu.sample_rows(&logits, (rows, v, v), &cfg, &drafts, shape, &mut self.sample, io).map_err(gpu_err)?;
         }
         Ok(())
+    }
+
+    /// Logits of rows `from..n` into `self.logits` from what the last layer's `down` left (the
+    /// final norm of all n rows in `scratch`); returns how many rows.
+    fn head_logits(&mut self, normed: Option<Normed>, from: usize, n: usize) -> Result<usize> {
+        let (h, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        let rows = n - from;
+        let normed = normed.unwrap_or(Normed::Done);
+        let parts = normed.parts();
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        let s = &mut self.scratch;
+        self.gpu
+            .matvec_normed(
+                head,
+                &mut s.u.slice_mut(from * h..n * h),
+                normed,
+                &s.ss.slice(from * parts..n * parts),
+                &mut self.logits.slice_mut(..rows * v),
+                (rows, h, v),
+                false,
+            )
+            .map_err(gpu_err)?;
+        Ok(rows)
     }
 
     /// The device address of the installed [`DraftRows`]' logits (part of a graph's key, so a

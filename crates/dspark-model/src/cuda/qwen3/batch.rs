@@ -32,7 +32,6 @@ use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, Segment};
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cuda::kv::KvCaches;
-use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::StepLens;
 
 /// One sequence's target state: its K/V caches and the positions they hold.
@@ -215,23 +214,16 @@ impl CudaBatch {
         )?;
         drop(segments);
         drop(cap);
-        let rows = n - from;
-        let normed = normed.unwrap_or(Normed::Done);
-        let parts = normed.parts();
-        let head = m.lm_head.as_ref().unwrap_or(&m.embed_tokens);
-        let s = &mut m.scratch;
-        gpu.matvec_normed(
-            head,
-            &mut s.u.slice_mut(from * h..n * h),
-            normed,
-            &s.ss.slice(from * parts..n * parts),
-            &mut m.logits.slice_mut(..rows * v),
-            (rows, h, v),
-            false,
+        let rows = m.head_logits(normed, from, n)?;
+        gpu.argmax_split(
+            &m.logits.slice(..rows * v),
+            v,
+            v,
+            rows,
+            &mut m.next_ids.slice_mut(..rows),
+            &mut m.scratch.ops,
         )
         .map_err(gpu_err)?;
-        gpu.argmax_split(&m.logits.slice(..rows * v), v, v, rows, &mut m.next_ids.slice_mut(..rows), &mut s.ops)
-            .map_err(gpu_err)?;
         let mut ids = vec![0u32; rows];
         gpu.stream.memcpy_dtoh(&m.next_ids.slice(..rows), &mut ids).map_err(drv)?;
         let mut out = Vec::with_capacity(s_count);
