@@ -62,6 +62,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_batch == 0 {
         anyhow::bail!("--max-batch: at least 1 request");
     }
+    if args.max_batch > 1 && args.target.is_some() && args.draft.is_none() {
+        anyhow::bail!("--max-batch {}: batched rounds need a draft (--draft DIR)", args.max_batch);
+    }
     let device = crate::generate::resolve_device(args.device)?;
     let model_name = match (&args.model_name, &args.target) {
         (Some(n), _) => n.clone(),

@@ -591,3 +591,18 @@ fn logprobs_on_chat_and_completions() {
     assert!(plain["choices"][0]["logprobs"].is_null());
     eprintln!("logprobs_on_chat_and_completions: {:.2} s", t0.elapsed().as_secs_f64());
 }
+
+#[test]
+fn bad_max_batch_flags_are_refused_before_serving() {
+    let exe = env!("CARGO_BIN_EXE_dspark");
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3-tiny-f32");
+    let cases: [(&[&str], &str); 2] = [
+        (&["serve", "--device", "cpu", "--max-batch", "0"], "--max-batch: at least 1"),
+        (&["serve", "--device", "cpu", "--max-batch", "2", "--target", target.to_str().unwrap()], "need a draft"),
+    ];
+    for (args, want) in cases {
+        let out = std::process::Command::new(exe).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
+    }
+}
