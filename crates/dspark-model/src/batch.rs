@@ -56,6 +56,39 @@ pub trait BatchTarget {
     /// One forward over every item: item i's tokens appended to its sequence, its result the
     /// greedy ids of the rows `rows` asks for and the captured rows of all its tokens.
     fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> Result<Vec<Greedy>>;
+    /// [`BatchTarget::forward_batch`], and for each item with `logits[i]` set the logits of its
+    /// requested rows on the host too (`[rows, V]`: a sampled request draws from them). The
+    /// default runs those items one by one through [`TargetModel::forward`] on their sequence
+    /// (host captures; ids = the rows' argmax, ties to the lowest index, as on the device), then
+    /// the rest in one forward; a backend with a batched forward fetches the rows from it.
+    fn forward_batch_logits(
+        &mut self,
+        items: &[(SeqId, &[u32], LogitRows)],
+        logits: &[bool],
+    ) -> Result<Vec<(Greedy, Vec<f32>)>> {
+        if logits.len() != items.len() {
+            return Err(Error::Request(format!("{} logits flags for {} items", logits.len(), items.len())));
+        }
+        let vocab = self.config().vocab_size;
+        let mut out: Vec<Option<(Greedy, Vec<f32>)>> = vec![None; items.len()];
+        for (i, &(id, tokens, rows)) in items.iter().enumerate().filter(|(i, _)| logits[*i]) {
+            let mut got = None;
+            self.with_target(id, &mut |t| {
+                got = Some(t.forward(tokens, rows)?);
+                Ok(())
+            })?;
+            let f = got.ok_or_else(|| Error::Request("the forward did not run".into()))?;
+            let ids =
+                dspark_kernels::cpu::argmax::argmax_rows(&f.logits, vocab).into_iter().map(|t| t as u32).collect();
+            out[i] = Some((Greedy { ids, captured: Captured::Host(f.captured) }, f.logits));
+        }
+        let rest: Vec<usize> = (0..items.len()).filter(|&i| !logits[i]).collect();
+        let batch: Vec<(SeqId, &[u32], LogitRows)> = rest.iter().map(|&i| items[i]).collect();
+        for (&i, g) in rest.iter().zip(self.forward_batch(&batch)?) {
+            out[i] = Some((g, Vec::new()));
+        }
+        out.into_iter().map(|o| o.ok_or_else(|| Error::Request("an item was not run".into()))).collect()
+    }
     /// Runs `f` on sequence `id` as a single-sequence target (what a batched round does not
     /// cover — a sampled request, logprobs — runs through the plain loops this way).
     fn with_target(&mut self, id: SeqId, f: &mut dyn FnMut(&mut dyn TargetModel) -> Result<()>) -> Result<()>;

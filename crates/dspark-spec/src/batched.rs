@@ -1,5 +1,5 @@
-//! Greedy DSpark decoding of many requests at once: continuous batching of speculative rounds
-//! (issue #30), over [`BatchTarget`] / [`BatchDrafter`].
+//! DSpark decoding of many requests at once: continuous batching of speculative rounds
+//! (issue #30), over [`BatchTarget`] / [`BatchDrafter`], greedy or sampled per request.
 //!
 //! ```text
 //! round:  admit arrived requests while fewer than max_batch are active (their prompts join
@@ -21,26 +21,36 @@
 //! request's prompt goes through in one item, or in chunks of one per round
 //! ([`Scheduler::with_prefill_chunk`]) so that a long prompt does not stall the others' tokens.
 //!
+//! A sampled request ([`Scheduler::submit_sampled`]) runs [`speculative_sampled`]'s round with
+//! the greedy draft law: its rows' logits come back to the host (`forward_batch_logits`), and
+//! the speculative sampling rule judges its one-hot drafts with uniforms drawn from its own
+//! stream in the same order (the prompt's token first, then k + 1 a round). Its verify length
+//! is always the fixed one (the block, or `Fixed(n)`), never the budget's: then its draws, and
+//! so its tokens, are those of its solo run with that fixed length whoever shares the batch
+//! (the same seed gives the same text), and the length cannot depend on the draws it admits.
+//!
 //! [`Scheduler`] is the loop as a server drives it: `submit` any time, `step` runs one round
 //! and reports each committed token to a callback (whose `Break` stops that request, as the
 //! single-request loops' `on_token` does), `cancel` frees a request's sequences at once.
 //! [`batched`] drives it over a list of requests with arrival rounds.
 
 use crate::greedy::GenerateOptions;
-use crate::sampled::emit;
+use crate::sampled::{emit, judge_one_hot};
+use crate::sampler::{draw, transform, SamplingParams, Uniforms};
 use crate::stats::StopReason;
 use crate::verify_budget::verify_budget;
 use crate::verify_len::CostTable;
 use crate::Emitted;
-use dspark_model::{BatchDrafter, BatchTarget, Captured, Error, LogitRows, Result, SeqId};
+use dspark_model::{BatchDrafter, BatchTarget, Captured, Error, Greedy, LogitRows, Result, SeqId};
 use std::ops::ControlFlow;
 
-/// One request of a batched run: its prompt, its options (greedy: `logprobs` must be `None`), and
-/// the round at which it arrives.
+/// One request of a batched run: its prompt, its options (`logprobs` must be `None`), its
+/// sampler (greedy at temperature 0), and the round at which it arrives.
 #[derive(Clone, Debug)]
 pub struct BatchRequest {
     pub prompt: Vec<u32>,
     pub opts: GenerateOptions,
+    pub params: SamplingParams,
     pub arrival: usize,
 }
 
@@ -77,6 +87,8 @@ struct Active {
     first_round: usize,
     prompt: Vec<u32>,
     opts: GenerateOptions,
+    /// The request's sampler and its uniform stream (`None`: greedy).
+    sampling: Option<(SamplingParams, Uniforms)>,
 }
 
 /// What [`Scheduler::step`] reports about a request that ended in its round.
@@ -100,8 +112,8 @@ pub struct Scheduler {
     /// Whether the target captures the draft's taps yet (set on the first round; a scheduler
     /// serves one target and draft).
     capture_set: bool,
-    /// Submitted, not yet admitted: (id, prompt, options), in submission order.
-    waiting: std::collections::VecDeque<(usize, Vec<u32>, GenerateOptions)>,
+    /// Submitted, not yet admitted: (id, prompt, options, sampler), in submission order.
+    waiting: std::collections::VecDeque<(usize, Vec<u32>, GenerateOptions, SamplingParams)>,
     active: Vec<Active>,
     next_id: usize,
     round: usize,
@@ -153,13 +165,27 @@ impl Scheduler {
         (prompt + opts.max_tokens).min(max_len)
     }
 
-    /// Queues a request (checked here: a prompt the target can hold, no logprobs); returns its id.
+    /// Queues a greedy request (checked here: a prompt the target can hold, no logprobs);
+    /// returns its id.
     pub fn submit<T: BatchTarget + ?Sized>(
         &mut self,
         target: &T,
         prompt: Vec<u32>,
         opts: GenerateOptions,
     ) -> Result<usize> {
+        self.submit_sampled(target, prompt, opts, SamplingParams::greedy())
+    }
+
+    /// Queues a request decoded with `params` (temperature 0: greedy; see the module docs for a
+    /// sampled one); returns its id.
+    pub fn submit_sampled<T: BatchTarget + ?Sized>(
+        &mut self,
+        target: &T,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+        params: SamplingParams,
+    ) -> Result<usize> {
+        params.validate().map_err(Error::Request)?;
         if prompt.is_empty() || prompt.len() > target.max_len() {
             return Err(Error::Request(format!(
                 "prompt of {} tokens: the target holds 1 ..= {}",
@@ -178,7 +204,7 @@ impl Scheduler {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.waiting.push_back((id, prompt, opts));
+        self.waiting.push_back((id, prompt, opts, params));
         Ok(id)
     }
 
@@ -229,13 +255,13 @@ impl Scheduler {
             self.capture_set = true;
         }
         while self.active.len() < self.max_batch {
-            let Some((_, prompt, opts)) = self.waiting.front() else { break };
+            let Some((_, prompt, opts, _)) = self.waiting.front() else { break };
             let need = Self::reservation(prompt.len(), opts, target.max_len());
             if self.kv_capacity.is_some_and(|cap| self.reserved + need > cap) {
                 break;
             }
             self.reserved += need;
-            let Some((id, prompt, opts)) = self.waiting.pop_front() else { break };
+            let Some((id, prompt, opts, params)) = self.waiting.pop_front() else { break };
             let (tid, did) = (target.open()?, draft.open()?);
             let pending = Captured::Host(Vec::new());
             let s = Active {
@@ -249,6 +275,7 @@ impl Scheduler {
                 first_round: self.round,
                 prompt,
                 opts,
+                sampling: (!params.is_greedy()).then(|| (params, Uniforms::new(params.seed))),
             };
             self.active.push(s);
         }
@@ -265,8 +292,12 @@ impl Scheduler {
         let items: Vec<(SeqId, u32)> =
             decoding.iter().map(|&a| (active[a].did, active[a].anchor.unwrap_or(0))).collect();
         let proposals = draft.propose_batch(&items)?;
+        let fixed = match &self.verify {
+            BatchVerify::Fixed(n) => (*n).min(block),
+            BatchVerify::Budget(_) => block,
+        };
         let mut ks: Vec<usize> = match &self.verify {
-            BatchVerify::Fixed(n) => vec![(*n).min(block); decoding.len()],
+            BatchVerify::Fixed(_) => vec![fixed; decoding.len()],
             BatchVerify::Budget(costs) => {
                 match proposals.iter().map(|p| p.survival.as_deref()).collect::<Option<Vec<_>>>() {
                     Some(survival) => verify_budget(&survival, &vec![block; decoding.len()], costs),
@@ -274,6 +305,12 @@ impl Scheduler {
                 }
             }
         };
+        // Sampled requests verify the fixed length (see the module docs).
+        for (i, &a) in decoding.iter().enumerate() {
+            if active[a].sampling.is_some() {
+                ks[i] = fixed;
+            }
+        }
         // Never verify past a request's context, nor more drafts than tokens it still wants.
         let mut lens = Vec::with_capacity(decoding.len());
         for (i, &a) in decoding.iter().enumerate() {
@@ -302,10 +339,21 @@ impl Scheduler {
             .zip(&inputs)
             .map(|(s, t)| (s.tid, t.as_slice(), if s.anchor.is_some() { LogitRows::All } else { LogitRows::Last }))
             .collect();
-        let results = target.forward_batch(&batch)?;
+        // Sampled requests' rows come back as logits (a prompt's only at its last chunk).
+        let wants: Vec<bool> = active
+            .iter()
+            .zip(&inputs)
+            .map(|(s, t)| s.sampling.is_some() && (s.anchor.is_some() || s.prefilled + t.len() == s.prompt.len()))
+            .collect();
+        let results: Vec<(Greedy, Vec<f32>)> = if wants.iter().any(|&w| w) {
+            target.forward_batch_logits(&batch, &wants)?
+        } else {
+            target.forward_batch(&batch)?.into_iter().map(|g| (g, Vec::new())).collect()
+        };
+        let vocab = target.config().vocab_size;
 
         let mut ended = Vec::new();
-        for (a, f) in results.into_iter().enumerate() {
+        for (a, (f, logits)) in results.into_iter().enumerate() {
             let s = &mut active[a];
             let id = s.id;
             if s.anchor.is_none() && s.prefilled + inputs[a].len() < s.prompt.len() {
@@ -317,13 +365,26 @@ impl Scheduler {
             let mut sink = |e: &Emitted| on_token(id, e);
             let stop = match (s.anchor, slot(a)) {
                 (Some(_), Some(i)) => {
-                    let (k, p, g) = (ks[i], lens[i], &f.ids);
-                    let m = (0..k).take_while(|&j| proposals[i].tokens[j] == g[j]).count();
+                    let (k, p) = (ks[i], lens[i]);
+                    let drafts = &proposals[i].tokens[..k];
+                    // The committed tokens: the agreeing drafts and the target's next (greedy),
+                    // or what the sampling rule accepts and draws (sampled).
+                    let (m, next) = match &mut s.sampling {
+                        None => {
+                            let m = (0..k).take_while(|&j| drafts[j] == f.ids[j]).count();
+                            (m, f.ids[m])
+                        }
+                        Some((params, u)) => {
+                            let us: Vec<f64> = (0..=k).map(|_| u.next_uniform()).collect();
+                            judge_one_hot(params, &logits, vocab, drafts, &us)
+                        }
+                    };
                     target.truncate(s.tid, p + m + 1)?;
                     s.pending = f.captured.prefix(m + 1, row);
-                    s.anchor = Some(g[m]);
+                    s.anchor = Some(next);
+                    let committed: Vec<u32> = drafts[..m].iter().copied().chain(std::iter::once(next)).collect();
                     let mut stop = None;
-                    for &t in &g[..=m] {
+                    for &t in &committed {
                         stop = emit(Emitted { token: t, logprob: None }, &mut s.tokens, &s.opts, &mut sink);
                         if stop.is_some() {
                             break;
@@ -332,7 +393,13 @@ impl Scheduler {
                     stop
                 }
                 _ => {
-                    let first = *f.ids.last().ok_or_else(|| Error::Request("no logits row".into()))?;
+                    let first = match &mut s.sampling {
+                        None => *f.ids.last().ok_or_else(|| Error::Request("no logits row".into()))?,
+                        Some((params, u)) => {
+                            let row = logits.get(..vocab).ok_or_else(|| Error::Request("no logits row".into()))?;
+                            draw(&transform(params, row), u.next_uniform())
+                        }
+                    };
                     s.pending = f.captured;
                     s.anchor = Some(first);
                     if s.opts.max_tokens == 0 {
@@ -411,8 +478,9 @@ pub fn batched<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
         }
         let now = sched.round() + skipped;
         while let Some(i) = arrivals.next_if(|&i| requests[i].arrival <= now) {
+            let r = &requests[i];
             let id = sched
-                .submit(target, requests[i].prompt.clone(), requests[i].opts.clone())
+                .submit_sampled(target, r.prompt.clone(), r.opts.clone(), r.params)
                 .map_err(|e| Error::Request(format!("request {i}: {e}")))?;
             debug_assert_eq!(id, index.len());
             index.push(i);

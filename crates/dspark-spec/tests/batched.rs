@@ -3,7 +3,9 @@
 //! or the paper's budget over random cost tables) produces exactly what plain greedy decoding of
 //! its prompt alone produces, tokens and stop reason, whoever shares its rounds; with a fixed
 //! verify length it also takes exactly its solo speculative run's rounds (its draft context is
-//! its own).
+//! its own). Sampled requests (random temperature, top-k, top-p and seed) mixed in produce
+//! exactly their solo `speculative_sampled` run's tokens at their fixed verify length (the
+//! block under the budget).
 //!
 //! Pairs are random tiny models (`dspark_model::testing`) on the CPU, through
 //! `dspark_model::Sequences` (each request's KV and draft context swapped in for its item).
@@ -14,7 +16,8 @@ use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::testing::{random_draft, target_config, target_weights, DraftSpec};
 use dspark_model::{BatchTarget, Greedy, LogitRows, Qwen3Config, SeqId, Sequences};
 use dspark_spec::{
-    batched, greedy, speculative, BatchLimits, BatchRequest, BatchVerify, CostTable, GenerateOptions, VerifyLen,
+    batched, greedy, speculative, speculative_sampled, BatchLimits, BatchRequest, BatchVerify, CostTable, DraftLaw,
+    GenerateOptions, SamplingParams, VerifyLen,
 };
 use proptest::prelude::*;
 use std::ops::ControlFlow;
@@ -25,8 +28,9 @@ struct Case {
     vocab: usize,
     block: usize,
     confidence: bool,
-    /// (prompt length, max_tokens, arrival round, with an eos id) per request.
-    requests: Vec<(usize, usize, usize, bool)>,
+    /// (prompt length, max_tokens, arrival round, with an eos id, sampled with this seed) per
+    /// request.
+    requests: Vec<(usize, usize, usize, bool, Option<u64>)>,
     max_batch: usize,
     max_pos: usize,
     /// `None`: the budget; `Some(n)`: n drafts a round.
@@ -43,7 +47,10 @@ fn case() -> impl Strategy<Value = Case> {
         4usize..20,
         1usize..=7,
         any::<bool>(),
-        prop::collection::vec((1usize..10, 0usize..30, 0usize..8, any::<bool>()), 1..7),
+        prop::collection::vec(
+            (1usize..10, 0usize..30, 0usize..8, any::<bool>(), prop_oneof![Just(None), any::<u64>().prop_map(Some)]),
+            1..7,
+        ),
         1usize..5,
         prop_oneof![Just(128usize), 12usize..40],
         prop_oneof![Just(None), (0usize..9).prop_map(Some)],
@@ -153,6 +160,18 @@ fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
+/// A request's sampler from its seed: temperature 0.5–1.2, top-k off / 3 / 5, top-p off / 0.9
+/// / 0.7.
+fn sampler(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.5 + (seed % 8) as f32 * 0.1,
+        top_k: [0, 3, 5][(seed / 8 % 3) as usize],
+        top_p: [1.0, 0.9, 0.7][(seed / 24 % 3) as usize],
+        min_p: 0.0,
+        seed,
+    }
+}
+
 fn check(c: &Case) -> Result<(), TestCaseError> {
     let cfg = target_config(c.vocab, 16, 2, 2, 1, 8, c.max_pos);
     let weights = target_weights(c.seed, &cfg);
@@ -161,13 +180,14 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         .requests
         .iter()
         .enumerate()
-        .map(|(i, &(len, max_tokens, arrival, eos))| BatchRequest {
+        .map(|(i, &(len, max_tokens, arrival, eos, sampled))| BatchRequest {
             prompt: prompt(c.seed ^ (i as u64 * 977 + 1), len, c.vocab),
             opts: GenerateOptions {
                 max_tokens,
                 eos_token_ids: if eos { vec![(c.seed % c.vocab as u64) as u32] } else { vec![] },
                 logprobs: None,
             },
+            params: sampled.map_or(SamplingParams::greedy(), sampler),
             arrival,
         })
         .collect();
@@ -196,6 +216,21 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     prop_assert_eq!(target.open_count(), 0, "every sequence closed");
     let mut alone = CpuQwen3::new(cfg.clone(), weights.clone());
     for (i, r) in requests.iter().enumerate() {
+        if !r.params.is_greedy() {
+            // Sampled: its solo run at its fixed verify length, token for token.
+            let k = c.fixed.map_or(c.block, |n| n.min(c.block));
+            let mut solo_draft = random_draft(c.seed ^ 0xD5, &cfg, &weights, &spec);
+            let verify = VerifyLen::Fixed(k);
+            let law = DraftLaw::Greedy;
+            let solo =
+                speculative_sampled(&mut alone, &mut solo_draft, &r.prompt, &r.opts, &verify, &r.params, law, |_| {
+                    ControlFlow::Continue(())
+                })
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&out[i].tokens, &solo.tokens, "sampled request {} ({:?})", i, r.params);
+            prop_assert_eq!(out[i].stop, solo.stop, "sampled request {}", i);
+            continue;
+        }
         let plain = greedy(&mut alone, &r.prompt, &r.opts, |_| ControlFlow::Continue(()))
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(&out[i].tokens, &plain.tokens, "request {}", i);
@@ -239,8 +274,14 @@ fn requests_share_rounds_up_to_the_batch_limit() {
     let weights = target_weights(7, &cfg);
     let spec = draft_spec(4, true);
     let opts = GenerateOptions { max_tokens: 20, eos_token_ids: vec![], logprobs: None };
-    let requests: Vec<BatchRequest> =
-        (0..4).map(|i| BatchRequest { prompt: prompt(i, 5, 9), opts: opts.clone(), arrival: 0 }).collect();
+    let requests: Vec<BatchRequest> = (0..4)
+        .map(|i| BatchRequest {
+            prompt: prompt(i, 5, 9),
+            opts: opts.clone(),
+            params: SamplingParams::greedy(),
+            arrival: 0,
+        })
+        .collect();
     let run = |max_batch| {
         let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
         let mut draft = Sequences::new(random_draft(8, &cfg, &weights, &spec));

@@ -105,6 +105,7 @@ fn batched_rounds_equal_solo_runs_on_the_gpu() {
                 BatchRequest {
                     prompt: (0..len).map(|_| rng.below(vocab) as u32).collect(),
                     opts: GenerateOptions { max_tokens: rng.below(30), eos_token_ids: vec![], logprobs: None },
+                    params: dspark_spec::SamplingParams::greedy(),
                     arrival: rng.below(6),
                 }
             })

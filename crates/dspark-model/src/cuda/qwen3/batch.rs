@@ -129,8 +129,14 @@ impl CudaBatch {
         Ok(host)
     }
 
-    /// One step over `items` (indices into `all`, at most [`CHUNK`] rows in total).
-    fn step(&mut self, all: &[(SeqId, &[u32], LogitRows)], items: &[usize]) -> Result<Vec<Greedy>> {
+    /// One step over `items` (indices into `all`, at most [`CHUNK`] rows in total); the items
+    /// with `logits[i]` also get their rows' logits on the host.
+    fn step(
+        &mut self,
+        all: &[(SeqId, &[u32], LogitRows)],
+        items: &[usize],
+        logits: &[bool],
+    ) -> Result<Vec<(Greedy, Vec<f32>)>> {
         let m = &mut self.model;
         let gpu = m.gpu.clone();
         let (h, v) = (m.cfg.hidden_size, m.cfg.vocab_size);
@@ -231,17 +237,23 @@ impl CudaBatch {
         for (k, seq) in owned {
             let (_, tokens, want) = all[items[k]];
             let len = tokens.len();
-            let picked = match want {
-                LogitRows::All => ids[start - from..start + len - from].to_vec(),
-                LogitRows::Last => vec![ids[start + len - 1 - from]],
+            let (first, picked) = match want {
+                LogitRows::All => (start - from, ids[start - from..start + len - from].to_vec()),
+                LogitRows::Last => (start + len - 1 - from, vec![ids[start + len - 1 - from]]),
             };
+            let mut host = Vec::new();
+            if logits[items[k]] {
+                host = vec![0f32; picked.len() * v];
+                let rows = m.logits.slice(first * v..(first + picked.len()) * v);
+                gpu.stream.memcpy_dtoh(&rows, &mut host).map_err(drv)?;
+            }
             let captured = if t == 0 {
                 Captured::Host(Vec::new())
             } else {
                 Captured::Device(DeviceRows { buffer: handoff_id(&shared), generation, first: start, rows: len })
             };
             seq.len += len;
-            out.push(Greedy { ids: picked, captured });
+            out.push((Greedy { ids: picked, captured }, host));
             start += len;
         }
         Ok(out)
@@ -308,6 +320,25 @@ impl BatchTarget for CudaBatch {
     }
 
     fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> Result<Vec<Greedy>> {
+        Ok(self.run(items, &vec![false; items.len()])?.into_iter().map(|(g, _)| g).collect())
+    }
+
+    fn forward_batch_logits(
+        &mut self,
+        items: &[(SeqId, &[u32], LogitRows)],
+        logits: &[bool],
+    ) -> Result<Vec<(Greedy, Vec<f32>)>> {
+        if logits.len() != items.len() {
+            return Err(Error::Request(format!("{} logits flags for {} items", logits.len(), items.len())));
+        }
+        self.run(items, logits)
+    }
+}
+
+impl CudaBatch {
+    /// The batched forward (see the module docs); items with `logits[i]` get their rows'
+    /// logits on the host.
+    fn run(&mut self, items: &[(SeqId, &[u32], LogitRows)], logits: &[bool]) -> Result<Vec<(Greedy, Vec<f32>)>> {
         let (cfg, max_len) = (self.model.cfg.clone(), self.model.max_len);
         for (k, &(id, tokens, _)) in items.iter().enumerate() {
             if items[..k].iter().any(|it| it.0 == id) {
@@ -316,14 +347,23 @@ impl BatchTarget for CudaBatch {
             let len = self.seq(id)?.len;
             check_forward(&cfg, len, max_len, tokens)?;
         }
-        let mut out: Vec<Option<Greedy>> = vec![None; items.len()];
+        let mut out: Vec<Option<(Greedy, Vec<f32>)>> = vec![None; items.len()];
         // Prompts longer than a step run alone (the GEMM prefill); a later one overwrites the
         // prefill's capture buffer, so every one but the last hands its captures over the host.
         let long: Vec<usize> = (0..items.len()).filter(|&i| items[i].1.len() > CHUNK).collect();
         for (j, &i) in long.iter().enumerate() {
             let (id, tokens, rows) = items[i];
+            if logits[i] {
+                // Logits to the host: the plain forward (captures to the host as well).
+                let f = self.alone(id, |m| m.forward(tokens, rows))?;
+                let v = cfg.vocab_size;
+                let ids =
+                    dspark_kernels::cpu::argmax::argmax_rows(&f.logits, v).into_iter().map(|t| t as u32).collect();
+                out[i] = Some((Greedy { ids, captured: Captured::Host(f.captured) }, f.logits));
+                continue;
+            }
             let g = self.alone(id, |m| m.forward_greedy(tokens, rows))?;
-            out[i] = Some(if j + 1 < long.len() { self.to_host(g)? } else { g });
+            out[i] = Some((if j + 1 < long.len() { self.to_host(g)? } else { g }, Vec::new()));
         }
         // The rest in steps of up to CHUNK rows, in order; all but the last step's captures go
         // to the host for the same reason.
@@ -342,9 +382,9 @@ impl BatchTarget for CudaBatch {
         }
         let last = steps.len().saturating_sub(1);
         for (si, step) in steps.iter().enumerate() {
-            let got = self.step(items, step)?;
-            for (&i, g) in step.iter().zip(got) {
-                out[i] = Some(if si < last { self.to_host(g)? } else { g });
+            let got = self.step(items, step, logits)?;
+            for (&i, (g, l)) in step.iter().zip(got) {
+                out[i] = Some((if si < last { self.to_host(g)? } else { g }, l));
             }
         }
         out.into_iter().map(|g| g.ok_or_else(|| Error::Request("an item of the batch was not run".into()))).collect()
