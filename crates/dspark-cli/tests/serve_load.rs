@@ -11,7 +11,7 @@
 mod common;
 
 use common::{client, ids, json_of, request, Server};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -304,12 +304,43 @@ fn batched_streams_advance_together() {
     let waited = times.iter().filter(|t| t.0 > first_end).count();
     assert!(waited >= 1, "one at a time, some stream should start after another ended: {times:?}");
 
-    // A sampled request on the batching server runs alone and gives its seed's tokens.
-    let body = json!({"prompt": PROMPTS[2], "max_tokens": 24, "temperature": 0.8, "seed": 7});
-    let a = json_of(s.post("/v1/completions", &body));
-    let b = json_of(plain.post("/v1/completions", &body));
-    assert_eq!(ids(&a["dspark"]["tokens"]), ids(&b["dspark"]["tokens"]), "sampled tokens on the batching server");
-    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    // Sampled requests sharing rounds with a greedy one: each gives its seed's tokens, as the
+    // one-at-a-time server does.
+    let bodies: Vec<Value> = (0..4)
+        .map(|i| match i {
+            0 => json!({"prompt": PROMPTS[1], "max_tokens": 24}),
+            _ => json!({"prompt": PROMPTS[i + 1], "max_tokens": 24, "temperature": 0.6 + 0.2 * i as f64,
+                        "top_p": 0.9, "seed": 7 + i}),
+        })
+        .collect();
+    let base = s.base.clone();
+    let batched: Vec<Value> = bodies
+        .iter()
+        .map(|b| {
+            let (base, b) = (base.clone(), b.clone());
+            std::thread::spawn(move || {
+                let r = client()
+                    .post(format!("{base}/v1/completions"))
+                    .header("content-type", "application/json")
+                    .body(b.to_string())
+                    .send()
+                    .unwrap();
+                json_of(r)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    for (i, (body, a)) in bodies.iter().zip(&batched).enumerate() {
+        let b = json_of(plain.post("/v1/completions", body));
+        assert_eq!(
+            ids(&a["dspark"]["tokens"]),
+            ids(&b["dspark"]["tokens"]),
+            "request {i}: tokens on the batching server"
+        );
+        assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "request {i}");
+    }
     // n = 3 greedy choices run one after another in the rounds: three equal texts, in order.
     let body = json!({"prompt": PROMPTS[3], "max_tokens": 12, "n": 3});
     let v = json_of(s.post("/v1/completions", &body));

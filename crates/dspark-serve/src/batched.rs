@@ -1,19 +1,20 @@
 //! The engine's batched loop (`dspark serve --max-batch R`, issue #30).
 //!
-//! Up to R greedy choices run at once in `dspark_spec::Scheduler` rounds: each round the draft
-//! proposes for every running choice and one target forward verifies all their rows, so every
+//! Up to R choices run at once in `dspark_spec::Scheduler` rounds, greedy or sampled (under
+//! the engine's draft law, as alone): each round the draft proposes for every running choice and one target forward verifies all their rows, so every
 //! stream advances every round instead of waiting for the requests queued before it. The loop:
 //!
 //! ```text
 //! while a slot is free: take a job from the FIFO (block for one when nothing runs)
-//!     greedy, no logprobs → submit its first choice to the scheduler
-//!     otherwise           → run it now, alone, through the plain loops on a sequence of its own
+//!     no logprobs → submit its first choice to the scheduler (seed + i for choice i)
+//!     logprobs    → run it now, alone, through the plain loops on a sequence of its own
 //! one scheduler round; each token → its choice's text state (stop strings, client gone → stop
 //!     that choice); each finished choice → its Done, and the job's next choice is submitted
 //! ```
 //!
-//! How many drafts each request verifies is the paper's Algorithm 1 (`verify_budget`) over a
-//! cost table measured when the engine starts: forwards of 1 ..= 64 tokens timed on a sequence
+//! How many drafts a greedy request verifies is the paper's Algorithm 1 (`verify_budget`) over
+//! a cost table measured when the engine starts (a sampled one verifies the block, which keeps
+//! its seed's tokens independent of the others): forwards of 1 ..= 64 tokens timed on a sequence
 //! (a batched step holds 64 rows; more rows are more steps, so beyond 64 the table adds whole
 //! steps), and every request's confidence-head survival. A draft without a confidence head
 //! verifies full blocks. Prompts go through the rounds in the target's own prefill chunks, so a
@@ -21,9 +22,10 @@
 //!
 //! Jobs stay in the bounded FIFO until a slot frees, so a full server still answers 429. A
 //! job's choices run one after another (its events stay in choice order, as the solo engine's).
-//! Each choice's tokens are exactly its solo greedy run's (the scheduler's lossless invariant,
-//! `dspark-spec/tests/batched.rs`), which the server tests check over HTTP. A sampled request or
-//! one asking for logprobs pauses the rounds while it runs: batched sampling is not built yet.
+//! Each choice's tokens are exactly its solo run's — greedy, or sampled with its seed at the
+//! block's verify length, as the one-at-a-time server runs it (`dspark-spec/tests/batched.rs`),
+//! which the server tests check over HTTP. A request asking for logprobs pauses the rounds
+//! while it runs (the rounds report none).
 
 use crate::engine::{finish_choice, run_loops, Engine, Event, Finish, Job, Models, TextState};
 use crate::metrics::Metrics;
@@ -50,8 +52,9 @@ pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
         Err(e) => return eprintln!("dspark serve: measuring the verify cost table: {e}"),
     };
     let chunk = target.prefill_chunk();
+    let law = engine.law;
     let new_scheduler = || {
-        let s = Scheduler::new(verify.clone(), max_batch).map_err(|e| e.to_string())?;
+        let s = Scheduler::new(verify.clone(), max_batch).map_err(|e| e.to_string())?.with_draft_law(law);
         Ok::<_, String>(if chunk < usize::MAX { s.with_prefill_chunk(chunk) } else { s })
     };
     let mut sched = match new_scheduler() {
@@ -81,7 +84,7 @@ pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
             if job.tx.is_closed() {
                 continue;
             }
-            if job.req.params.is_greedy() && job.req.logprobs.is_none() {
+            if job.req.logprobs.is_none() {
                 submit_choice(&mut engine, &mut sched, &mut running, job, 0);
             } else {
                 run_alone(&mut engine, job, metrics);
@@ -144,7 +147,8 @@ fn submit_choice(
     let opts =
         GenerateOptions { max_tokens: job.req.max_tokens, eos_token_ids: engine.eos_token_ids.clone(), logprobs: None };
     let Models::Batched { target, .. } = &engine.models else { return };
-    match sched.submit(target.as_ref(), job.req.prompt.clone(), opts) {
+    let params = SamplingParams { seed: job.req.params.seed.wrapping_add(index as u64), ..job.req.params };
+    match sched.submit_sampled(target.as_ref(), job.req.prompt.clone(), opts, params) {
         Ok(id) => {
             running.insert(id, Running { job, index, st });
         }

@@ -21,10 +21,13 @@
 //! request's prompt goes through in one item, or in chunks of one per round
 //! ([`Scheduler::with_prefill_chunk`]) so that a long prompt does not stall the others' tokens.
 //!
-//! A sampled request ([`Scheduler::submit_sampled`]) runs [`speculative_sampled`]'s round with
-//! the greedy draft law: its rows' logits come back to the host (`forward_batch_logits`), and
-//! the speculative sampling rule judges its one-hot drafts with uniforms drawn from its own
-//! stream in the same order (the prompt's token first, then k + 1 a round). Its verify length
+//! A sampled request ([`Scheduler::submit_sampled`]) runs [`speculative_sampled`]'s round under
+//! the scheduler's draft law ([`Scheduler::with_draft_law`]; greedy by default): its rows'
+//! logits come back to the host (`forward_batch_logits`), and the speculative sampling rule
+//! judges its drafts — one-hot, or drawn along the Markov chain from q rows kept for the ratio
+//! (that draft pass runs for the request alone) — with uniforms drawn from its own stream in the
+//! same order (the prompt's token first; a round: the chain's B under the sampled law, then
+//! k + 1). Its verify length
 //! is always the fixed one (the block, or `Fixed(n)`), never the budget's: then its draws, and
 //! so its tokens, are those of its solo run with that fixed length whoever shares the batch
 //! (the same seed gives the same text), and the length cannot depend on the draws it admits.
@@ -35,13 +38,13 @@
 //! [`batched`] drives it over a list of requests with arrival rounds.
 
 use crate::greedy::GenerateOptions;
-use crate::sampled::{emit, judge_one_hot};
+use crate::sampled::{emit, judge, DraftLaw};
 use crate::sampler::{draw, transform, SamplingParams, Uniforms};
 use crate::stats::StopReason;
 use crate::verify_budget::verify_budget;
 use crate::verify_len::CostTable;
 use crate::Emitted;
-use dspark_model::{BatchDrafter, BatchTarget, Captured, Error, Greedy, LogitRows, Result, SeqId};
+use dspark_model::{BatchDrafter, BatchTarget, Captured, Error, Greedy, LogitRows, Proposal, Result, SeqId};
 use std::ops::ControlFlow;
 
 /// One request of a batched run: its prompt, its options (`logprobs` must be `None`), its
@@ -117,6 +120,8 @@ pub struct Scheduler {
     active: Vec<Active>,
     next_id: usize,
     round: usize,
+    /// How sampled requests' drafts are picked.
+    law: DraftLaw,
 }
 
 impl Scheduler {
@@ -136,7 +141,14 @@ impl Scheduler {
             active: Vec::new(),
             next_id: 0,
             round: 0,
+            law: DraftLaw::Greedy,
         })
+    }
+
+    /// Sampled requests' drafts drawn under `law` (the single-request loop's `DraftLaw`).
+    pub fn with_draft_law(mut self, law: DraftLaw) -> Scheduler {
+        self.law = law;
+        self
     }
 
     /// Bounds the KV positions running requests hold together (`--kv-capacity`): a request is
@@ -289,9 +301,49 @@ impl Scheduler {
         for &a in &decoding {
             draft.append_captured(active[a].did, &active[a].pending)?;
         }
-        let items: Vec<(SeqId, u32)> =
-            decoding.iter().map(|&a| (active[a].did, active[a].anchor.unwrap_or(0))).collect();
-        let proposals = draft.propose_batch(&items)?;
+        // Sampled requests under the sampled law draw their blocks alone (each slot from its q
+        // row, with the chain's uniforms); every other block comes from one batched pass.
+        let chained: Vec<bool> =
+            decoding.iter().map(|&a| self.law == DraftLaw::Sampled && active[a].sampling.is_some()).collect();
+        let items: Vec<(SeqId, u32)> = decoding
+            .iter()
+            .zip(&chained)
+            .filter(|(_, &c)| !c)
+            .map(|(&a, _)| (active[a].did, active[a].anchor.unwrap_or(0)))
+            .collect();
+        let mut batch_props = draft.propose_batch(&items)?.into_iter();
+        let mut proposals: Vec<Proposal> = Vec::with_capacity(decoding.len());
+        let mut qs: Vec<Option<Vec<Vec<f64>>>> = Vec::with_capacity(decoding.len());
+        for (&a, &c) in decoding.iter().zip(&chained) {
+            if !c {
+                proposals.push(batch_props.next().ok_or_else(|| Error::Request("a proposal is missing".into()))?);
+                qs.push(None);
+                continue;
+            }
+            let s = &mut active[a];
+            let (params, u) = s.sampling.as_mut().ok_or_else(|| Error::Request("sampler missing".into()))?;
+            let chain: Vec<f64> = (0..block).map(|_| u.next_uniform()).collect();
+            let mut got = None;
+            let anchor = s.anchor.unwrap_or(0);
+            draft.with_draft(s.did, &mut |d| {
+                let mut slot = chain.iter().copied();
+                let params = *params;
+                got = Some(d.propose_sampled(anchor, &mut |z: &[f32]| {
+                    let q = transform(&params, z);
+                    (draw(&q, slot.next().unwrap_or(0.0)), q)
+                })?);
+                Ok(())
+            })?;
+            let sp = got.ok_or_else(|| Error::Request("the draft did not propose".into()))?;
+            if sp.tokens.len() != block || sp.q.len() != block {
+                return Err(Error::Request(format!(
+                    "the draft drew {} tokens for a block of {block}",
+                    sp.tokens.len()
+                )));
+            }
+            proposals.push(Proposal { tokens: sp.tokens, survival: sp.survival });
+            qs.push(Some(sp.q));
+        }
         let fixed = match &self.verify {
             BatchVerify::Fixed(n) => (*n).min(block),
             BatchVerify::Budget(_) => block,
@@ -376,7 +428,7 @@ impl Scheduler {
                         }
                         Some((params, u)) => {
                             let us: Vec<f64> = (0..=k).map(|_| u.next_uniform()).collect();
-                            judge_one_hot(params, &logits, vocab, drafts, &us)
+                            judge(params, &logits, vocab, drafts, qs[i].as_deref(), &us)
                         }
                     };
                     target.truncate(s.tid, p + m + 1)?;
@@ -433,7 +485,7 @@ impl Scheduler {
     }
 }
 
-/// The limits of a batched run (see [`Scheduler`]'s builders).
+/// The limits and the draft law of a batched run (see [`Scheduler`]'s builders).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchLimits {
     /// Requests running at once.
@@ -442,6 +494,8 @@ pub struct BatchLimits {
     pub kv_capacity: Option<usize>,
     /// Prompt tokens a request puts through one round ([`Scheduler::with_prefill_chunk`]).
     pub prefill_chunk: Option<usize>,
+    /// Sampled requests' draft law ([`Scheduler::with_draft_law`]).
+    pub law: DraftLaw,
 }
 
 /// Runs every request to its end within `limits`: request i is submitted at the round
@@ -453,7 +507,7 @@ pub fn batched<T: BatchTarget + ?Sized, D: BatchDrafter + ?Sized>(
     verify: &BatchVerify,
     limits: BatchLimits,
 ) -> Result<Vec<BatchOutput>> {
-    let mut sched = Scheduler::new(verify.clone(), limits.max_batch)?;
+    let mut sched = Scheduler::new(verify.clone(), limits.max_batch)?.with_draft_law(limits.law);
     if let Some(cap) = limits.kv_capacity {
         sched = sched.with_kv_capacity(cap);
     }

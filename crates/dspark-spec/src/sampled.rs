@@ -438,18 +438,20 @@ fn host_rule<'a>(
     (k, draw(&transform(params, row(k)), u[k]))
 }
 
-/// The speculative sampling rule on a verify's host logits `[k + 1, vocab]` with one-hot drafts
-/// (the greedy draft law), `us` its k + 1 uniforms: (accepted, next token) — the rule of
-/// [`speculative_sampled`]'s host path, for the batched rounds.
-pub(crate) fn judge_one_hot(
+/// The speculative sampling rule on a verify's host logits `[k + 1, vocab]`, `us` its k + 1
+/// uniforms, the drafts one-hot (greedy draft law, `q` `None`) or drawn from `q` (sampled law):
+/// (accepted, next token) — the rule of [`speculative_sampled`]'s host path, for the batched
+/// rounds.
+pub(crate) fn judge(
     params: &SamplingParams,
     logits: &[f32],
     vocab: usize,
     drafts: &[u32],
+    q: Option<&[Vec<f64>]>,
     us: &[f64],
 ) -> (usize, u32) {
     let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
-    host_rule(params, &row, drafts, None, us, Fault::None)
+    host_rule(params, &row, drafts, q, us, Fault::None)
 }
 
 /// The most likely token of a distribution (lowest index on ties).

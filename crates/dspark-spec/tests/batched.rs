@@ -39,6 +39,8 @@ struct Case {
     capacity_extra: Option<usize>,
     /// Prompt tokens a request puts through a round (`None`: whole prompts).
     prefill_chunk: Option<usize>,
+    /// Sampled requests' drafts drawn along the Markov chain (else one-hot).
+    sampled_law: bool,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -56,9 +58,22 @@ fn case() -> impl Strategy<Value = Case> {
         prop_oneof![Just(None), (0usize..9).prop_map(Some)],
         prop_oneof![Just(None), (0usize..60).prop_map(Some)],
         prop_oneof![Just(None), (1usize..5).prop_map(Some)],
+        any::<bool>(),
     )
         .prop_map(
-            |(seed, vocab, block, confidence, requests, max_batch, max_pos, fixed, capacity_extra, prefill_chunk)| {
+            |(
+                seed,
+                vocab,
+                block,
+                confidence,
+                requests,
+                max_batch,
+                max_pos,
+                fixed,
+                capacity_extra,
+                prefill_chunk,
+                sampled_law,
+            )| {
                 Case {
                     seed,
                     vocab,
@@ -70,6 +85,7 @@ fn case() -> impl Strategy<Value = Case> {
                     fixed,
                     capacity_extra,
                     prefill_chunk,
+                    sampled_law,
                 }
             },
         )
@@ -147,7 +163,7 @@ impl<T: BatchTarget> BatchTarget for Metered<T> {
 }
 
 fn limits(max_batch: usize) -> BatchLimits {
-    BatchLimits { max_batch, kv_capacity: None, prefill_chunk: None }
+    BatchLimits { max_batch, kv_capacity: None, prefill_chunk: None, law: DraftLaw::Greedy }
 }
 
 fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
@@ -206,7 +222,8 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     let largest = requests.iter().map(|r| (r.prompt.len() + r.opts.max_tokens).min(c.max_pos)).max().unwrap_or(0);
     let capacity = c.capacity_extra.map(|x| largest + x);
     let mut target = Metered::new(target);
-    let limits = BatchLimits { max_batch: c.max_batch, kv_capacity: capacity, prefill_chunk: c.prefill_chunk };
+    let law = if c.sampled_law { DraftLaw::Sampled } else { DraftLaw::Greedy };
+    let limits = BatchLimits { max_batch: c.max_batch, kv_capacity: capacity, prefill_chunk: c.prefill_chunk, law };
     let out =
         batched(&mut target, &mut draft, &requests, &verify, limits).map_err(|e| TestCaseError::fail(e.to_string()))?;
     if let Some(cap) = capacity {
@@ -221,7 +238,6 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             let k = c.fixed.map_or(c.block, |n| n.min(c.block));
             let mut solo_draft = random_draft(c.seed ^ 0xD5, &cfg, &weights, &spec);
             let verify = VerifyLen::Fixed(k);
-            let law = DraftLaw::Greedy;
             let solo =
                 speculative_sampled(&mut alone, &mut solo_draft, &r.prompt, &r.opts, &verify, &r.params, law, |_| {
                     ControlFlow::Continue(())

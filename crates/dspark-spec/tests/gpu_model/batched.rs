@@ -2,19 +2,27 @@
 //!
 //! * one batched forward's items — several sequences' rows, verify-shaped or a prompt's, more
 //!   rows than one step holds, prompts long enough for the GEMM prefill — give each item the
-//!   ids and captures of the same tokens through its own `CudaQwen3` alone, bit for bit;
+//!   ids, captures and (asked for at random, as a sampled request does) logits of the same
+//!   tokens through its own `CudaQwen3` alone, bit for bit;
 //! * batched speculative rounds (`dspark_spec::batched` over `CudaBatch` and the draft's
-//!   `Sequences`) give every request its solo CUDA greedy tokens, and at a fixed verify length
-//!   its solo speculative round count; a full pool of sequences is refused with a clear error.
+//!   `Sequences`) give every greedy request its solo CUDA greedy tokens, and at a fixed verify
+//!   length its solo speculative round count; every sampled one (host rule on the batched
+//!   logits, either draft law) its solo `speculative_sampled` tokens from the device sampler;
+//!   a full pool of sequences is refused with a clear error.
 
 use super::*;
 use dspark_kernels::cpu::argmax::argmax_rows;
 use dspark_model::cuda::qwen3::CudaBatch;
 use dspark_model::{BatchTarget, Sequences};
 use dspark_spec::verify_len::CostTable;
-use dspark_spec::{batched, BatchLimits, BatchRequest, BatchVerify};
+use dspark_spec::{batched, speculative_sampled, BatchLimits, BatchRequest, BatchVerify, DraftLaw, SamplingParams};
 
 const MAX_LEN: usize = 128;
+
+/// Bit-for-bit equality of two f32 slices.
+fn same(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
 
 #[test]
 fn batched_forward_items_equal_each_sequence_alone() {
@@ -62,17 +70,22 @@ fn batched_forward_items_equal_each_sequence_alone() {
         long_run += items.iter().filter(|it| it.1.len() > 64).count();
         let batch_items: Vec<(usize, &[u32], LogitRows)> =
             items.iter().map(|(s, t, r)| (ids[*s], t.as_slice(), *r)).collect();
-        let got = batch.forward_batch(&batch_items).unwrap();
+        // Some items (a sampled request's) also take their rows' logits to the host.
+        let want_logits: Vec<bool> = items.iter().map(|_| rng.below(3) == 0).collect();
+        let got = batch.forward_batch_logits(&batch_items, &want_logits).unwrap();
+        let (got, got_logits): (Vec<_>, Vec<_>) = got.into_iter().unzip();
         // Read every item's captures before any other forward overwrites them.
         let got_caps: Vec<Vec<f32>> = got.iter().map(|g| batch.host_captures(&g.captured).unwrap()).collect();
-        for ((s, tokens, rows), (g, caps)) in items.iter().zip(got.iter().zip(&got_caps)) {
+        for (j, ((s, tokens, rows), (g, caps))) in items.iter().zip(got.iter().zip(&got_caps)).enumerate() {
             let alone = solo[*s].forward(tokens, *rows).unwrap();
             let want: Vec<u32> = argmax_rows(&alone.logits, vocab).into_iter().map(|i| i as u32).collect();
             assert_eq!(g.ids, want, "round {round}, sequence {s}: ids of {} rows", tokens.len());
-            let same = caps.len() == alone.captured.len()
-                && caps.iter().zip(&alone.captured).all(|(a, b)| a.to_bits() == b.to_bits());
+            match want_logits[j] {
+                true => assert!(same(&got_logits[j], &alone.logits), "round {round}, sequence {s}: logits differ"),
+                false => assert!(got_logits[j].is_empty(), "round {round}, sequence {s}: logits not asked for"),
+            }
             assert!(
-                same,
+                same(caps, &alone.captured),
                 "round {round}, sequence {s}: captures of {} rows differ from the sequence alone",
                 tokens.len()
             );
@@ -105,7 +118,17 @@ fn batched_rounds_equal_solo_runs_on_the_gpu() {
                 BatchRequest {
                     prompt: (0..len).map(|_| rng.below(vocab) as u32).collect(),
                     opts: GenerateOptions { max_tokens: rng.below(30), eos_token_ids: vec![], logprobs: None },
-                    params: dspark_spec::SamplingParams::greedy(),
+                    // A third sampled, each with its own seed (temperature 0.7–1.1, top-p 0.9).
+                    params: match rng.below(3) {
+                        0 => SamplingParams {
+                            temperature: 0.7 + 0.1 * rng.below(5) as f32,
+                            top_k: 0,
+                            top_p: 0.9,
+                            min_p: 0.0,
+                            seed: rng.below(1000) as u64,
+                        },
+                        _ => SamplingParams::greedy(),
+                    },
                     arrival: rng.below(6),
                 }
             })
@@ -123,13 +146,25 @@ fn batched_rounds_equal_solo_runs_on_the_gpu() {
         draft.reserve_sequences(max_batch).unwrap();
         let mut target = CudaBatch::new(target, max_batch).unwrap();
         let mut draft = Sequences::new(draft);
-        let limits = BatchLimits { max_batch, kv_capacity: None, prefill_chunk: None };
+        let law = if seed % 2 == 0 { DraftLaw::Greedy } else { DraftLaw::Sampled };
+        let limits = BatchLimits { max_batch, kv_capacity: None, prefill_chunk: None, law };
         let out = batched(&mut target, &mut draft, &requests, &verify, limits).unwrap();
         assert_eq!(draft.open_count(), 0, "seed {seed}: every draft sequence closed");
 
         let mut alone = CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap();
         let mut alone_draft = CudaDraft::load(&ddir, &alone).unwrap();
         for (i, r) in requests.iter().enumerate() {
+            if !r.params.is_greedy() {
+                // Sampled: its solo run on the device sampler (its own seed, the fixed length).
+                let k = VerifyLen::Fixed(fixed.unwrap_or(spec.block_size));
+                let solo =
+                    speculative_sampled(&mut alone, &mut alone_draft, &r.prompt, &r.opts, &k, &r.params, law, |_| {
+                        ControlFlow::Continue(())
+                    })
+                    .unwrap();
+                assert_eq!(out[i].tokens, solo.tokens, "seed {seed}, sampled request {i} ({law:?})");
+                continue;
+            }
             let plain = greedy(&mut alone, &r.prompt, &r.opts, |_| ControlFlow::Continue(())).unwrap();
             assert_eq!(out[i].tokens, plain.tokens, "seed {seed}, request {i} (prompt {})", r.prompt.len());
             if let Some(k) = fixed {
