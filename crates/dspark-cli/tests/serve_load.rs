@@ -247,8 +247,19 @@ fn generated_tokens(s: &Server) -> u64 {
 /// the long generations they asked for never run. (`serve.rs` covers one running stream.)
 #[test]
 fn streams_dropped_while_queued_are_skipped() {
+    dropped(&[]);
+}
+
+/// The same on a server batching 2: two long streams run in the rounds and four wait; all are
+/// dropped, and the rounds stop them.
+#[test]
+fn streams_dropped_while_batched_or_queued_are_stopped() {
+    dropped(&["--max-batch", "2"]);
+}
+
+fn dropped(extra: &[&str]) {
     let t0 = Instant::now();
-    let s = Server::start(&["--max-queue", "16"]);
+    let s = Server::start(&[&["--max-queue", "16"], extra].concat());
     let long = json!({"prompt": PROMPTS[0], "max_tokens": 1500, "stream": true});
     // One runs, five wait; each has its 200 and headers.
     let streams: Vec<_> = (0..6).map(|_| s.post("/v1/completions", &long)).collect();
@@ -349,4 +360,12 @@ fn batched_streams_advance_together() {
         assert_eq!(v["choices"][i]["index"], i, "{v}");
         assert_eq!(v["choices"][i]["text"], want["choices"][0]["text"], "choice {i}");
     }
+    // The rounds are in the metrics, as the one-at-a-time server reports them.
+    let m = client().get(s.url("/metrics")).send().unwrap().text().unwrap();
+    let value = |name: &str| -> f64 {
+        let line = m.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in\n{m}"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    assert!(value("dspark_speculative_rounds_total ") > 0.0, "{m}");
+    assert!(value("dspark_mean_accepted_length ") >= 1.0, "{m}");
 }

@@ -34,12 +34,15 @@ use dspark_spec::{BatchVerify, CostTable, GenerateOptions, SamplingParams, Sched
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
 
 /// A choice in the scheduler.
 struct Running {
     job: Job,
     index: usize,
     st: TextState,
+    /// When its first token came.
+    first: Option<Instant>,
 }
 
 /// Serves the queue with batched rounds (see the module docs).
@@ -95,7 +98,10 @@ pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
         }
         let Models::Batched { target, draft, .. } = &mut engine.models else { return };
         let stepped = sched.step(target.as_mut(), draft.as_mut(), |id, e| {
-            let going = running.get_mut(&id).is_some_and(|r| r.st.advance(Some(e), false));
+            let going = running.get_mut(&id).is_some_and(|r| {
+                r.first.get_or_insert_with(Instant::now);
+                r.st.advance(Some(e), false)
+            });
             if going {
                 ControlFlow::Continue(())
             } else {
@@ -106,11 +112,13 @@ pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
             Ok(finished) => {
                 for f in finished {
                     let Some(mut r) = running.remove(&f.id) else { continue };
-                    // The first token comes from the prompt's round; every later round verified.
-                    let rounds = f.output.rounds.1 - f.output.rounds.0;
-                    let committed = f.output.tokens.len().saturating_sub(1);
-                    let spec = (rounds > 0).then(|| (rounds, committed as f64 / rounds as f64));
-                    let result = Ok(Finish { stop: f.output.stop, spec, tokens_per_second: None, stats: None });
+                    let s = f.output.spec;
+                    let spec = Some((s.rounds(), s.mean_accepted_length()));
+                    // Tokens after the first over the time since the first, as a solo generation
+                    // counts its decode.
+                    let tps =
+                        r.first.map(|t| f.output.tokens.len().saturating_sub(1) as f64 / t.elapsed().as_secs_f64());
+                    let result = Ok(Finish { stop: f.output.stop, spec, tokens_per_second: tps, stats: Some(s) });
                     let more = finish_choice(&mut r.st, result, r.job.req.prompt.len(), metrics);
                     if more && r.index + 1 < r.job.req.n {
                         submit_choice(&mut engine, &mut sched, &mut running, r.job, r.index + 1);
@@ -150,7 +158,7 @@ fn submit_choice(
     let params = SamplingParams { seed: job.req.params.seed.wrapping_add(index as u64), ..job.req.params };
     match sched.submit_sampled(target.as_ref(), job.req.prompt.clone(), opts, params) {
         Ok(id) => {
-            running.insert(id, Running { job, index, st });
+            running.insert(id, Running { job, index, st, first: None });
         }
         Err(e) => {
             let _ = job.tx.send(Event::Error(e.to_string()));

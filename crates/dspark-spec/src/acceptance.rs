@@ -7,7 +7,8 @@
 //! SGLang #35629, vLLM #9534). A DSpark draft on the target it was trained for commits 3–6
 //! tokens a round on chat (the paper's acceptance table), the demo coder 1.8–2.1 at temperature
 //! 0.7–1 and more greedy; a mismatched one commits ~1. So the loops' callers feed the first
-//! [`CHECK_ROUNDS`] rounds of a process (its first generations, on the CLI or in the server)
+//! [`CHECK_ROUNDS`] full-block rounds of a process (its first generations, on the CLI or in the
+//! server)
 //! to an [`AcceptanceCheck`], which judges them once and reports a mean accepted length below
 //! [`LOW_ACCEPTED_LENGTH`] as a [`LowAcceptance`] to print loudly.
 
@@ -46,7 +47,11 @@ impl AcceptanceCheck {
         if self.judged {
             return None;
         }
-        for &m in stats.accepted.iter().take(CHECK_ROUNDS - self.rounds) {
+        // Only rounds that verified the whole block say what the draft is worth: a verify length
+        // chosen short (the batched budget, `--verify-len auto`, the last tokens wanted) commits
+        // few tokens whatever the draft.
+        let full = stats.verified.iter().zip(&stats.accepted).filter(|(&k, _)| k == stats.block_size);
+        for (_, &m) in full.take(CHECK_ROUNDS - self.rounds) {
             self.rounds += 1;
             self.committed += m + 1;
         }
@@ -117,5 +122,20 @@ mod tests {
             let m: Vec<usize> = (0..CHECK_ROUNDS).map(|i| usize::from(i < accepted)).collect();
             assert_eq!(AcceptanceCheck::new().observe(&stats(&m)).is_some(), low, "{accepted} accepted");
         }
+    }
+
+    #[test]
+    fn rounds_that_verified_less_than_the_block_are_not_judged() {
+        // A budget verifying one draft a round commits at most 2 tokens whatever the draft: 40
+        // such rounds say nothing; full-block rounds after them are judged alone.
+        let mut c = AcceptanceCheck::new();
+        let mut short = SpecStats::new(7);
+        for _ in 0..40 {
+            short.record(1, 0);
+        }
+        assert_eq!(c.observe(&short), None);
+        assert!(!c.judged());
+        assert_eq!(c.observe(&stats(&[2; CHECK_ROUNDS])), None, "τ 3 on full blocks");
+        assert!(c.judged());
     }
 }

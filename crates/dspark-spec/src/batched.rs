@@ -40,7 +40,7 @@
 use crate::greedy::GenerateOptions;
 use crate::sampled::{emit, judge, DraftLaw};
 use crate::sampler::{draw, transform, SamplingParams, Uniforms};
-use crate::stats::StopReason;
+use crate::stats::{SpecStats, StopReason};
 use crate::verify_budget::verify_budget;
 use crate::verify_len::CostTable;
 use crate::Emitted;
@@ -74,6 +74,8 @@ pub struct BatchOutput {
     pub stop: StopReason,
     /// The round of its first forward and of its last.
     pub rounds: (usize, usize),
+    /// Drafts verified and accepted in each of its decoding rounds.
+    pub spec: SpecStats,
 }
 
 /// A request in flight.
@@ -92,6 +94,7 @@ struct Active {
     opts: GenerateOptions,
     /// The request's sampler and its uniform stream (`None`: greedy).
     sampling: Option<(SamplingParams, Uniforms)>,
+    stats: SpecStats,
 }
 
 /// What [`Scheduler::step`] reports about a request that ended in its round.
@@ -288,6 +291,7 @@ impl Scheduler {
                 prompt,
                 opts,
                 sampling: (!params.is_greedy()).then(|| (params, Uniforms::new(params.seed))),
+                stats: SpecStats::new(block),
             };
             self.active.push(s);
         }
@@ -431,6 +435,7 @@ impl Scheduler {
                             judge(params, &logits, vocab, drafts, qs[i].as_deref(), &us)
                         }
                     };
+                    s.stats.record(k, m);
                     target.truncate(s.tid, p + m + 1)?;
                     s.pending = f.captured.prefix(m + 1, row);
                     s.anchor = Some(next);
@@ -466,8 +471,12 @@ impl Scheduler {
                 other => other,
             };
             if let Some(stop) = stop {
-                let output =
-                    BatchOutput { tokens: std::mem::take(&mut s.tokens), stop, rounds: (s.first_round, self.round) };
+                let output = BatchOutput {
+                    tokens: std::mem::take(&mut s.tokens),
+                    stop,
+                    rounds: (s.first_round, self.round),
+                    spec: std::mem::replace(&mut s.stats, SpecStats::new(block)),
+                };
                 ended.push((a, Finished { id, output }));
             }
         }

@@ -245,6 +245,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(&out[i].tokens, &solo.tokens, "sampled request {} ({:?})", i, r.params);
             prop_assert_eq!(out[i].stop, solo.stop, "sampled request {}", i);
+            prop_assert_eq!(Some(&out[i].spec), solo.spec.as_ref(), "sampled request {}: its rounds", i);
             continue;
         }
         let plain = greedy(&mut alone, &r.prompt, &r.opts, |_| ControlFlow::Continue(()))
@@ -261,6 +262,8 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             })
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let rounds = solo.spec.as_ref().map_or(0, |s| s.verified.len());
+            // Round by round: the same drafts verified and accepted.
+            prop_assert_eq!(Some(&out[i].spec), solo.spec.as_ref(), "request {}: its rounds", i);
             // Its prompt took one round, or one a chunk.
             let prefill = c.prefill_chunk.map_or(1, |k| r.prompt.len().div_ceil(k));
             prop_assert_eq!(out[i].rounds.1 - out[i].rounds.0 + 1, prefill + rounds, "request {}: rounds", i);
