@@ -13,7 +13,7 @@
 //! the items in one launch — the CUDA small-M kernels take M = all items' rows, attention ragged
 //! over each sequence's cache — is the rest of issue #30; it must return the same.)
 
-use crate::backend::{Captured, Drafter, Greedy, LogitRows, Proposal, TargetModel};
+use crate::backend::{Captured, Drafter, Forward, Greedy, LogitRows, Proposal, TargetModel};
 use crate::{Error, Qwen3Config, Result};
 
 /// A sequence's handle in a [`BatchTarget`] or [`BatchDrafter`] (ids of closed sequences are
@@ -66,9 +66,7 @@ pub trait BatchTarget {
         items: &[(SeqId, &[u32], LogitRows)],
         logits: &[bool],
     ) -> Result<Vec<(Greedy, Vec<f32>)>> {
-        if logits.len() != items.len() {
-            return Err(Error::Request(format!("{} logits flags for {} items", logits.len(), items.len())));
-        }
+        check_logit_flags(items.len(), logits)?;
         let vocab = self.config().vocab_size;
         let mut out: Vec<Option<(Greedy, Vec<f32>)>> = vec![None; items.len()];
         for (i, &(id, tokens, rows)) in items.iter().enumerate().filter(|(i, _)| logits[*i]) {
@@ -78,9 +76,7 @@ pub trait BatchTarget {
                 Ok(())
             })?;
             let f = got.ok_or_else(|| Error::Request("the forward did not run".into()))?;
-            let ids =
-                dspark_kernels::cpu::argmax::argmax_rows(&f.logits, vocab).into_iter().map(|t| t as u32).collect();
-            out[i] = Some((Greedy { ids, captured: Captured::Host(f.captured) }, f.logits));
+            out[i] = Some(greedy_of(f, vocab));
         }
         let rest: Vec<usize> = (0..items.len()).filter(|&i| !logits[i]).collect();
         let batch: Vec<(SeqId, &[u32], LogitRows)> = rest.iter().map(|&i| items[i]).collect();
@@ -106,6 +102,21 @@ pub trait BatchDrafter {
     fn propose_batch(&mut self, items: &[(SeqId, u32)]) -> Result<Vec<Proposal>>;
     /// Runs `f` on sequence `id` as a single-sequence draft.
     fn with_draft(&mut self, id: SeqId, f: &mut dyn FnMut(&mut dyn Drafter) -> Result<()>) -> Result<()>;
+}
+
+/// Checks one logits flag per item of a batched forward.
+pub(crate) fn check_logit_flags(items: usize, logits: &[bool]) -> Result<()> {
+    if logits.len() != items {
+        return Err(Error::Request(format!("{} logits flags for {items} items", logits.len())));
+    }
+    Ok(())
+}
+
+/// A host forward's result as a batched item's: the rows' argmax (ties to the lowest index, as
+/// the device argmax), its captures, its logits.
+pub(crate) fn greedy_of(f: Forward, vocab: usize) -> (Greedy, Vec<f32>) {
+    let ids = dspark_kernels::cpu::argmax::argmax_rows(&f.logits, vocab).into_iter().map(|t| t as u32).collect();
+    (Greedy { ids, captured: Captured::Host(f.captured) }, f.logits)
 }
 
 /// Several sequences over one single-sequence model, run item by item (see the module docs).

@@ -26,7 +26,7 @@
 
 use super::{handoff_id, CudaQwen3, CHUNK};
 use crate::backend::{check_forward, check_truncate, Captured, DeviceRows, Greedy, LogitRows, TargetModel};
-use crate::batch::{BatchTarget, SeqId};
+use crate::batch::{check_logit_flags, greedy_of, BatchTarget, SeqId};
 use crate::checkpoint::config::Qwen3Config;
 use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, Segment};
 use crate::error::{Error, Result};
@@ -328,9 +328,7 @@ impl BatchTarget for CudaBatch {
         items: &[(SeqId, &[u32], LogitRows)],
         logits: &[bool],
     ) -> Result<Vec<(Greedy, Vec<f32>)>> {
-        if logits.len() != items.len() {
-            return Err(Error::Request(format!("{} logits flags for {} items", logits.len(), items.len())));
-        }
+        check_logit_flags(items.len(), logits)?;
         self.run(items, logits)
     }
 }
@@ -356,10 +354,7 @@ impl CudaBatch {
             if logits[i] {
                 // Logits to the host: the plain forward (captures to the host as well).
                 let f = self.alone(id, |m| m.forward(tokens, rows))?;
-                let v = cfg.vocab_size;
-                let ids =
-                    dspark_kernels::cpu::argmax::argmax_rows(&f.logits, v).into_iter().map(|t| t as u32).collect();
-                out[i] = Some((Greedy { ids, captured: Captured::Host(f.captured) }, f.logits));
+                out[i] = Some(greedy_of(f, cfg.vocab_size));
                 continue;
             }
             let g = self.alone(id, |m| m.forward_greedy(tokens, rows))?;
