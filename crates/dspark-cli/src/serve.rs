@@ -4,7 +4,7 @@
 //! ```text
 //! dspark serve [--target DIR [--draft DIR]] [--host 127.0.0.1] [--port 8000] [--model-name NAME]
 //!              [--device cpu|cuda] [--api-key KEY] [--max-queue N] [--strict-model]
-//!              [--max-context N] [--max-batch R]
+//!              [--max-context N] [--max-batch R] [--kv-cache f32|bf16]
 //! ```
 
 use crate::demo;
@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// request at a time.
     #[arg(long, default_value_t = 1)]
     max_batch: usize,
+    /// Element type of the KV caches (`bf16` halves them: what transformers, vLLM and llama.cpp
+    /// keep for a bf16 model; `f32` keeps the CPU reference's bits).
+    #[arg(long, default_value = "f32", value_parser = crate::parse_kv_cache)]
+    kv_cache: dspark_kernels::KvDtype,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -78,8 +82,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         strict_model: args.strict_model,
         max_context: args.max_context,
     };
-    let (target, draft, max_context, max_batch) =
-        (args.target.clone(), args.draft.clone(), args.max_context, args.max_batch);
+    let (target, draft, max_context, max_batch, kv_cache) =
+        (args.target.clone(), args.draft.clone(), args.max_context, args.max_batch, args.kv_cache);
     let load = Box::new(move || -> Result<Engine> {
         let (target_src, draft_src) = match &target {
             Some(dir) => (Source::Dir(dir), draft.as_deref().map(Source::Dir)),
@@ -103,7 +107,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             cfg,
             device,
             max_context,
-            dspark_kernels::KvDtype::F32,
+            kv_cache,
             dspark_model::cuda::prefill::PrefillMode::Gemm,
         )?;
         let (eos_token_ids, models, block, prefers_sampled) = match loaded.boxed_or_batched(max_batch)? {

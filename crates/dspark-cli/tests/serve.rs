@@ -606,3 +606,20 @@ fn bad_max_batch_flags_are_refused_before_serving() {
         assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_bf16_kv_cache_serves_what_generate_gives() {
+    // bf16 caches round each key and value once; the batching server on them gives
+    // `generate --kv-cache bf16`'s tokens (and not always the f32 caches').
+    let s = Server::start(&["--kv-cache", "bf16", "--max-batch", "2"]);
+    for (prompt, n) in [(PROMPT, "40"), ("import os\n", "32")] {
+        let want = generate(&["--prompt", prompt, "--max-tokens", n, "--kv-cache", "bf16"]);
+        let body = json!({"prompt": prompt, "max_tokens": n.parse::<u64>().unwrap(), "temperature": 0});
+        let v = s.post("/v1/completions", &body).json_value();
+        assert_eq!(ids(&v["dspark"]["tokens"]), ids(&want["tokens"]), "{prompt:?}");
+        assert_eq!(v["choices"][0]["text"], want["text"]);
+    }
+    let bad =
+        std::process::Command::new(env!("CARGO_BIN_EXE_dspark")).args(["serve", "--kv-cache", "f16"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("kv-cache"));
+}
