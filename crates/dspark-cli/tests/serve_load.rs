@@ -315,11 +315,12 @@ fn batched_streams_advance_together() {
     let waited = times.iter().filter(|t| t.0 > first_end).count();
     assert!(waited >= 1, "one at a time, some stream should start after another ended: {times:?}");
 
-    // Sampled requests sharing rounds with a greedy one: each gives its seed's tokens, as the
-    // one-at-a-time server does.
-    let bodies: Vec<Value> = (0..4)
+    // Sampled requests sharing rounds with greedy ones (one with logprobs, one sampled with
+    // logprobs): each gives its seed's tokens, and the same logprobs, as the one-at-a-time server.
+    let bodies: Vec<Value> = (0..5)
         .map(|i| match i {
-            0 => json!({"prompt": PROMPTS[1], "max_tokens": 24}),
+            0 => json!({"prompt": PROMPTS[1], "max_tokens": 24, "logprobs": 2}),
+            4 => json!({"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0.9, "seed": 3, "logprobs": 3}),
             _ => json!({"prompt": PROMPTS[i + 1], "max_tokens": 24, "temperature": 0.6 + 0.2 * i as f64,
                         "top_p": 0.9, "seed": 7 + i}),
         })
@@ -351,6 +352,19 @@ fn batched_streams_advance_together() {
             "request {i}: tokens on the batching server"
         );
         assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "request {i}");
+        // Logprobs: the same tokens and offsets; values to 1e-4, since the CPU's gemm sums depend
+        // on the rows of its call (the budget verifies fewer rows than the one-at-a-time server's
+        // full blocks). The GPU's small-M kernels do not: there a batched item's logits are its
+        // solo run's bit for bit (gpu_model::batched).
+        let (la, lb) = (&a["choices"][0]["logprobs"], &b["choices"][0]["logprobs"]);
+        assert_eq!(la["tokens"], lb["tokens"], "request {i}: logprob tokens");
+        assert_eq!(la["text_offset"], lb["text_offset"], "request {i}");
+        let values = |l: &Value| -> Vec<f64> {
+            l["token_logprobs"].as_array().map_or(vec![], |v| v.iter().map(|x| x.as_f64().unwrap()).collect())
+        };
+        let (va, vb) = (values(la), values(lb));
+        assert_eq!(va.len(), vb.len(), "request {i}: logprob count");
+        assert!(va.iter().zip(&vb).all(|(x, y)| (x - y).abs() <= 1e-4), "request {i}: logprobs {va:?} vs {vb:?}");
     }
     // n = 3 greedy choices run one after another in the rounds: three equal texts, in order.
     let body = json!({"prompt": PROMPTS[3], "max_tokens": 12, "n": 3});

@@ -5,9 +5,8 @@
 //! stream advances every round instead of waiting for the requests queued before it. The loop:
 //!
 //! ```text
-//! while a slot is free: take a job from the FIFO (block for one when nothing runs)
-//!     no logprobs → submit its first choice to the scheduler (seed + i for choice i)
-//!     logprobs    → run it now, alone, through the plain loops on a sequence of its own
+//! while a slot is free: take a job from the FIFO (block for one when nothing runs) and submit
+//!     its first choice to the scheduler (seed + i for choice i)
 //! one scheduler round; each token → its choice's text state (stop strings, client gone → stop
 //!     that choice); each finished choice → its Done, and the job's next choice is submitted
 //! ```
@@ -22,12 +21,13 @@
 //!
 //! Jobs stay in the bounded FIFO until a slot frees, so a full server still answers 429. A
 //! job's choices run one after another (its events stay in choice order, as the solo engine's).
-//! Each choice's tokens are exactly its solo run's — greedy, or sampled with its seed at the
-//! block's verify length, as the one-at-a-time server runs it (`dspark-spec/tests/batched.rs`),
-//! which the server tests check over HTTP. A request asking for logprobs pauses the rounds
-//! while it runs (the rounds report none).
+//! Each choice's tokens are its solo run's — greedy, or sampled with its seed at the block's
+//! verify length, as the one-at-a-time server runs it (`dspark-spec/tests/batched.rs`), logprobs
+//! included (from the rows' logits, which come to the host for such a request), which the server
+//! tests check over HTTP. (On the GPU bit for bit; the CPU's gemm sums depend on a call's row
+//! count, so a greedy verify the budget shortens moves its logits by ~1e-6.)
 
-use crate::engine::{finish_choice, run_loops, Engine, Event, Finish, Job, Models, TextState};
+use crate::engine::{finish_choice, Engine, Event, Finish, Job, Models, TextState};
 use crate::metrics::Metrics;
 use dspark_model::BatchTarget;
 use dspark_spec::{BatchVerify, CostTable, GenerateOptions, SamplingParams, Scheduler};
@@ -87,11 +87,7 @@ pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
             if job.tx.is_closed() {
                 continue;
             }
-            if job.req.logprobs.is_none() {
-                submit_choice(&mut engine, &mut sched, &mut running, job, 0);
-            } else {
-                run_alone(&mut engine, job, metrics);
-            }
+            submit_choice(&mut engine, &mut sched, &mut running, job, 0);
         }
         if running.is_empty() {
             continue;
@@ -152,8 +148,11 @@ fn submit_choice(
     index: usize,
 ) {
     let st = TextState::new(engine, &job, index);
-    let opts =
-        GenerateOptions { max_tokens: job.req.max_tokens, eos_token_ids: engine.eos_token_ids.clone(), logprobs: None };
+    let opts = GenerateOptions {
+        max_tokens: job.req.max_tokens,
+        eos_token_ids: engine.eos_token_ids.clone(),
+        logprobs: job.req.logprobs,
+    };
     let Models::Batched { target, .. } = &engine.models else { return };
     let params = SamplingParams { seed: job.req.params.seed.wrapping_add(index as u64), ..job.req.params };
     match sched.submit_sampled(target.as_ref(), job.req.prompt.clone(), opts, params) {
@@ -162,43 +161,6 @@ fn submit_choice(
         }
         Err(e) => {
             let _ = job.tx.send(Event::Error(e.to_string()));
-        }
-    }
-}
-
-/// Runs every choice of `job` now through the plain loops, each on sequences of its own.
-fn run_alone(engine: &mut Engine, job: Job, metrics: &Metrics) {
-    for index in 0..job.req.n {
-        let seed = job.req.params.seed.wrapping_add(index as u64);
-        let params = SamplingParams { seed, ..job.req.params };
-        let mut st = TextState::new(engine, &job, index);
-        let Engine { models: Models::Batched { target, draft, .. }, eos_token_ids, verify_len, law, .. } = engine
-        else {
-            return;
-        };
-        let mut result = Err("the request did not run".to_string());
-        let ran = (|| -> dspark_model::Result<()> {
-            let tid = target.open()?;
-            let did = match draft.open() {
-                Ok(did) => did,
-                Err(e) => {
-                    target.close(tid)?;
-                    return Err(e);
-                }
-            };
-            let r = target.with_target(tid, &mut |t| {
-                draft.with_draft(did, &mut |d| {
-                    result = run_loops(t, Some(d), &job.req, eos_token_ids, (verify_len, *law), params, &mut st);
-                    Ok(())
-                })
-            });
-            target.close(tid)?;
-            draft.close(did)?;
-            r
-        })();
-        let result = ran.map_err(|e| e.to_string()).and(result);
-        if !finish_choice(&mut st, result, job.req.prompt.len(), metrics) {
-            return;
         }
     }
 }

@@ -323,7 +323,7 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
 }
 
 /// One choice through the plain loops (speculative with a draft), its tokens into `st`.
-pub(crate) fn run_loops(
+fn run_loops(
     target: &mut dyn TargetModel,
     draft: Option<&mut dyn Drafter>,
     req: &Request,

@@ -387,3 +387,45 @@ fn the_scheduler_streams_stops_and_cancels() {
     assert!(e.to_string().contains("28 KV positions") && e.to_string().contains("27"), "{e}");
     assert!(small.submit(&target, prompt(5, 3, 11), opts.clone()).is_ok());
 }
+
+#[test]
+fn logprobs_stream_with_the_batched_tokens() {
+    use dspark_spec::{Emitted, Scheduler};
+    // Greedy and sampled requests reporting logprobs (top 3), under both draft laws, sharing
+    // rounds: each streams its solo run's tokens with the same logprobs, bit for bit.
+    let cfg = target_config(13, 16, 2, 2, 1, 8, 128);
+    let weights = target_weights(21, &cfg);
+    let spec = draft_spec(4, true);
+    for law in [DraftLaw::Greedy, DraftLaw::Sampled] {
+        let mut target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
+        let mut draft = Sequences::new(random_draft(22, &cfg, &weights, &spec));
+        let opts = GenerateOptions { max_tokens: 20, eos_token_ids: vec![], logprobs: Some(3) };
+        let params = [SamplingParams::greedy(), sampler(5), SamplingParams::greedy(), sampler(29)];
+        let mut sched = Scheduler::new(BatchVerify::Fixed(4), 4).unwrap().with_draft_law(law);
+        for (i, p) in params.iter().enumerate() {
+            sched.submit_sampled(&target, prompt(i as u64 + 60, 3 + i, 13), opts.clone(), *p).unwrap();
+        }
+        let mut streamed: Vec<Vec<Emitted>> = vec![Vec::new(); params.len()];
+        while !sched.is_idle() {
+            sched
+                .step(&mut target, &mut draft, |id, e| {
+                    streamed[id].push(e.clone());
+                    ControlFlow::Continue(())
+                })
+                .unwrap();
+        }
+        let mut alone = CpuQwen3::new(cfg.clone(), weights.clone());
+        for (i, p) in params.iter().enumerate() {
+            let mut solo: Vec<Emitted> = Vec::new();
+            let mut d = random_draft(22, &cfg, &weights, &spec);
+            let collect = |e: &Emitted| {
+                solo.push(e.clone());
+                ControlFlow::Continue(())
+            };
+            let prompt = prompt(i as u64 + 60, 3 + i, 13);
+            speculative_sampled(&mut alone, &mut d, &prompt, &opts, &VerifyLen::Fixed(4), p, law, collect).unwrap();
+            assert!(solo.iter().all(|e| e.logprob.is_some()), "solo reports logprobs");
+            assert_eq!(streamed[i], solo, "{law:?}, request {i} ({p:?})");
+        }
+    }
+}

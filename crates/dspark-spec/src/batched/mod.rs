@@ -38,6 +38,7 @@
 //! [`batched`] drives it over a list of requests with arrival rounds.
 
 use crate::greedy::GenerateOptions;
+use crate::logprobs::emitted;
 use crate::sampled::{emit, judge, DraftLaw};
 use crate::sampler::{draw, transform, SamplingParams, Uniforms};
 use crate::stats::{SpecStats, StopReason};
@@ -173,8 +174,7 @@ impl Scheduler {
         (prompt + opts.max_tokens).min(max_len)
     }
 
-    /// Queues a greedy request (checked here: a prompt the target can hold, no logprobs);
-    /// returns its id.
+    /// Queues a greedy request (checked here: a prompt the target can hold); returns its id.
     pub fn submit<T: BatchTarget + ?Sized>(
         &mut self,
         target: &T,
@@ -200,9 +200,6 @@ impl Scheduler {
                 prompt.len(),
                 target.max_len()
             )));
-        }
-        if opts.logprobs.is_some() {
-            return Err(Error::Request("batched decoding reports no logprobs".into()));
         }
         let need = Self::reservation(prompt.len(), &opts, target.max_len());
         if let Some(cap) = self.kv_capacity.filter(|&cap| need > cap) {
@@ -388,11 +385,15 @@ impl Scheduler {
             .zip(&inputs)
             .map(|(s, t)| (s.tid, t.as_slice(), if s.anchor.is_some() { LogitRows::All } else { LogitRows::Last }))
             .collect();
-        // Sampled requests' rows come back as logits (a prompt's only at its last chunk).
+        // Sampled requests' rows, and those of requests reporting logprobs, come back as logits
+        // (a prompt's only at its last chunk).
         let wants: Vec<bool> = active
             .iter()
             .zip(&inputs)
-            .map(|(s, t)| s.sampling.is_some() && (s.anchor.is_some() || s.prefilled + t.len() == s.prompt.len()))
+            .map(|(s, t)| {
+                (s.sampling.is_some() || s.opts.logprobs.is_some())
+                    && (s.anchor.is_some() || s.prefilled + t.len() == s.prompt.len())
+            })
             .collect();
         let results: Vec<(Greedy, Vec<f32>)> = if wants.iter().any(|&w| w) {
             target.forward_batch_logits(&batch, &wants)?
@@ -433,9 +434,11 @@ impl Scheduler {
                     s.pending = f.captured.prefix(m + 1, row);
                     s.anchor = Some(next);
                     let committed: Vec<u32> = drafts[..m].iter().copied().chain(std::iter::once(next)).collect();
+                    // Accepted d_{i+1} and the next token came from row i (logprobs from its logits).
                     let mut stop = None;
-                    for &t in &committed {
-                        stop = emit(Emitted { token: t, logprob: None }, &mut s.tokens, &s.opts, &mut sink);
+                    for (i, &t) in committed.iter().enumerate() {
+                        let e = emitted(t, logits.get(i * vocab..(i + 1) * vocab), s.opts.logprobs);
+                        stop = emit(e, &mut s.tokens, &s.opts, &mut sink);
                         if stop.is_some() {
                             break;
                         }
@@ -455,7 +458,8 @@ impl Scheduler {
                     if s.opts.max_tokens == 0 {
                         Some(StopReason::MaxTokens)
                     } else {
-                        emit(Emitted { token: first, logprob: None }, &mut s.tokens, &s.opts, &mut sink)
+                        let e = emitted(first, logits.get(..vocab), s.opts.logprobs);
+                        emit(e, &mut s.tokens, &s.opts, &mut sink)
                     }
                 }
             };

@@ -8,7 +8,7 @@ use crate::sampler::SamplingParams;
 use dspark_model::{BatchDrafter, BatchTarget, Error, Result};
 use std::ops::ControlFlow;
 
-/// One request of a batched run: its prompt, its options (`logprobs` must be `None`), its
+/// One request of a batched run: its prompt, its options (logprobs included), its
 /// sampler (greedy at temperature 0), and the round at which it arrives.
 #[derive(Clone, Debug)]
 pub struct BatchRequest {
