@@ -352,19 +352,10 @@ fn batched_streams_advance_together() {
             "request {i}: tokens on the batching server"
         );
         assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "request {i}");
-        // Logprobs: the same tokens and offsets; values to 1e-4, since the CPU's gemm sums depend
-        // on the rows of its call (the budget verifies fewer rows than the one-at-a-time server's
-        // full blocks). The GPU's small-M kernels do not: there a batched item's logits are its
-        // solo run's bit for bit (gpu_model::batched).
-        let (la, lb) = (&a["choices"][0]["logprobs"], &b["choices"][0]["logprobs"]);
-        assert_eq!(la["tokens"], lb["tokens"], "request {i}: logprob tokens");
-        assert_eq!(la["text_offset"], lb["text_offset"], "request {i}");
-        let values = |l: &Value| -> Vec<f64> {
-            l["token_logprobs"].as_array().map_or(vec![], |v| v.iter().map(|x| x.as_f64().unwrap()).collect())
-        };
-        let (va, vb) = (values(la), values(lb));
-        assert_eq!(va.len(), vb.len(), "request {i}: logprob count");
-        assert!(va.iter().zip(&vb).all(|(x, y)| (x - y).abs() <= 1e-4), "request {i}: logprobs {va:?} vs {vb:?}");
+        // Logprobs bit for bit: the CPU's small products are batch-invariant (a row's sums do
+        // not depend on the rows sharing its call, as on the GPU), so a verify the budget
+        // shortens gives each row the logits it has in the one-at-a-time server's full block.
+        assert_eq!(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"], "request {i}: logprobs");
     }
     // n = 3 greedy choices run one after another in the rounds: three equal texts, in order.
     let body = json!({"prompt": PROMPTS[3], "max_tokens": 12, "n": 3});

@@ -24,8 +24,7 @@
 //! Each choice's tokens are its solo run's — greedy, or sampled with its seed at the block's
 //! verify length, as the one-at-a-time server runs it (`dspark-spec/tests/batched.rs`), logprobs
 //! included (from the rows' logits, which come to the host for such a request), which the server
-//! tests check over HTTP. (On the GPU bit for bit; the CPU's gemm sums depend on a call's row
-//! count, so a greedy verify the budget shortens moves its logits by ~1e-6.)
+//! tests check over HTTP, bit for bit (both backends' small products are batch-invariant).
 
 use crate::engine::{finish_choice, Engine, Event, Finish, Job, Models, TextState};
 use crate::metrics::Metrics;
