@@ -140,6 +140,23 @@ impl Scratch {
     }
 }
 
+/// Copies layer `l`'s output rows `x` (`[n, H]`) into every slot of the token-major capture
+/// buffer `data` (`[rows, T·H]`, slot i = the i-th entry of `capture`) that taps layer `l`.
+pub(crate) fn capture_layer(
+    gpu: &Gpu,
+    capture: &[usize],
+    l: usize,
+    x: &cudarc::driver::CudaView<f32>,
+    (n, h): (usize, usize),
+    data: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let t = capture.len();
+    for (slot, _) in capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
+        gpu.copy_rows(x, &mut data.slice_mut(slot * h..), n, h, (h, t * h)).map_err(gpu_err)?;
+    }
+    Ok(())
+}
+
 /// Where the rows of one sequence in a step attend: rows `start .. start + rows` of the step,
 /// at that sequence's positions (`lens`), against its own K/V caches. A single-sequence step is
 /// one segment of all its rows; a batched step (`cuda::qwen3::batch`) has one per request, and

@@ -22,7 +22,7 @@
 //! Every buffer is planned at load from the arena for `rows` rows.
 
 use crate::checkpoint::config::Qwen3Config;
-use crate::cuda::layers::{drv, gpu_err, GpuLayer};
+use crate::cuda::layers::{capture_layer, drv, gpu_err, GpuLayer};
 use crate::cuda::qwen3::{Handoff, SharedCapture};
 use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
@@ -164,16 +164,12 @@ impl Prefill {
         capture: &[usize],
     ) -> Result<()> {
         let h = cfg.hidden_size;
-        let t = capture.len();
         let shared = self.captured.clone();
         let mut cap = lock(&shared)?;
         cap.generation += 1;
         for (l, lw) in layers.iter().enumerate() {
             self.layer_step(gpu, cfg, lw, n, lens, inv_freq, (&mut caches, l))?;
-            for (slot, _) in capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
-                let x = self.x.slice(..n * h);
-                gpu.copy_rows(&x, &mut cap.data.slice_mut(slot * h..), n, h, (h, t * h)).map_err(gpu_err)?;
-            }
+            capture_layer(gpu, capture, l, &self.x.slice(..n * h), (n, h), &mut cap.data)?;
         }
         Ok(())
     }

@@ -18,7 +18,7 @@ use crate::backend::{
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::graphs::StepGraphs;
-use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch, Segment};
+use crate::cuda::layers::{capture_layer, drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch, Segment};
 use crate::cuda::prefill::{Prefill, PrefillMode, MAX_PREFILL_ROWS};
 
 mod batch;
@@ -355,7 +355,6 @@ impl CudaQwen3 {
         let lens = StepLens { dev: self.step_in.slice(..2), first_pos, kv_cap };
         gpu.embedding(&self.embed_tokens, h, &self.step_in.slice(2..2 + n), n, &mut self.x.slice_mut(..n * h))
             .map_err(gpu_err)?;
-        let t = self.capture.len();
         let shared = self.captured.clone();
         let mut cap = shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
         // The last layer's `down` also leaves the final norm when logits are wanted.
@@ -371,13 +370,7 @@ impl CudaQwen3 {
             &self.inv_freq,
             &mut [seg],
             logit_from.map(|_| &self.norm),
-            |l, x| {
-                for (slot, _) in capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
-                    gpu.copy_rows(&x.as_view(), &mut cap.data.slice_mut(slot * h..), n, h, (h, t * h))
-                        .map_err(gpu_err)?;
-                }
-                Ok(())
-            },
+            |l, x| capture_layer(&gpu, capture, l, &x.as_view(), (n, h), &mut cap.data),
         )?;
         let Some(from) = logit_from else { return Ok(()) };
         drop(cap);

@@ -28,7 +28,7 @@ use super::{handoff_id, CudaQwen3, CHUNK};
 use crate::backend::{check_forward, check_truncate, Captured, DeviceRows, Greedy, LogitRows, TargetModel};
 use crate::batch::{check_logit_flags, greedy_of, BatchTarget, SeqId};
 use crate::checkpoint::config::Qwen3Config;
-use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, Segment};
+use crate::cuda::layers::{capture_layer, drv, gpu_err, kv_caches, run_layers, Segment};
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cuda::kv::KvCaches;
@@ -210,13 +210,7 @@ impl CudaBatch {
             &m.inv_freq,
             &mut segments,
             Some(&m.norm),
-            |l, x| {
-                for (slot, _) in capture.iter().enumerate().filter(|(_, &cl)| cl == l) {
-                    gpu.copy_rows(&x.as_view(), &mut cap.data.slice_mut(slot * h..), n, h, (h, t * h))
-                        .map_err(gpu_err)?;
-                }
-                Ok(())
-            },
+            |l, x| capture_layer(&gpu, capture, l, &x.as_view(), (n, h), &mut cap.data),
         )?;
         drop(segments);
         drop(cap);
