@@ -130,13 +130,10 @@ impl KvCaches {
     /// The first K cache's device address (0 with no layers): names which caches a captured
     /// CUDA graph writes, so a model whose caches are swapped per sequence keys its graphs on it.
     pub fn addr(&self, gpu: &Gpu) -> u64 {
-        let mut first = 0;
-        self.visit_lens_and_addrs(gpu, |_, a| {
-            if first == 0 {
-                first = a;
-            }
-        });
-        first
+        match self {
+            KvCaches::F32 { k, .. } => k.first().map_or(0, |c| device_addr(gpu, c)),
+            KvCaches::Bf16 { k, .. } => k.first().map_or(0, |c| device_addr(gpu, c)),
+        }
     }
 
     /// The same as a list.
