@@ -1,6 +1,5 @@
 //! The engine thread: owns the models and runs the requests of a bounded FIFO — one at a time
-//! ([`Models::Solo`]), or greedy ones together in batched rounds ([`Models::Batched`],
-//! `batched.rs`).
+//! ([`Models::Solo`]), or together in batched rounds ([`Models::Batched`], `batched.rs`).
 
 use crate::metrics::Metrics;
 use dspark_model::checkpoint::chat_template::ChatTemplate;
@@ -21,9 +20,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 pub enum Models {
     /// One request at a time through the plain loops.
     Solo { target: Box<dyn TargetModel>, draft: Option<Box<dyn Drafter>> },
-    /// Continuous batching (`--max-batch`): up to `max_batch` greedy requests share each round
-    /// (`dspark_spec::Scheduler`); a sampled request, or one asking for logprobs, runs alone
-    /// through the plain loops on a sequence of its own between rounds.
+    /// Continuous batching (`--max-batch`): up to `max_batch` requests — greedy or sampled,
+    /// logprobs included — share each round (`dspark_spec::Scheduler`).
     Batched { target: Box<dyn BatchTarget>, draft: Box<dyn BatchDrafter>, max_batch: usize },
 }
 

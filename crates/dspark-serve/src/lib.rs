@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! HTTP (axum, tokio)  ──try_send──►  bounded FIFO (std sync_channel, --max-queue)
-//!   handler  ◄── tokio mpsc of Events ──  engine thread (owns the models, one job at a time)
+//!   handler  ◄── tokio mpsc of Events ──  engine thread (owns the models; one job at a time,
+//!                                          or up to --max-batch in shared rounds: batched.rs)
 //! ```
 //!
 //! The listener starts first and `/health` answers 503 while the engine thread loads the
