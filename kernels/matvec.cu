@@ -173,12 +173,13 @@ __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("pref
 // where bf16 loads f32) is twice the bytes per weight byte, which the L1 must serve. The parts of
 // a row are summed, and its scale undone, in the epilogue. Whatever m, a row's columns and sums
 // are the same: the bits do not depend on the batch. FP8 takes no XP / HOLD.
-template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false, int NT = 2>
+template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false, int NT = 2, int NG = 1>
 __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__ x, float* y, int m, int in, int out,
                           int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
                           const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am,
                           const Fp8Scales& fs) {
     static_assert(!FP8 || (!XP && HOLD == 0), "FP8 loads x inside the multiply");
+    static_assert(NG == 1 || (!FP8 && !XP && !ARGMAX && HOLD == 0), "wide launches: bf16, x loaded in the multiply");
     constexpr int EPV = FP8 ? 16 : 8;  // weights per 16-byte load
     constexpr int CW = 4 * EPV;        // k per chunk (4 lanes of a row)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -213,11 +214,17 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     }
     pdl_trigger();
 
-    float acc[3][4];
+    // NG groups of 8 activation rows (wide launches): group r's rows are 8r .. 8r + 7, each
+    // group's three part n-tiles its own accumulators, fed the same weight fragments in the same
+    // order as an 8-row launch of those rows, so every row's sums are that launch's bit for bit.
+    float accg[NG][3][4];
 #pragma unroll
-    for (int p = 0; p < 3; p++)
+    for (int r = 0; r < NG; r++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[p][i] = 0.f;
+        for (int p = 0; p < 3; p++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) accg[r][p][i] = 0.f;
+    auto& acc = accg[0];
 
     // Warp kpart takes chunks kpart, kpart + ksplit, … (stride ksplit·32), so the block's warps
     // together read each row's k contiguously. The loop bounds are per warp, not per lane:
@@ -229,14 +236,32 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         load_w_step<UNROLL, EPV>(wa, wb, chunk, stride, kend, t, va, vb);
     };
     auto load_x = [&](float (*xv)[8], int chunk) {
-        if constexpr (!FP8) load_x_step<UNROLL>(x, g, chunk, stride, kend, in, has_x, t, xv);
+        if constexpr (!FP8 && NG == 1) load_x_step<UNROLL>(x, g, chunk, stride, kend, in, has_x, t, xv);
     };
     // bf16: the step's MMAs on x loaded by load_x. FP8: per chunk, x loaded here, fresh
     // accumulators, then the block-scaled sum (the chunk's k lie in one scale block).
     auto compute_at = [&](const uint4* va, const uint4* vb, float (*xv)[8], int chunk) {
-        if constexpr (!FP8) {
+        if constexpr (!FP8 && NG == 1) {
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) mma_chunk3(acc, va[u], vb[u], xv[u]);
+        } else if constexpr (!FP8) {
+            // Wide: each group's x row loaded just before its MMAs (x is L1-resident; holding
+            // NG groups' x a step ahead would not fit the registers).
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                const int k = chunk + u * stride + 8 * t;
+#pragma unroll
+                for (int r = 0; r < NG; r++) {
+                    float xr[8];
+                    if (8 * r + g < m && k < kend) {
+                        load_x8(x, 8 * r + g, k, in, xr);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) xr[i] = 0.f;
+                    }
+                    mma_chunk3(accg[r], va[u], vb[u], xr);
+                }
+            }
         } else {
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) {
@@ -326,7 +351,7 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         float x0[UNROLL][8], x1[UNROLL][8];
         load(a0, b0, kbeg);
         prefetch_gamma();
-        if (SWIGLU || XP || FP8) anchor_loads(wa);  // the others' loads stay above the wait without it (SASS)
+        if (SWIGLU || XP || FP8 || NG > 1) anchor_loads(wa);  // the others' loads stay above the wait without it (SASS)
         pdl_wait();
         if (XP) load_x(x0, kbeg);
         for (int chunk = kbeg; chunk < kend;) {
@@ -356,107 +381,120 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     __shared__ float part_buf[TC_WARPS * 16 * (FP8 ? 16 : 8)];
     float (*part)[16][8] = reinterpret_cast<float (*)[16][8]>(part_buf);
     __shared__ float inv_rms[8];
-    if constexpr (!FP8) {
+    // One pass of the epilogue per group of 8 rows, each exactly an 8-row launch's epilogue on
+    // its rows (y, xg, ss_in and ss_out offset to them; part and inv_rms reused after a barrier).
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float s = (acc[2][i] + acc[1][i]) + acc[0][i];
-            int r = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-            part[warp][r][col] = s;
-        }
-    } else {
-        // Each row's two part columns summed lo + hi and scaled back by 2^-s (exact),
-        // through shared memory: the columns sit in different lanes.
-        float (*raw)[16][16] = reinterpret_cast<float (*)[16][16]>(part_buf);
+    for (int grp = 0; grp < NG; grp++) {
+        // (Group 0 takes the arguments as they are: the 8-row kernels' code is unchanged.)
+        const int mg = NG == 1 ? m : min(8, m - 8 * grp);
+        if (NG > 1 && mg <= 0) break;
+        if (grp > 0) __syncthreads();
+        float* yg = grp == 0 ? y : y + (size_t)8 * grp * (SWIGLU ? out / 2 : out);
+        float* xgg = grp == 0 || xg == nullptr ? xg : xg + (size_t)8 * grp * out;
+        const float* ssi = grp == 0 || ss_in == nullptr ? ss_in : ss_in + (size_t)8 * grp * parts;
+        float* sso = grp == 0 || ss_out == nullptr ? ss_out : ss_out + (size_t)8 * grp * gridDim.x;
+        if constexpr (!FP8) {
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) raw[warp][g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = j < NT ? acc[j][i] : 0.f;
-        __syncthreads();
-        const float* xscale = reinterpret_cast<const float*>(fs.xs + 2 * (size_t)fs.plane);
-        float v[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int r = (lane + 32 * q) >> 3, col = (lane + 32 * q) & 7;
-            v[q] = col < m ? (raw[warp][r][2 * col + 1] + raw[warp][r][2 * col]) * xscale[col] : 0.f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int q = 0; q < 4; q++) part[warp][(lane + 32 * q) >> 3][(lane + 32 * q) & 7] = v[q];
-    }
-    // Pending RMSNorm of the input (see the header): warp c reduces row c's partial sums of
-    // squares in a fixed order, so every consumer of those rows computes the same 1/rms.
-    if (ss_in != nullptr && warp < m) {
-        float ss = 0.f;
-        for (int j = lane; j < parts; j += 32) ss += ss_in[(size_t)warp * parts + j];
-        ss = warp_sum(ss);
-        if (lane == 0) inv_rms[warp] = rsqrtf(ss / in + eps);
-    }
-    __syncthreads();
-    // Partial sums of a tile's warps are added in a fixed order: deterministic, M-independent.
-    if (!SWIGLU) {
-        float sqv[TC_WARPS * 128 / (TC_WARPS * 32)];  // the squares of this thread's (≤ 4) outputs
-        float best = -INFINITY;  // ARGMAX: this thread's best output of row 0 and its index
-        uint32_t bi = 0xffffffffu;
-#pragma unroll
-        for (int k = 0; k < TC_WARPS * 128 / (TC_WARPS * 32); k++) {
-            const int idx = threadIdx.x + k * TC_WARPS * 32;
-            if (idx >= tiles_per_block * 128) break;
-            int tl = idx >> 7, r = (idx >> 3) & 15, col = idx & 7;
-            int o = (blockIdx.x * tiles_per_block + tl) * 16 + r;
-            float sq = 0.f;
-            if (col < m && o < out) {
-                float s = 0.f;
-                for (int kp = 0; kp < ksplit; kp++) s += part[tl * ksplit + kp][r][col];
-                if (ss_in != nullptr) s *= inv_rms[col];
-                size_t i = (size_t)col * out + o;
-                s = accumulate ? y[i] + s : s;
-                y[i] = s;
-                if (ARGMAX && col == 0 && better(s, (uint32_t)o, best, bi)) {
-                    best = s;
-                    bi = (uint32_t)o;
-                }
-                if (gamma != nullptr) {
-                    xg[i] = s * gamma[o];
-                    sq = s * s;
-                }
+            for (int i = 0; i < 4; i++) {
+                float s = (accg[grp][2][i] + accg[grp][1][i]) + accg[grp][0][i];
+                int r = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+                part[warp][r][col] = s;
             }
-            sqv[k] = sq;
-        }
-        if (gamma != nullptr) {
-            // Producer of a norm: this block's partial Σ y² of each row, over its tiles' rows in
-            // a fixed order. The squares go through `part` (free once every thread has read its
-            // sums): tile row j's square of row `col` sits at flat index j·8 + col.
-            float* sqs = &part[0][0][0];
+        } else {
+            // Each row's two part columns summed lo + hi and scaled back by 2^-s (exact),
+            // through shared memory: the columns sit in different lanes.
+            float (*raw)[16][16] = reinterpret_cast<float (*)[16][16]>(part_buf);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) raw[warp][g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = j < NT ? acc[j][i] : 0.f;
             __syncthreads();
+            const float* xscale = reinterpret_cast<const float*>(fs.xs + 2 * (size_t)fs.plane);
+            float v[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int r = (lane + 32 * q) >> 3, col = (lane + 32 * q) & 7;
+                v[q] = col < mg ? (raw[warp][r][2 * col + 1] + raw[warp][r][2 * col]) * xscale[col] : 0.f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int q = 0; q < 4; q++) part[warp][(lane + 32 * q) >> 3][(lane + 32 * q) & 7] = v[q];
+        }
+        // Pending RMSNorm of the input (see the header): warp c reduces row c's partial sums of
+        // squares in a fixed order, so every consumer of those rows computes the same 1/rms.
+        if (ssi != nullptr && warp < mg) {
+            float ss = 0.f;
+            for (int j = lane; j < parts; j += 32) ss += ssi[(size_t)warp * parts + j];
+            ss = warp_sum(ss);
+            if (lane == 0) inv_rms[warp] = rsqrtf(ss / in + eps);
+        }
+        __syncthreads();
+        // Partial sums of a tile's warps are added in a fixed order: deterministic, M-independent.
+        if (!SWIGLU) {
+            float sqv[TC_WARPS * 128 / (TC_WARPS * 32)];  // the squares of this thread's (≤ 4) outputs
+            float best = -INFINITY;  // ARGMAX: this thread's best output of row 0 and its index
+            uint32_t bi = 0xffffffffu;
 #pragma unroll
             for (int k = 0; k < TC_WARPS * 128 / (TC_WARPS * 32); k++) {
                 const int idx = threadIdx.x + k * TC_WARPS * 32;
-                if (idx < tiles_per_block * 128) sqs[idx] = sqv[k];
-            }
-            __syncthreads();
-            if (warp < m) {
-                float ss = 0.f;
-                for (int j = lane; j < tiles_per_block * 16; j += 32) ss += sqs[j * 8 + warp];
-                ss = warp_sum(ss);
-                if (lane == 0) ss_out[(size_t)warp * gridDim.x + blockIdx.x] = ss;
-            }
-        }
-        if constexpr (ARGMAX) argmax_tail(best, bi, am);
-    } else {
-        for (int idx = threadIdx.x; idx < tiles_per_block * 64; idx += blockDim.x) {
-            int tl = idx >> 6, p = (idx >> 3) & 7, col = idx & 7;
-            int o = (blockIdx.x * tiles_per_block + tl) * 16 + 2 * p;
-            if (col < m && o + 1 < out) {
-                float gs = 0.f, us = 0.f;
-                for (int kp = 0; kp < ksplit; kp++) {
-                    gs += part[tl * ksplit + kp][2 * p][col];
-                    us += part[tl * ksplit + kp][2 * p + 1][col];
+                if (idx >= tiles_per_block * 128) break;
+                int tl = idx >> 7, r = (idx >> 3) & 15, col = idx & 7;
+                int o = (blockIdx.x * tiles_per_block + tl) * 16 + r;
+                float sq = 0.f;
+                if (col < mg && o < out) {
+                    float s = 0.f;
+                    for (int kp = 0; kp < ksplit; kp++) s += part[tl * ksplit + kp][r][col];
+                    if (ssi != nullptr) s *= inv_rms[col];
+                    size_t i = (size_t)col * out + o;
+                    s = accumulate ? yg[i] + s : s;
+                    yg[i] = s;
+                    if (ARGMAX && col == 0 && better(s, (uint32_t)o, best, bi)) {
+                        best = s;
+                        bi = (uint32_t)o;
+                    }
+                    if (gamma != nullptr) {
+                        xgg[i] = s * gamma[o];
+                        sq = s * s;
+                    }
                 }
-                if (ss_in != nullptr) {
-                    gs *= inv_rms[col];
-                    us *= inv_rms[col];
+                sqv[k] = sq;
+            }
+            if (gamma != nullptr) {
+                // Producer of a norm: this block's partial Σ y² of each row, over its tiles' rows in
+                // a fixed order. The squares go through `part` (free once every thread has read its
+                // sums): tile row j's square of row `col` sits at flat index j·8 + col.
+                float* sqs = &part[0][0][0];
+                __syncthreads();
+#pragma unroll
+                for (int k = 0; k < TC_WARPS * 128 / (TC_WARPS * 32); k++) {
+                    const int idx = threadIdx.x + k * TC_WARPS * 32;
+                    if (idx < tiles_per_block * 128) sqs[idx] = sqv[k];
                 }
-                y[(size_t)col * (out / 2) + o / 2] = silu(gs) * us;
+                __syncthreads();
+                if (warp < mg) {
+                    float ss = 0.f;
+                    for (int j = lane; j < tiles_per_block * 16; j += 32) ss += sqs[j * 8 + warp];
+                    ss = warp_sum(ss);
+                    if (lane == 0) sso[(size_t)warp * gridDim.x + blockIdx.x] = ss;
+                }
+            }
+            if constexpr (ARGMAX) argmax_tail(best, bi, am);
+        } else {
+            for (int idx = threadIdx.x; idx < tiles_per_block * 64; idx += blockDim.x) {
+                int tl = idx >> 6, p = (idx >> 3) & 7, col = idx & 7;
+                int o = (blockIdx.x * tiles_per_block + tl) * 16 + 2 * p;
+                if (col < mg && o + 1 < out) {
+                    float gs = 0.f, us = 0.f;
+                    for (int kp = 0; kp < ksplit; kp++) {
+                        gs += part[tl * ksplit + kp][2 * p][col];
+                        us += part[tl * ksplit + kp][2 * p + 1][col];
+                    }
+                    if (ssi != nullptr) {
+                        gs *= inv_rms[col];
+                        us *= inv_rms[col];
+                    }
+                    yg[(size_t)col * (out / 2) + o / 2] = silu(gs) * us;
+                }
             }
         }
     }
@@ -582,6 +620,26 @@ MATVEC_TC_H(matvec_tc_u4b1h_bf16, 4, false, true, false, 1, 4)
 MATVEC_TC(matvec_tc_swiglu_bf16, 2, true, false, false, 3)
 // One row; its outputs also reduced to the greedy token, whose row of a table is gathered.
 MATVEC_TC(matvec_tc_argmax_bf16, 2, false, false, true, 3)
+
+// Wide launches (issue #30's batched steps): the same three shapes and the SwiGLU epilogue for
+// 16 or 32 activation rows a launch (NG groups of 8), x loaded per group inside the multiply.
+// A row's bits are those of the 8-row kernels (same K split, chunks and MMA order per group).
+#define MATVEC_TC_W(NAME, U, SW, MINB, NG)                                                                       \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
+        NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
+             const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
+             uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
+             float* am_gathered, int am_dim) {                                                                    \
+        const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
+        matvec_tc<U, SW, false, false, 0, false, 2, NG>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps,     \
+                                                        gamma, xg, ss_out, am, Fp8Scales{});                     \
+    }
+MATVEC_TC_W(matvec_tc_w2_bf16, 2, false, 2, 2)
+MATVEC_TC_W(matvec_tc_w4_bf16, 2, false, 2, 4)
+MATVEC_TC_W(matvec_tc_u4_w2_bf16, 4, false, 1, 2)
+MATVEC_TC_W(matvec_tc_u4_w4_bf16, 4, false, 1, 4)
+MATVEC_TC_W(matvec_tc_swiglu_w2_bf16, 2, true, 2, 2)
+MATVEC_TC_W(matvec_tc_swiglu_w4_bf16, 2, true, 2, 4)
 
 // The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
 // k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block

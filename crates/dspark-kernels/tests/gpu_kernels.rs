@@ -547,3 +547,6 @@ mod rope_fold;
 
 #[path = "gpu_kernels/sample.rs"]
 mod sample;
+
+#[path = "gpu_kernels/wide.rs"]
+mod wide;

@@ -105,6 +105,27 @@ fn fp8_n1_twin(name: &str) -> &str {
     }
 }
 
+/// The wide twin of an 8-row bf16 kernel for `rows` rows still to launch: 32 rows a launch
+/// (`_w4`) past 16, 16 (`_w2`) past 8; `None` for 8 or fewer, and for the kernels without one
+/// (FP8, argmax, tile-looping). The twins take their shape's K split and grid, so every row's
+/// sums are the 8-row kernel's bit for bit (kernels/matvec.cu).
+fn wide_twin(name: &str, rows: usize) -> Option<(&'static str, usize)> {
+    let four = rows > 16;
+    if rows <= 8 {
+        return None;
+    }
+    let twin = match (name, four) {
+        ("matvec_tc_bf16", false) => "matvec_tc_w2_bf16",
+        ("matvec_tc_bf16", true) => "matvec_tc_w4_bf16",
+        ("matvec_tc_u4_bf16" | "matvec_tc_u4b1_bf16" | "matvec_tc_u4b1h_bf16", false) => "matvec_tc_u4_w2_bf16",
+        ("matvec_tc_u4_bf16" | "matvec_tc_u4b1_bf16" | "matvec_tc_u4b1h_bf16", true) => "matvec_tc_u4_w4_bf16",
+        ("matvec_tc_swiglu_bf16", false) => "matvec_tc_swiglu_w2_bf16",
+        ("matvec_tc_swiglu_bf16", true) => "matvec_tc_swiglu_w4_bf16",
+        _ => return None,
+    };
+    Some((twin, if four { 32 } else { 16 }))
+}
+
 /// Whether `name` is one of the tile-looping kernels (grid of one wave, no K split, no norm fold).
 fn looping(name: &str) -> bool {
     name.starts_with("matvec_tc_loop")
@@ -350,7 +371,8 @@ impl Gpu {
         let null = Arg::Ptr(0);
         let mut start = 0;
         while start < m {
-            let rows = (m - start).min(TC_ROWS);
+            let wide = if self.wide { wide_twin(name, m - start) } else { None };
+            let rows = (m - start).min(wide.map_or(TC_ROWS, |w| w.1));
             let xs = x.slice(start * d_in..(start + rows) * d_in);
             let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
             let (ss_in, parts, eps) = match epi.norm_in {
@@ -418,7 +440,11 @@ impl Gpu {
                 }
                 _ => base.len(),
             };
-            let kernel = if fp8 && rows <= 4 { fp8_n1_twin(name) } else { name };
+            let kernel = match wide {
+                Some((twin, _)) => twin,
+                None if fp8 && rows <= 4 => fp8_n1_twin(name),
+                None => name,
+            };
             self.launch_pdl(kernel, (grid as u32, 1, 1), 32 * TC_WARPS as u32, &args[..n])?;
             start += rows;
         }
@@ -519,7 +545,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{ksplit, tc_argmax_kernel, tc_grid, tc_kernel, tc_kernel_plain, tc_launch_grid};
+    use super::{ksplit, tc_argmax_kernel, tc_grid, tc_kernel, tc_kernel_plain, tc_launch_grid, wide_twin};
     use half::bf16;
 
     /// kernels/matvec.cu `split3`, as it was (seven conversions: every part rounded) and as it is
@@ -567,6 +593,16 @@ mod tests {
 
         // A smaller GPU moves o to the 3-blocks-per-SM kernel.
         assert_eq!(tc_kernel(256, 4096, 100), "matvec_tc_bf16");
+    }
+
+    #[test]
+    fn wide_twins_take_16_or_32_rows() {
+        assert_eq!(wide_twin("matvec_tc_bf16", 8), None);
+        assert_eq!(wide_twin("matvec_tc_bf16", 9), Some(("matvec_tc_w2_bf16", 16)));
+        assert_eq!(wide_twin("matvec_tc_u4b1h_bf16", 17), Some(("matvec_tc_u4_w4_bf16", 32)));
+        assert_eq!(wide_twin("matvec_tc_swiglu_bf16", 64), Some(("matvec_tc_swiglu_w4_bf16", 32)));
+        assert_eq!(wide_twin("matvec_tc_fp8", 32), None);
+        assert_eq!(wide_twin("matvec_tc_argmax_bf16", 32), None);
     }
 
     #[test]

@@ -96,6 +96,9 @@ pub struct Gpu {
     /// Whether a step's norm + RoPE + append runs inside its attention launch where the split
     /// kernels can take it (`rope_fold.rs`; `DSPARK_NO_ROPE_FOLD=1` turns it off for A/B runs).
     pub rope_fold: bool,
+    /// Whether launches of more than 8 rows take the wide bf16 kernels, 16 or 32 rows a launch
+    /// on one weight read (`matvec.rs` `wide_twin`; `DSPARK_NO_WIDE=1` turns it off for A/B runs).
+    pub wide: bool,
     profiling: AtomicBool,
     /// (kernel name, start, end) of every launch while profiling is on.
     profile: Mutex<Vec<(String, CudaEvent, CudaEvent)>>,
@@ -169,6 +172,7 @@ impl Gpu {
             sms: sms.max(1) as usize,
             pdl,
             rope_fold: std::env::var_os("DSPARK_NO_ROPE_FOLD").is_none(),
+            wide: std::env::var_os("DSPARK_NO_WIDE").is_none(),
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),

@@ -1,0 +1,104 @@
+//! The wide bf16 matvec kernels (16 or 32 rows a launch on one weight read, `Gpu::wide`) against
+//! the 8-row kernels they stand in for: every output bit for bit — plain products on each of the
+//! three tensor-core shapes (Qwen3-8B's q|k|v, o / down, one layer's k|v), the SwiGLU epilogue,
+//! and both sides of the RMSNorm fold (the producer's residual, x·γ and partial sums of
+//! squares; the consumer scaling by 1/rms) — at row counts that split into wide and 8-row
+//! launches. Outputs are poisoned first, and held to the f32 reference at 1e-5 as well.
+
+use super::*;
+use dspark_kernels::cuda::norm_fold::Normed;
+
+const ROWS: [usize; 6] = [9, 16, 23, 32, 40, 64];
+
+/// Runs `f` with the wide kernels on, then off, on freshly poisoned outputs of `lens`; returns
+/// both runs' outputs.
+fn both(g: &mut Gpu, lens: &[usize], mut f: impl FnMut(&Gpu, &mut [CudaSlice<f32>])) -> [Vec<Vec<f32>>; 2] {
+    let mut run = |g: &mut Gpu, wide: bool| {
+        g.wide = wide;
+        let mut outs: Vec<CudaSlice<f32>> = lens.iter().map(|&n| poisoned(g, n)).collect();
+        f(g, &mut outs);
+        outs.iter().map(|o| down(g, o)).collect::<Vec<_>>()
+    };
+    let wide = run(g, true);
+    let eight = run(g, false);
+    g.wide = true;
+    [wide, eight]
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn wide_launches_equal_eight_row_launches_bit_for_bit() {
+    let mut g = gpu();
+    let mut rng = Rng(71);
+    // (out, in): many tiles (matvec_tc_bf16), K split over a block (u4), one layer's k|v (u4b1h).
+    let shapes: &[(usize, usize)] =
+        if full_size() { &[(6144, 4096), (4096, 4096), (1024, 4096), (200, 136)] } else { &[(200, 136), (96, 64)] };
+    for &(out, k) in shapes {
+        let (w, wf) = weight_cols(&g, &rng.vec(out * k), k, "bf16");
+        for &m in &ROWS {
+            let x = rng.vec(m * k);
+            let xd = up(&g, &x);
+            let [wide, eight] = both(&mut g, &[m * out], |g, o| {
+                g.matvec(&w, &xd.as_view(), &mut o[0].as_view_mut(), (m, k, out), false).unwrap();
+            });
+            assert!(same_bits(&wide[0], &eight[0]), "{out}x{k}, {m} rows: wide launches differ");
+            let e = rel_err(&wide[0], &cpu::matmul::linear(&x, &wf, m, k, out));
+            assert!(e <= 1e-5, "{out}x{k}, {m} rows: rel err {e}");
+        }
+    }
+}
+
+#[test]
+fn wide_swiglu_and_norm_fold_equal_eight_row_launches() {
+    let mut g = gpu();
+    let mut rng = Rng(73);
+    let (h, k, inter) = if full_size() { (4096, 4096, 12288) } else { (256, 136, 96) };
+    let (wp, _) = weight_cols(&g, &rng.vec(h * k), k, "bf16");
+    let (wgu, _) = weight_cols(&g, &rng.vec(2 * inter * h), h, "bf16");
+    let gamma = up(&g, &rng.vec(h).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>());
+    for &m in &ROWS {
+        let (x, y0) = (up(&g, &rng.vec(m * k)), rng.vec(m * h));
+        let parts_max = h.div_ceil(16);
+        // Producer (residual add, x·γ, partial Σ y²), then the SwiGLU consumer scaling by 1/rms.
+        let lens = [m * h, m * h, m * parts_max, m * 2 * inter, m * inter];
+        let [wide, eight] = both(&mut g, &lens, |g, o| {
+            let [y, ud, ss, gu, act] = o else { unreachable!("five outputs") };
+            g.stream.memcpy_htod(&y0, y).unwrap();
+            let normed = g
+                .matvec_norm_out(
+                    &wp,
+                    &x.as_view(),
+                    &mut y.as_view_mut(),
+                    (m, k, h),
+                    true,
+                    (&gamma.as_view(), 1e-6),
+                    &mut ud.as_view_mut(),
+                    &mut ss.as_view_mut(),
+                )
+                .unwrap();
+            assert!(matches!(normed, Normed::Pending { .. }), "the fold must happen: {normed:?}");
+            let parts = normed.parts();
+            g.matvec_swiglu_normed(
+                &wgu,
+                &mut ud.as_view_mut(),
+                normed,
+                &ss.slice(..m * parts),
+                &mut gu.as_view_mut(),
+                &mut act.as_view_mut(),
+                (m, h, inter),
+            )
+            .unwrap();
+        });
+        let what = ["residual", "x·γ", "partial sums of squares", "gate|up scratch", "SwiGLU output"];
+        for (i, what) in what.iter().enumerate() {
+            // Entries a kernel never writes (partials past the grid's width) hold the same poison
+            // in both runs.
+            assert!(same_bits(&wide[i], &eight[i]), "{m} rows: {what} differs between wide and 8-row launches");
+        }
+        assert!(wide[4].iter().all(|v| v.is_finite()), "{m} rows: SwiGLU output left unwritten");
+        assert!(wide[0].iter().all(|v| v.is_finite()), "{m} rows: residual left unwritten");
+    }
+}
