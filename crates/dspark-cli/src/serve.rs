@@ -150,7 +150,7 @@ enum Built {
 
 impl Loaded {
     /// Boxed for the solo engine (`max_batch` 1), or holding `max_batch` sequences each: the CPU
-    /// models through `Sequences`, the CUDA target as a `CudaBatch` (K/V caches for every
+    /// models through `Sequences`, the CUDA target as a `CudaBatch` and the draft as `CudaDrafts` (K/V caches for every
     /// sequence planned now) and the draft's contexts reserved.
     fn boxed_or_batched(self, max_batch: usize) -> Result<Built> {
         use dspark_model::Drafter;
@@ -168,7 +168,7 @@ impl Loaded {
                 d.reserve_sequences(max_batch).context("--max-batch: the draft's context caches")?;
                 let t = dspark_model::cuda::qwen3::CudaBatch::new(t, max_batch)
                     .context("--max-batch: K/V caches for every sequence")?;
-                Built::Batched(Box::new(t), Box::new(Sequences::new(d)), sampled)
+                Built::Batched(Box::new(t), Box::new(dspark_model::cuda::dspark::CudaDrafts::new(d)), sampled)
             }
             Loaded::Cpu(_, None) | Loaded::Cuda(_, None) => anyhow::bail!("--max-batch needs a draft"),
         })

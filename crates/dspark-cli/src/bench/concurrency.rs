@@ -16,9 +16,9 @@
 
 use super::{median, COMMITTED};
 use anyhow::{bail, Result};
-use dspark_model::cuda::dspark::CudaDraft;
+use dspark_model::cuda::dspark::{CudaDraft, CudaDrafts};
 use dspark_model::cuda::qwen3::{CudaBatch, CudaQwen3};
-use dspark_model::{BatchDrafter, BatchTarget, Drafter, LogitRows, SeqId, Sequences, TargetModel};
+use dspark_model::{BatchDrafter, BatchTarget, Drafter, LogitRows, SeqId, TargetModel};
 use dspark_spec::verify_len::CostTable;
 use std::time::Instant;
 
@@ -70,7 +70,7 @@ pub fn measure(
     draft.reserve_sequences(most)?;
     target.set_capture(draft.target_layer_ids())?;
     let mut batch = CudaBatch::new(target, most)?;
-    let mut drafts = Sequences::new(draft);
+    let mut drafts = CudaDrafts::new(draft);
     let mut seqs: Vec<(SeqId, SeqId, u32)> = Vec::with_capacity(most);
     eprintln!("bench: {most} requests of {ctx} positions");
     for _ in 0..most {
@@ -126,7 +126,7 @@ pub fn measure(
 /// Median µs of batched rounds (after 2 warm-up rounds) where request i verifies `ks[i]` drafts.
 fn time_rounds(
     batch: &mut CudaBatch,
-    drafts: &mut Sequences<CudaDraft>,
+    drafts: &mut CudaDrafts,
     active: &[(SeqId, SeqId, u32)],
     ks: &[usize],
     ctx: usize,

@@ -21,6 +21,7 @@ use crate::cuda::graphs::StepGraphs;
 use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch, Segment};
 use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
 
+mod batch;
 mod prefill;
 mod sequences;
 use crate::cuda::qwen3::{
@@ -28,6 +29,7 @@ use crate::cuda::qwen3::{
 };
 use crate::cuda::weights::{CheckpointUpload, WeightSource};
 use crate::error::{Error, Result};
+pub use batch::CudaDrafts;
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::kv_layers::LayerCaches;
@@ -98,6 +100,8 @@ pub struct CudaDraft {
     caches: LayerCaches,
     /// Context caches planned for more sequences (`sequences.rs`), not in use.
     seq_pool: Vec<LayerCaches>,
+    /// The buffers of block passes over several sequences (`batch.rs`), planned with them.
+    block_batch: Option<batch::BlockBatch>,
     /// Every layer's k_proj|v_proj rows stacked `[layers · 2·kv, H]` (a device copy of the rows
     /// in `layers`, 84 MB for DSpark-8B): context rows take one projection for all layers.
     ctx_kv: WeightBuf,
@@ -274,6 +278,7 @@ impl CudaDraft {
             inv_freq: arena.upload(&inv_freq(l.rope_theta as f32, l.head_dim)).map_err(drv)?,
             caches,
             seq_pool: Vec::new(),
+            block_batch: None,
             ctx_kv,
             ctx_k_norm,
             ctx_out: z(CHUNK * n_layers * 2 * kv)?,

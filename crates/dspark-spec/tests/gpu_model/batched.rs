@@ -12,8 +12,9 @@
 
 use super::*;
 use dspark_kernels::cpu::argmax::argmax_rows;
+use dspark_model::cuda::dspark::CudaDrafts;
 use dspark_model::cuda::qwen3::CudaBatch;
-use dspark_model::{BatchTarget, Sequences};
+use dspark_model::{BatchDrafter, BatchTarget, Sequences};
 use dspark_spec::verify_len::CostTable;
 use dspark_spec::{batched, speculative_sampled, BatchLimits, BatchRequest, BatchVerify, DraftLaw, SamplingParams};
 
@@ -145,11 +146,12 @@ fn batched_rounds_equal_solo_runs_on_the_gpu() {
         let mut draft = CudaDraft::load(&ddir, &target).unwrap();
         draft.reserve_sequences(max_batch).unwrap();
         let mut target = CudaBatch::new(target, max_batch).unwrap();
-        let mut draft = Sequences::new(draft);
+        // The draft's blocks one sequence at a time, or in batched passes (`CudaDrafts`).
+        let mut draft: Box<dyn BatchDrafter> =
+            if seed % 2 == 0 { Box::new(Sequences::new(draft)) } else { Box::new(CudaDrafts::new(draft)) };
         let law = if seed % 2 == 0 { DraftLaw::Greedy } else { DraftLaw::Sampled };
         let limits = BatchLimits { max_batch, kv_capacity: None, prefill_chunk: None, law };
-        let out = batched(&mut target, &mut draft, &requests, &verify, limits).unwrap();
-        assert_eq!(draft.open_count(), 0, "seed {seed}: every draft sequence closed");
+        let out = batched(&mut target, draft.as_mut(), &requests, &verify, limits).unwrap();
 
         let mut alone = CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap();
         let mut alone_draft = CudaDraft::load(&ddir, &alone).unwrap();
@@ -174,6 +176,50 @@ fn batched_rounds_equal_solo_runs_on_the_gpu() {
                 .unwrap();
                 let rounds = solo.spec.as_ref().map_or(0, |s| s.verified.len());
                 assert_eq!(out[i].rounds.1 - out[i].rounds.0, rounds, "seed {seed}, request {i}: rounds");
+            }
+        }
+    }
+}
+
+#[test]
+fn batched_draft_passes_equal_each_sequence_alone() {
+    let kinds = [MarkovKind::Vanilla, MarkovKind::Gated, MarkovKind::Rnn];
+    for (i, &kind) in kinds.iter().enumerate() {
+        let spec = two_layer_draft(3 + 2 * i, kind, i != 1);
+        let (_dir, tdir, ddir) = write_bf16_pair(40 + i as u64, &spec, DType::BF16);
+        let target = CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap();
+        let mut draft = CudaDraft::load(&ddir, &target).unwrap();
+        let seqs = 12; // more blocks than one pass holds at B = 7
+        draft.reserve_sequences(seqs).unwrap();
+        let row = draft.target_layer_ids().len() * target.config().hidden_size;
+        let mut drafts = CudaDrafts::new(draft);
+        let mut rng = Rng(90 + i as u64);
+        let ids: Vec<usize> = (0..seqs).map(|_| drafts.open().unwrap()).collect();
+        for round in 0..4 {
+            // Every context grows by 1–8 random feature rows, then all propose at once.
+            for &id in &ids {
+                let n = 1 + rng.below(8);
+                let features = rng.vec(n * row);
+                drafts.append_captured(id, &dspark_model::Captured::Host(features)).unwrap();
+            }
+            let items: Vec<(usize, u32)> = ids.iter().map(|&id| (id, rng.below(96) as u32)).collect();
+            let got = drafts.propose_batch(&items).unwrap();
+            for (k, &(id, anchor)) in items.iter().enumerate() {
+                let mut alone = None;
+                drafts
+                    .with_draft(id, &mut |d| {
+                        alone = Some(d.propose(anchor)?);
+                        Ok(())
+                    })
+                    .unwrap();
+                let alone = alone.unwrap();
+                assert_eq!(got[k].tokens, alone.tokens, "{kind:?}, round {round}, sequence {k}: tokens");
+                let bits = |s: &Option<Vec<f32>>| s.as_ref().map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                assert_eq!(
+                    bits(&got[k].survival),
+                    bits(&alone.survival),
+                    "{kind:?}, round {round}, sequence {k}: survival"
+                );
             }
         }
     }

@@ -15,8 +15,8 @@ use dspark_kernels::cuda::kv_layers::LayerCaches;
 
 /// One sequence's draft context: every layer's K/V cache and the positions it holds.
 pub struct DraftSeq {
-    caches: LayerCaches,
-    ctx_len: usize,
+    pub(super) caches: LayerCaches,
+    pub(super) ctx_len: usize,
 }
 
 impl CudaDraft {
@@ -30,7 +30,7 @@ impl CudaDraft {
             let ptrs = (self.arena.zeros::<u64>(layers).map_err(drv)?, self.arena.zeros::<u64>(layers).map_err(drv)?);
             self.seq_pool.push(LayerCaches::new(&self.gpu, caches, ptrs, kv).map_err(gpu_err)?);
         }
-        Ok(())
+        self.plan_block_batch()
     }
 }
 

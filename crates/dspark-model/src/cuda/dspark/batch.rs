@@ -1,0 +1,264 @@
+//! One draft pass for many sequences (issue #30): [`CudaDrafts`], the GPU draft's
+//! [`BatchDrafter`].
+//!
+//! A batched round asks the draft for every running request's block. One at a time
+//! (`Sequences<CudaDraft>`), each block streams fc-free but still the five layers and lm_head —
+//! most of a ~1.3 ms draft pass — once per request. Here the blocks of up to ⌊64 / B⌋ requests
+//! go through one pass:
+//!
+//! ```text
+//! x = embed([a_r, mask × (B−1)] for every r)          (R·B rows)
+//! per layer: every projection once over all rows; RoPE/append/attention per request over its
+//!            own context caches (`layers::Segment`, not causal)
+//! hidden = RMSNorm(x); logits = lm_head · hidden     (R·B rows)
+//! then per request, on the single-sequence buffers: its rows copied in, the Markov chain slot by
+//! slot and the confidence head, exactly as `propose` runs them
+//! ```
+//!
+//! Every row's sums are its single-sequence pass's (the small-M kernels' rows do not depend on
+//! the batch; each request's attention runs the same kernels over the same rows), so each
+//! proposal equals `propose(anchor)` on its sequence alone, bit for bit — tokens and survival.
+//! The pass launches eagerly (no graphs); the chain stays one request at a time (W2's R rows a
+//! slot in one launch is the next step).
+
+use super::{CudaDraft, DraftSeq, Markov, Variant};
+use crate::backend::{Captured, Drafter, Proposal};
+use crate::batch::{BatchDrafter, SeqId, SeqState};
+use crate::cuda::layers::{drv, gpu_err, run_layers, Segment};
+use crate::error::{Error, Result};
+use cudarc::driver::CudaSlice;
+use dspark_kernels::cuda::ops::StepLens;
+
+/// Rows of one pass (the draft's activation buffers hold this many).
+const PASS_ROWS: usize = crate::cuda::qwen3::CHUNK;
+
+/// The buffers of a pass over several sequences' blocks.
+pub(super) struct BlockBatch {
+    /// Requests one pass takes: ⌊PASS_ROWS / B⌋.
+    per_pass: usize,
+    /// `[first_pos, kv_len]` per request, then every block's ids.
+    step_in: CudaSlice<u32>,
+    /// `[per_pass · B, H]` normalised rows and `[per_pass · B, V]` logits.
+    hidden: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+}
+
+impl CudaDraft {
+    /// Plans the buffers of batched block passes (with [`CudaDraft::reserve_sequences`]).
+    pub(super) fn plan_block_batch(&mut self) -> Result<()> {
+        if self.block_batch.is_some() {
+            return Ok(());
+        }
+        let (b, h, v) = (self.cfg.block_size, self.cfg.layer.hidden_size, self.cfg.layer.vocab_size);
+        let per_pass = (PASS_ROWS / b).max(1);
+        let rows = per_pass * b;
+        self.block_batch = Some(BlockBatch {
+            per_pass,
+            step_in: self.arena.zeros::<u32>(2 * per_pass + rows).map_err(drv)?,
+            hidden: self.arena.zeros::<f32>(rows * h).map_err(drv)?,
+            logits: self.arena.zeros::<f32>(rows * v).map_err(drv)?,
+        });
+        Ok(())
+    }
+
+    /// Greedy proposals after each `(sequence, anchor)`, in passes of up to ⌊64 / B⌋ blocks (see
+    /// the module docs); each equals `propose(anchor)` on that sequence alone.
+    pub fn propose_many(&mut self, seqs: &mut [(&mut DraftSeq, u32)]) -> Result<Vec<Proposal>> {
+        let mut bb = self.block_batch.take().ok_or_else(|| {
+            Error::Request("batched draft passes were not planned (CudaDraft::reserve_sequences)".into())
+        })?;
+        let mut out = Vec::with_capacity(seqs.len());
+        let per = bb.per_pass;
+        let ran = seqs.chunks_mut(per).try_for_each(|group| {
+            out.extend(self.propose_group(&mut bb, group)?);
+            Ok::<_, Error>(())
+        });
+        self.block_batch = Some(bb);
+        ran.map(|()| out)
+    }
+
+    fn propose_group(&mut self, bb: &mut BlockBatch, group: &mut [(&mut DraftSeq, u32)]) -> Result<Vec<Proposal>> {
+        let l = self.cfg.layer.clone();
+        let (b, h, v, eps) = (self.cfg.block_size, l.hidden_size, l.vocab_size, l.rms_norm_eps as f32);
+        let gpu = self.gpu.clone();
+        let (count, n) = (group.len(), group.len() * b);
+        // Positions of every block, then its ids, in one copy (which also orders the pass after
+        // every earlier kernel, as a single proposal's `write_step` does).
+        let mut up = Vec::with_capacity(2 * count + n);
+        for (seq, anchor) in group.iter() {
+            if *anchor as usize >= v {
+                return Err(Error::Request(format!("anchor token {anchor} is outside the vocabulary ({v})")));
+            }
+            if seq.ctx_len > self.max_len {
+                return Err(Error::Request(format!(
+                    "draft context of {} positions exceeds {}",
+                    seq.ctx_len, self.max_len
+                )));
+            }
+            up.extend_from_slice(&[seq.ctx_len as u32, (seq.ctx_len + b) as u32]);
+        }
+        for (_, anchor) in group.iter() {
+            up.push(*anchor);
+            up.extend(std::iter::repeat_n(self.cfg.mask_token_id, b - 1));
+        }
+        gpu.stream.memcpy_htod(&up, &mut bb.step_in.slice_mut(..up.len())).map_err(drv)?;
+        let ids_at = 2 * count;
+        gpu.embedding(&self.embed_tokens, h, &bb.step_in.slice(ids_at..ids_at + n), n, &mut self.x.slice_mut(..n * h))
+            .map_err(gpu_err)?;
+        {
+            let mut segments: Vec<Segment<'_>> = Vec::with_capacity(count);
+            for (k, (seq, _)) in group.iter_mut().enumerate() {
+                let p = seq.ctx_len;
+                let lens = StepLens { dev: bb.step_in.slice(2 * k..2 * k + 2), first_pos: p, kv_cap: p + b };
+                segments.push(Segment { start: k * b, rows: b, lens, caches: seq.caches.caches_mut() });
+            }
+            run_layers(
+                &gpu,
+                &l,
+                &self.layers,
+                &mut self.scratch,
+                &mut self.x.slice_mut(..n * h),
+                (n, false),
+                &self.inv_freq,
+                &mut segments,
+                None,
+                |_, _| Ok(()),
+            )?;
+        }
+        gpu.rmsnorm(&self.x.slice(..n * h), &self.norm.as_view(), eps, n, &mut bb.hidden.slice_mut(..n * h))
+            .map_err(gpu_err)?;
+        gpu.matvec(&self.lm_head, &bb.hidden.slice(..n * h), &mut bb.logits.slice_mut(..n * v), (n, h, v), false)
+            .map_err(gpu_err)?;
+
+        // Each request's chain on the single-sequence buffers, as `launch_propose` runs it.
+        let mut out = Vec::with_capacity(count);
+        for k in 0..count {
+            gpu.stream
+                .memcpy_dtod(&bb.hidden.slice(k * b * h..(k + 1) * b * h), &mut self.hidden.slice_mut(..b * h))
+                .map_err(drv)?;
+            let rows = self.rows.clone();
+            let mut rows = rows.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
+            let rows = rows.as_mut().ok_or_else(|| Error::Request("draft rows missing".into()))?;
+            gpu.stream
+                .memcpy_dtod(&bb.logits.slice(k * b * v..(k + 1) * b * v), &mut rows.logits.slice_mut(..b * v))
+                .map_err(drv)?;
+            // The chain's start: the RNN state zeroed and e₀ = W1[anchor].
+            if let Some(Markov { variant: Variant::Rnn { state, .. }, .. }) = &mut self.markov {
+                gpu.stream.memset_zeros(state).map_err(drv)?;
+            }
+            if let Some(m) = &self.markov {
+                let r = m.rank;
+                let anchor = bb.step_in.slice(ids_at + k * b..ids_at + k * b + 1);
+                gpu.gather_row(&m.w1, r, &anchor, &mut self.e.slice_mut(..r)).map_err(gpu_err)?;
+            }
+            let shared = self.tokens.clone();
+            let mut chosen = shared.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
+            for s in 0..b {
+                self.slot_argmax(s, &mut chosen.data, &mut rows.logits)?;
+            }
+            self.launch_confidence()?;
+            let mut tokens = vec![0u32; b];
+            gpu.stream.memcpy_dtoh(&chosen.data.slice(..b), &mut tokens).map_err(drv)?;
+            chosen.generation += 1;
+            drop(chosen);
+            out.push(Proposal { tokens, survival: self.survival()? });
+        }
+        Ok(out)
+    }
+}
+
+/// Several sequences' draft contexts and one batched block pass for all of them (see the module
+/// docs); everything else runs on one sequence at a time, swapped into the draft.
+pub struct CudaDrafts {
+    draft: CudaDraft,
+    /// Index = [`SeqId`]; `None` for a free id.
+    seqs: Vec<Option<DraftSeq>>,
+}
+
+impl CudaDrafts {
+    /// Takes a draft whose sequences are reserved ([`CudaDraft::reserve_sequences`]).
+    pub fn new(draft: CudaDraft) -> CudaDrafts {
+        CudaDrafts { draft, seqs: Vec::new() }
+    }
+
+    /// The draft (with no sequence's context in it).
+    pub fn draft(&mut self) -> &mut CudaDraft {
+        &mut self.draft
+    }
+
+    /// Runs `f` on the draft with sequence `id`'s context swapped in (the bench holds a
+    /// context's length fixed through it).
+    pub fn with<R>(&mut self, id: SeqId, f: impl FnOnce(&mut CudaDraft) -> Result<R>) -> Result<R> {
+        let seq = match self.seqs.get_mut(id) {
+            Some(Some(s)) => s,
+            _ => return Err(Error::Request(format!("sequence {id} is not open"))),
+        };
+        self.draft.swap_state(seq);
+        let out = f(&mut self.draft);
+        self.draft.swap_state(seq);
+        out
+    }
+}
+
+impl BatchDrafter for CudaDrafts {
+    fn block_size(&self) -> usize {
+        self.draft.block_size()
+    }
+
+    fn target_layer_ids(&self) -> &[usize] {
+        self.draft.target_layer_ids()
+    }
+
+    fn open(&mut self) -> Result<SeqId> {
+        let seq = Some(self.draft.new_state()?);
+        Ok(match self.seqs.iter().position(Option::is_none) {
+            Some(id) => {
+                self.seqs[id] = seq;
+                id
+            }
+            None => {
+                self.seqs.push(seq);
+                self.seqs.len() - 1
+            }
+        })
+    }
+
+    fn close(&mut self, id: SeqId) -> Result<()> {
+        match self.seqs.get_mut(id).and_then(Option::take) {
+            Some(seq) => {
+                self.draft.release_state(seq);
+                Ok(())
+            }
+            None => Err(Error::Request(format!("sequence {id} is not open"))),
+        }
+    }
+
+    fn append_captured(&mut self, id: SeqId, captured: &Captured) -> Result<()> {
+        self.with(id, |d| d.append_captured(captured))
+    }
+
+    fn propose_batch(&mut self, items: &[(SeqId, u32)]) -> Result<Vec<Proposal>> {
+        // Each item's sequence, borrowed once (ids are distinct), in the items' order.
+        let mut order: Vec<(SeqId, usize)> = items.iter().enumerate().map(|(k, &(id, _))| (id, k)).collect();
+        order.sort_unstable();
+        let mut taken: Vec<(usize, &mut DraftSeq)> = Vec::with_capacity(items.len());
+        let mut rest = self.seqs.iter_mut().enumerate();
+        for (id, k) in order {
+            let seq = loop {
+                match rest.next() {
+                    Some((j, Some(s))) if j == id => break s,
+                    Some(_) => continue,
+                    None => return Err(Error::Request(format!("sequence {id} is not open, or twice in a pass"))),
+                }
+            };
+            taken.push((k, seq));
+        }
+        taken.sort_unstable_by_key(|(k, _)| *k);
+        let mut seqs: Vec<(&mut DraftSeq, u32)> = taken.into_iter().map(|(k, s)| (s, items[k].1)).collect();
+        self.draft.propose_many(&mut seqs)
+    }
+
+    fn with_draft(&mut self, id: SeqId, f: &mut dyn FnMut(&mut dyn Drafter) -> Result<()>) -> Result<()> {
+        self.with(id, |d| f(d))
+    }
+}
