@@ -356,7 +356,7 @@ fn ptx() -> Result<()> {
     };
     let mut common = Vec::new();
     for h in files("cuh")? {
-        common.extend_from_slice(&std::fs::read(h)?);
+        common.extend_from_slice(&std::fs::read(&h).with_context(|| format!("reading {}", h.display()))?);
     }
     let sources = files("cu")?;
     let mut table = String::from(
@@ -366,9 +366,9 @@ fn ptx() -> Result<()> {
     for src in &sources {
         let stem = src.file_stem().and_then(|s| s.to_str()).context("kernel file name")?.to_string();
         let mut hashed = common.clone();
-        hashed.extend_from_slice(&std::fs::read(src)?);
+        hashed.extend_from_slice(&std::fs::read(src).with_context(|| format!("reading {}", src.display()))?);
         let tmp = std::env::temp_dir().join("dspark-ptx-hash");
-        std::fs::write(&tmp, &hashed)?;
+        std::fs::write(&tmp, &hashed).with_context(|| format!("writing {}", tmp.display()))?;
         let hash = sha256(&tmp)?;
         let mut functions = Vec::new();
         for (suffix, arch) in PTX_TARGETS {
@@ -376,7 +376,7 @@ fn ptx() -> Result<()> {
             let mut cmd = Command::new(bin.join("nvcc"));
             cmd.args(NVCC_FLAGS.split(' ')).arg(format!("-arch={arch}")).arg(src).arg("-o").arg(&out);
             run(&mut cmd)?;
-            let body = std::fs::read_to_string(&out)?;
+            let body = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
             functions = body
                 .lines()
                 .filter_map(|l| l.strip_prefix(".visible .entry "))

@@ -14,9 +14,12 @@
 //! table of this GPU's forwards measured first, at k + 1 rows per request for k = 0..=block (in
 //! between, linear), with the same modelled survival for every request.
 
-use super::{median, COMMITTED};
+use super::report::Profile;
+use super::{median, profile, COMMITTED};
 use anyhow::{bail, Result};
+use dspark_kernels::cuda::Gpu;
 use dspark_model::cuda::dspark::{CudaDraft, CudaDrafts};
+use dspark_model::cuda::qwen3::CHUNK;
 use dspark_model::cuda::qwen3::{CudaBatch, CudaQwen3};
 use dspark_model::{BatchDrafter, BatchTarget, Drafter, LogitRows, SeqId, TargetModel};
 use dspark_spec::verify_len::CostTable;
@@ -35,6 +38,13 @@ pub struct ConcurrencyRow {
     /// Target rows of one round, all requests together.
     pub verify_rows: usize,
     pub round_micros: f64,
+    /// Of the round: the draft's appends and proposals for every request (median).
+    pub draft_micros: f64,
+    /// Of the round: the target's batched forward over every request's verify rows (median).
+    pub target_micros: f64,
+    /// The target's forward over as many rows of one sequence (one attention segment): what the
+    /// projections cost without the per-request work; `None` above one step's rows.
+    pub one_sequence_micros: Option<f64>,
     /// Modelled tokens committed per round, all requests together.
     pub tokens_per_round: f64,
     pub aggregate_tokens_per_s: f64,
@@ -57,14 +67,18 @@ pub fn alpha_for(tau: f64, block: usize) -> f64 {
 }
 
 /// Measures every level of `levels` at context `ctx` (see the module docs).
+///
+/// Also returns kernel profiles of one full-block round at the largest level: its draft half
+/// (`batched_draft_R`) and its target half (`batched_target_R`).
 pub fn measure(
+    gpu: &Gpu,
     mut target: CudaQwen3,
     mut draft: CudaDraft,
     ctx: usize,
     levels: &[usize],
     iters: usize,
     token: &mut dyn FnMut() -> u32,
-) -> Result<Vec<ConcurrencyRow>> {
+) -> Result<(Vec<ConcurrencyRow>, Vec<Profile>)> {
     let most = levels.iter().copied().max().unwrap_or(1);
     let block = draft.block_size();
     draft.reserve_sequences(most)?;
@@ -89,7 +103,7 @@ pub fn measure(
         // The cost table: a round's forward at k + 1 rows per request, k = 0..=block.
         let mut at_k = Vec::with_capacity(block + 1);
         for k in 0..=block {
-            at_k.push(time_rounds(&mut batch, &mut drafts, active, &vec![k; r], ctx, iters.min(8))?);
+            at_k.push(time_rounds(&mut batch, &mut drafts, active, &vec![k; r], ctx, iters.min(8))?.round);
         }
         let seconds = (r..=r * (block + 1))
             .map(|b| {
@@ -106,21 +120,81 @@ pub fn measure(
         let budget = dspark_spec::verify_budget(&survivals, &vec![block; r], &costs);
         let policies: [(&str, Vec<usize>); 2] = [("full", vec![block; r]), ("budget", budget)];
         for (policy, ks) in policies {
-            let us = time_rounds(&mut batch, &mut drafts, active, &ks, ctx, iters)?;
+            let t = time_rounds(&mut batch, &mut drafts, active, &ks, ctx, iters)?;
+            let us = t.round;
             let tokens: f64 = ks.iter().map(|&k| committed(k)).sum();
+            let verify_rows = ks.iter().map(|k| k + 1).sum();
+            let one_sequence_micros = match verify_rows <= CHUNK {
+                true => Some(time_one_sequence(&mut batch, active[0].0, verify_rows, ctx, iters, token)?),
+                false => None,
+            };
             rows.push(ConcurrencyRow {
                 requests: r,
                 ctx,
                 policy: policy.into(),
-                verify_rows: ks.iter().map(|k| k + 1).sum(),
+                verify_rows,
                 round_micros: us,
+                draft_micros: t.draft,
+                target_micros: t.target,
+                one_sequence_micros,
                 tokens_per_round: tokens,
                 aggregate_tokens_per_s: tokens / us * 1e6,
                 per_request_tokens_per_s: tokens / r as f64 / us * 1e6,
             });
         }
     }
-    Ok(rows)
+    let active = &seqs[..most];
+    let full = rows.iter().find(|r| r.requests == most && r.policy == "full");
+    let (draft_us, target_us) = full.map_or((0.0, 0.0), |r| (r.draft_micros, r.target_micros));
+    gpu.set_profiling(true)?;
+    let items: Vec<(SeqId, u32)> = active.iter().map(|&(_, did, anchor)| (did, anchor)).collect();
+    let proposals = drafts.propose_batch(&items)?;
+    let draft_profile = profile(gpu, &format!("batched_draft_{most}"), ctx, draft_us)?;
+    let inputs: Vec<Vec<u32>> = active
+        .iter()
+        .zip(&proposals)
+        .map(|(&(_, _, anchor), p)| std::iter::once(anchor).chain(p.tokens.iter().copied()).collect())
+        .collect();
+    let forward: Vec<(SeqId, &[u32], LogitRows)> =
+        active.iter().zip(&inputs).map(|(&(tid, ..), rows)| (tid, rows.as_slice(), LogitRows::All)).collect();
+    batch.forward_batch(&forward)?;
+    let target_profile = profile(gpu, &format!("batched_target_{most}"), ctx, target_us)?;
+    gpu.set_profiling(false)?;
+    for &(tid, did, _) in active {
+        batch.truncate(tid, ctx)?;
+        drafts.with(did, |d| d.truncate_context(ctx))?;
+    }
+    Ok((rows, vec![draft_profile, target_profile]))
+}
+
+/// Median µs of a round and of its two halves.
+struct RoundTimes {
+    round: f64,
+    draft: f64,
+    target: f64,
+}
+
+/// Median µs of the target's forward over `rows` rows of sequence `tid` alone (one segment),
+/// rolled back to `ctx` after each.
+fn time_one_sequence(
+    batch: &mut CudaBatch,
+    tid: SeqId,
+    rows: usize,
+    ctx: usize,
+    iters: usize,
+    token: &mut dyn FnMut() -> u32,
+) -> Result<f64> {
+    let input: Vec<u32> = (0..rows).map(|_| token()).collect();
+    let mut xs = Vec::with_capacity(iters);
+    for i in 0..iters + 2 {
+        let t = Instant::now();
+        batch.forward_batch(&[(tid, &input, LogitRows::All)])?;
+        if i >= 2 {
+            xs.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        batch.truncate(tid, ctx)?;
+    }
+    Ok(median(&mut xs))
 }
 
 /// Median µs of batched rounds (after 2 warm-up rounds) where request i verifies `ks[i]` drafts.
@@ -131,13 +205,13 @@ fn time_rounds(
     ks: &[usize],
     ctx: usize,
     iters: usize,
-) -> Result<f64> {
+) -> Result<RoundTimes> {
     if ks.len() != active.len() {
         bail!("{} verify lengths for {} requests", ks.len(), active.len());
     }
     // The captures each request appends at the start of a round (from the previous round).
     let mut pending = Vec::new();
-    let mut xs = Vec::with_capacity(iters);
+    let (mut xs, mut ds, mut ts) = (Vec::with_capacity(iters), Vec::with_capacity(iters), Vec::with_capacity(iters));
     for i in 0..iters + 2 {
         let t = Instant::now();
         for (&(_, did, _), p) in active.iter().zip(&pending) {
@@ -145,6 +219,7 @@ fn time_rounds(
         }
         let items: Vec<(SeqId, u32)> = active.iter().map(|&(_, did, anchor)| (did, anchor)).collect();
         let proposals = drafts.propose_batch(&items)?;
+        let drafted = t.elapsed();
         let inputs: Vec<Vec<u32>> = active
             .iter()
             .zip(&proposals)
@@ -154,6 +229,7 @@ fn time_rounds(
         let forward: Vec<(SeqId, &[u32], LogitRows)> =
             active.iter().zip(&inputs).map(|(&(tid, ..), rows)| (tid, rows.as_slice(), LogitRows::All)).collect();
         let out = batch.forward_batch(&forward)?;
+        let verified = t.elapsed();
         pending = out.iter().zip(ks).map(|(g, &k)| g.captured.prefix(COMMITTED.min(k + 1), 0)).collect();
         for &(tid, did, _) in active {
             batch.truncate(tid, ctx)?;
@@ -161,9 +237,11 @@ fn time_rounds(
         }
         if i >= 2 {
             xs.push(t.elapsed().as_secs_f64() * 1e6);
+            ds.push(drafted.as_secs_f64() * 1e6);
+            ts.push((verified - drafted).as_secs_f64() * 1e6);
         }
     }
-    Ok(median(&mut xs))
+    Ok(RoundTimes { round: median(&mut xs), draft: median(&mut ds), target: median(&mut ts) })
 }
 
 /// The report's table: each row against one request's full-block round at the same context.
@@ -173,9 +251,9 @@ pub fn markdown(rows: &[ConcurrencyRow]) -> String {
     let _ = writeln!(s, "\n### Batched rounds (`--concurrency`; acceptance modelled at τ = {TAU} a full block)\n");
     let _ = writeln!(
         s,
-        "| requests | ctx | policy | verify rows | round µs | tokens / round | aggregate tok/s | per-request tok/s | aggregate ÷ 1 request's | per request ÷ 1 request's |"
+        "| requests | ctx | policy | verify rows | round µs | draft µs | target µs | target, same rows as one sequence µs | tokens / round | aggregate tok/s | per-request tok/s | aggregate ÷ 1 request's | per request ÷ 1 request's |"
     );
-    let _ = writeln!(s, "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let single = rows
             .iter()
@@ -184,12 +262,15 @@ pub fn markdown(rows: &[ConcurrencyRow]) -> String {
         let ratio = |x: f64| single.map_or("—".to_string(), |one| format!("{:.2}×", x / one));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.0} | {:.2} | {:.0} | {:.0} | {} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.2} | {:.0} | {:.0} | {} | {} |",
             r.requests,
             r.ctx,
             r.policy,
             r.verify_rows,
             r.round_micros,
+            r.draft_micros,
+            r.target_micros,
+            r.one_sequence_micros.map_or("—".to_string(), |u| format!("{u:.0}")),
             r.tokens_per_round,
             r.aggregate_tokens_per_s,
             r.per_request_tokens_per_s,

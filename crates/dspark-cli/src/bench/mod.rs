@@ -169,7 +169,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let dw = RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02);
             let draft = CudaDraft::from_source(configs::dspark_8b()?, &dw, &target)?;
             let mut token = tokens(args.seed, target.config().vocab_size);
-            batched.extend(concurrency::measure(target, draft, ctx, &args.concurrency, args.iters, &mut token)?);
+            let (rows, profiles) =
+                concurrency::measure(&gpu, target, draft, ctx, &args.concurrency, args.iters, &mut token)?;
+            batched.extend(rows);
+            measured.profiles.extend(profiles);
         }
     }
     let Measured { phases, modelled, profiles, prefill, notes: model_notes } = measured;

@@ -478,6 +478,9 @@ mod tests {
                     policy: "full".into(),
                     verify_rows: 8,
                     round_micros: 5000.0,
+                    draft_micros: 1000.0,
+                    target_micros: 4000.0,
+                    one_sequence_micros: Some(4000.0),
                     tokens_per_round: 3.5,
                     aggregate_tokens_per_s: 700.0,
                     per_request_tokens_per_s: 700.0,
@@ -488,6 +491,9 @@ mod tests {
                     policy: "budget".into(),
                     verify_rows: 40,
                     round_micros: 10000.0,
+                    draft_micros: 2000.0,
+                    target_micros: 8000.0,
+                    one_sequence_micros: None,
                     tokens_per_round: 26.0,
                     aggregate_tokens_per_s: 2600.0,
                     per_request_tokens_per_s: 325.0,
@@ -497,7 +503,10 @@ mod tests {
         };
         let md = r.markdown();
         // The batched rows against one request's full-block round at the same context.
-        assert!(md.contains("| 8 | 512 | budget | 40 | 10000 | 26.00 | 2600 | 325 | 3.71× | 0.46× |"), "{md}");
+        assert!(
+            md.contains("| 8 | 512 | budget | 40 | 10000 | 2000 | 8000 | — | 26.00 | 2600 | 325 | 3.71× | 0.46× |"),
+            "{md}"
+        );
         // The graph figures are the table's main ones and the goals'; the eager ones stand beside them.
         for want in
             ["**1.100**", "k_proj", "**6.25×**", "| 5.00 | 40.00 | 8.00× |", "matvec_tc_bf16", "100.0%", "a note"]
