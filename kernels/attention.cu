@@ -471,14 +471,13 @@ SPLIT_ROPE_KERNEL(4, __nv_bfloat16, attention_split_rope_q1_hd128_f32_kvbf16)
 // its twin `attention_combine_q1_f32`, which the decode launches with PDL).
 #define COMBINE_GROUPS 4
 __device__ void attention_combine(const float* part_o, const float* part_ml, float* out, int rows, int nh, int hd,
-                                  const int* lens, int keys, int max_splits) {
+                                  const int* lens, int keys, int max_splits, int rh) {
     pdl_trigger();
     pdl_wait();
     const int splits = split_count(lens[1], keys, max_splits);
     __shared__ float sw[128];
     __shared__ float sL;
     __shared__ float sacc[COMBINE_GROUPS][256];
-    const int rh = blockIdx.x;
     const int d = threadIdx.x % hd, grp = threadIdx.x / hd;
     const size_t stride = (size_t)rows * nh;
     if (threadIdx.x < 32) {
@@ -517,12 +516,20 @@ __device__ void attention_combine(const float* part_o, const float* part_ml, flo
 }
 extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml, float* out, int rows,
                                                  int nh, int hd, const int* lens, int keys, int max_splits) {
-    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits);
+    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x);
 }
 // The same after the decode kernel (one query row), under its own name so the host launches it
 // with PDL: that measured decode −0.7% at 512 keys and ±0 at 4096, while the combine after the
 // tensor-core kernel (verify, draft block) stays without it (cuda/mod.rs NO_PDL).
 extern "C" __global__ void attention_combine_q1_f32(const float* part_o, const float* part_ml, float* out, int rows,
                                                     int nh, int hd, const int* lens, int keys, int max_splits) {
-    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits);
+    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x);
+}
+// The segmented twin (attention_tc.cu `attention_tc_seg_*`): blockIdx.z the sequence, x its
+// (row, head), blocks past its rows leave; each sequence's partials merged with its own slice
+// count, as its own combine would.
+extern "C" __global__ void attention_combine_seg_f32(const AttnSeg* segs, int nh, int hd, int keys) {
+    const AttnSeg sg = segs[blockIdx.z];
+    if ((int)blockIdx.x >= sg.rows * nh) return;
+    attention_combine(sg.part_o, sg.part_ml, sg.out, sg.rows, nh, hd, sg.lens, keys, sg.splits, blockIdx.x);
 }

@@ -98,7 +98,7 @@ __device__ __forceinline__ void mma_2xtf32(float* big, float* small, const uint3
 template <int PER, typename E = float>
 __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                              float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens, int causal,
-                             int keys) {
+                             int keys, unsigned bx, unsigned by, int max_splits) {
     using KE = KvElem<E>;
     using Chunk = typename KE::Chunk;
     constexpr bool F32 = KE::PER_CHUNK == 4, EXACT = KE::exact_tf32;
@@ -122,7 +122,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int first_pos = lens[0], kv_len = lens[1];  // host-written: safe before the wait
-    const SplitBlock sb = split_block(rows, nh, nkv, kv_len, keys, TC_Q);
+    const SplitBlock sb = split_block_at(rows, nh, nkv, kv_len, keys, TC_Q, bx, by, max_splits);
     if (!sb.active) return;
     const int Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
     const float scale = rsqrtf((float)HD);
@@ -381,10 +381,31 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
         NAME(const float* q, const E* k, const E* v, float* part_o, float* part_ml, int rows, int nh, int nkv,      \
              const int* lens, int causal, int keys) {                                                              \
-        attention_tc<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                        \
+        attention_tc<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys, blockIdx.x, blockIdx.y, \
+                             gridDim.y);                                                                           \
     }
 #define TC_KERNEL(PER, NAME) TC_KERNEL_E(PER, float, NAME)
 TC_KERNEL(2, attention_tc_hd64_f32)
 TC_KERNEL(4, attention_tc_hd128_f32)
 TC_KERNEL_E(2, __nv_bfloat16, attention_tc_hd64_f32_kvbf16)
 TC_KERNEL_E(4, __nv_bfloat16, attention_tc_hd128_f32_kvbf16)
+
+// Segmented twins (issue #30's batched steps): the sequences of a step in one launch, blockIdx.z
+// the sequence (AttnSeg). Grid: x = nkv × the most query groups of any sequence, y = the most
+// slices; a block past its sequence's groups or slices leaves. Every other block runs the body
+// above on its sequence's rows, caches, partials and slice count, as that sequence's own launch
+// would: the same bits.
+#define TC_SEG_KERNEL(PER, E, NAME)                                                                                \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
+        NAME(const AttnSeg* segs, int nh, int nkv, int causal, int keys) {                                         \
+        const AttnSeg sg = segs[blockIdx.z];                                                                       \
+        const int groups = (sg.rows * (nh / nkv) + TC_Q - 1) / TC_Q;                                               \
+        if ((int)blockIdx.x >= nkv * groups || (int)blockIdx.y >= sg.splits) return;                               \
+        attention_tc<PER, E>(sg.q, reinterpret_cast<const E*>(sg.k), reinterpret_cast<const E*>(sg.v), sg.part_o,  \
+                             sg.part_ml, sg.rows, nh, nkv, sg.lens, causal, keys, blockIdx.x, blockIdx.y,          \
+                             sg.splits);                                                                           \
+    }
+TC_SEG_KERNEL(2, float, attention_tc_seg_hd64_f32)
+TC_SEG_KERNEL(4, float, attention_tc_seg_hd128_f32)
+TC_SEG_KERNEL(2, __nv_bfloat16, attention_tc_seg_hd64_f32_kvbf16)
+TC_SEG_KERNEL(4, __nv_bfloat16, attention_tc_seg_hd128_f32_kvbf16)

@@ -187,19 +187,41 @@ struct KvElem<__nv_bfloat16> {
 __device__ __forceinline__ int split_count(int kv_len, int keys, int max_splits) {
     return max(1, min(max_splits, (kv_len + keys - 1) / keys));
 }
-__device__ __forceinline__ SplitBlock split_block(int rows, int nh, int nkv, int kv_len, int keys, int per_block) {
+// The block (bx, by) of a grid whose y extent is max_splits: split_block below takes its own
+// block and grid; a segmented launch (attention_seg) passes each segment's block and its own plan.
+__device__ __forceinline__ SplitBlock split_block_at(int rows, int nh, int nkv, int kv_len, int keys, int per_block,
+                                                     unsigned bx, unsigned by, int max_splits) {
     SplitBlock b;
     b.G = nh / nkv;
     b.ginv = b.G == 1 ? 1ull << 32 : 0xffffffffu / (unsigned)b.G + 1u;
     b.Q = rows * b.G;
     const int groups = (b.Q + per_block - 1) / per_block;
-    b.kvh = blockIdx.x / groups;
-    b.q0 = (blockIdx.x % groups) * per_block;
-    b.split = blockIdx.y;
-    const int splits = split_count(kv_len, keys, gridDim.y);
+    b.kvh = bx / groups;
+    b.q0 = (bx % groups) * per_block;
+    b.split = by;
+    const int splits = split_count(kv_len, keys, max_splits);
     b.active = b.split < splits;
     const int chunk = (kv_len + splits - 1) / splits;
     b.j0 = b.split * chunk;
     b.j1 = min(kv_len, b.j0 + chunk);
     return b;
 }
+__device__ __forceinline__ SplitBlock split_block(int rows, int nh, int nkv, int kv_len, int keys, int per_block) {
+    return split_block_at(rows, nh, nkv, kv_len, keys, per_block, blockIdx.x, blockIdx.y, gridDim.y);
+}
+
+// One sequence of a segmented attention launch (a batched step's rows of several sequences,
+// each over its own caches; crates/dspark-kernels/src/cuda/attention_seg.rs writes the table,
+// one entry per layer and sequence, as nine 64-bit words). Launches index it by blockIdx.z.
+struct AttnSeg {
+    const float* qkv;  // the sequence's rows of the q|k|v projection
+    float* q;          // its normalised, rotated queries
+    void* k;           // this layer's K and V caches of the sequence (the launch's element type)
+    void* v;
+    float* part_o;     // its split partials (splits · rows · nh of them)
+    float* part_ml;
+    float* out;        // its attention output rows
+    const int* lens;   // [first_pos, kv_len], host-written
+    int rows;
+    int splits;        // its slice count, as its own launch would size the grid
+};

@@ -36,12 +36,12 @@ __device__ __forceinline__ void norm_rope_store(float a, float b, float wa, floa
 template <typename E>
 __device__ void qkv_rope_append(const float* qkv, const float* q_norm, const float* k_norm, const float* inv_freq,
                                 float* q_out, E* k_cache, E* v_cache, int nq, int nkv, int hd, const int* lens,
-                                float eps) {
+                                float eps, unsigned bx) {
     pdl_trigger();
     // Written by the host before the step (not by a kernel): safe to read before the wait.
     const int first_pos = lens[0], cache_row = first_pos;
     const int heads = nq + 2 * nkv;
-    const int row = blockIdx.x / heads, head = blockIdx.x % heads;
+    const int row = bx / heads, head = bx % heads;
     const float* src = qkv + ((size_t)row * heads + head) * hd;
     const int half = hd / 2, i = threadIdx.x;
     const bool is_v = head >= nq + nkv, is_q = head < nq;
@@ -78,13 +78,33 @@ __device__ void qkv_rope_append(const float* qkv, const float* q_norm, const flo
 extern "C" __global__ void qkv_rope_append_f32(const float* qkv, const float* q_norm, const float* k_norm,
                                                const float* inv_freq, float* q_out, float* k_cache, float* v_cache,
                                                int nq, int nkv, int hd, const int* lens, float eps) {
-    qkv_rope_append(qkv, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, nq, nkv, hd, lens, eps);
+    qkv_rope_append(qkv, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, nq, nkv, hd, lens, eps, blockIdx.x);
 }
 extern "C" __global__ void qkv_rope_append_f32_kvbf16(const float* qkv, const float* q_norm, const float* k_norm,
                                                       const float* inv_freq, float* q_out, __nv_bfloat16* k_cache,
                                                       __nv_bfloat16* v_cache, int nq, int nkv, int hd,
                                                       const int* lens, float eps) {
-    qkv_rope_append(qkv, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, nq, nkv, hd, lens, eps);
+    qkv_rope_append(qkv, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, nq, nkv, hd, lens, eps, blockIdx.x);
+}
+
+// The segmented twins (attention_tc.cu `attention_tc_seg_*`): blockIdx.z the sequence, x its
+// (row, head); blocks past its rows leave. The table is host-written: read before the wait.
+template <typename E>
+__device__ void qkv_rope_append_seg(const AttnSeg* segs, const float* q_norm, const float* k_norm,
+                                    const float* inv_freq, int nq, int nkv, int hd, float eps) {
+    const AttnSeg sg = segs[blockIdx.z];
+    if ((int)blockIdx.x >= sg.rows * (nq + 2 * nkv)) return;
+    qkv_rope_append(sg.qkv, q_norm, k_norm, inv_freq, sg.q, reinterpret_cast<E*>(sg.k), reinterpret_cast<E*>(sg.v),
+                    nq, nkv, hd, sg.lens, eps, blockIdx.x);
+}
+extern "C" __global__ void qkv_rope_append_seg_f32(const AttnSeg* segs, const float* q_norm, const float* k_norm,
+                                                   const float* inv_freq, int nq, int nkv, int hd, float eps) {
+    qkv_rope_append_seg<float>(segs, q_norm, k_norm, inv_freq, nq, nkv, hd, eps);
+}
+extern "C" __global__ void qkv_rope_append_seg_f32_kvbf16(const AttnSeg* segs, const float* q_norm,
+                                                          const float* k_norm, const float* inv_freq, int nq, int nkv,
+                                                          int hd, float eps) {
+    qkv_rope_append_seg<__nv_bfloat16>(segs, q_norm, k_norm, inv_freq, nq, nkv, hd, eps);
 }
 
 // The draft's context rows for all of its layers in one launch (cuda_dspark.rs): kv [rows,

@@ -177,6 +177,27 @@ impl LayersKv<'_> {
     }
 
     /// Layer `l`'s K and V caches whole, to append to (`l < layers()`).
+    /// Layer `l`'s K and V caches as (K address, V address, values each): the entries of a
+    /// segmented launch's table (`attention_seg.rs`).
+    pub fn layer_addrs(&self, gpu: &Gpu, l: usize) -> Option<(u64, u64, usize)> {
+        match self {
+            LayersKv::F32(k, v) => {
+                Some((device_addr(gpu, k.get(l)?), device_addr(gpu, v.get(l)?), k[l].len().min(v[l].len())))
+            }
+            LayersKv::Bf16(k, v) => {
+                Some((device_addr(gpu, k.get(l)?), device_addr(gpu, v.get(l)?), k[l].len().min(v[l].len())))
+            }
+        }
+    }
+
+    /// The caches' element type.
+    pub fn dtype(&self) -> KvDtype {
+        match self {
+            LayersKv::F32(..) => KvDtype::F32,
+            LayersKv::Bf16(..) => KvDtype::Bf16,
+        }
+    }
+
     pub fn append_views(&mut self, l: usize) -> (KvViewMut<'_>, KvViewMut<'_>) {
         match self {
             LayersKv::F32(k, v) => (KvViewMut::F32(k[l].slice_mut(..)), KvViewMut::F32(v[l].slice_mut(..))),

@@ -11,6 +11,7 @@
 
 mod argmax;
 mod attention_prefill;
+pub mod attention_seg;
 pub mod gemm;
 pub mod kv;
 pub mod kv_layers;
@@ -76,8 +77,14 @@ pub fn available() -> bool {
 /// gains decode 0.7% at 512 keys (±0 at 4096) and moves the verify by −0.3% to +0.8%, so only
 /// the decode's combine, `attention_combine_q1_f32` (not on the list), launches with PDL. The
 /// FP8 SwiGLU matvec follows its bf16 twin (not measured separately).
-const NO_PDL: [&str; 4] =
-    ["attention_combine_f32", "matvec_tc_swiglu_bf16", "matvec_tc_swiglu_fp8", "matvec_tc_swiglu_n1_fp8"];
+/// The segmented combine (`attention_seg.rs`) follows the tensor-core kernel's, as its twin does.
+const NO_PDL: [&str; 5] = [
+    "attention_combine_f32",
+    "attention_combine_seg_f32",
+    "matvec_tc_swiglu_bf16",
+    "matvec_tc_swiglu_fp8",
+    "matvec_tc_swiglu_n1_fp8",
+];
 
 /// One GPU: its context, the stream every op runs on, and the loaded kernels.
 pub struct Gpu {
@@ -99,6 +106,9 @@ pub struct Gpu {
     /// Whether launches of more than 8 rows take the wide bf16 kernels, 16 or 32 rows a launch
     /// on one weight read (`matvec.rs` `wide_twin`; `DSPARK_NO_WIDE=1` turns it off for A/B runs).
     pub wide: bool,
+    /// Whether a batched step's sequences attend in one launch per kernel
+    /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
+    pub segmented: bool,
     profiling: AtomicBool,
     /// (kernel name, start, end) of every launch while profiling is on.
     profile: Mutex<Vec<(String, CudaEvent, CudaEvent)>>,
@@ -173,6 +183,7 @@ impl Gpu {
             pdl,
             rope_fold: std::env::var_os("DSPARK_NO_ROPE_FOLD").is_none(),
             wide: std::env::var_os("DSPARK_NO_WIDE").is_none(),
+            segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),

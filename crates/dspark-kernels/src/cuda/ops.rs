@@ -202,8 +202,8 @@ impl OpScratch {
 /// `attention_prefill_hd*` double-buffers 64-key bf16 K and V tiles (attention_prefill.rs).
 pub(crate) fn dynamic_smem(name: &str) -> Option<usize> {
     let hd = match name.strip_suffix("_kvbf16").unwrap_or(name) {
-        "attention_tc_hd64_f32" => 64,
-        "attention_tc_hd128_f32" => 128,
+        "attention_tc_hd64_f32" | "attention_tc_seg_hd64_f32" => 64,
+        "attention_tc_hd128_f32" | "attention_tc_seg_hd128_f32" => 128,
         "attention_prefill_hd64_f32" => return Some(super::attention_prefill::smem_bytes(64)),
         "attention_prefill_hd128_f32" => return Some(super::attention_prefill::smem_bytes(128)),
         _ => return None,

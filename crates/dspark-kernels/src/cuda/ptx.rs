@@ -32,6 +32,7 @@ pub const MODULES: &[PtxModule] = &[
             "attention_split_rope_q1_hd128_f32_kvbf16",
             "attention_combine_f32",
             "attention_combine_q1_f32",
+            "attention_combine_seg_f32",
         ],
     },
     PtxModule {
@@ -54,6 +55,10 @@ pub const MODULES: &[PtxModule] = &[
             "attention_tc_hd128_f32",
             "attention_tc_hd64_f32_kvbf16",
             "attention_tc_hd128_f32_kvbf16",
+            "attention_tc_seg_hd64_f32",
+            "attention_tc_seg_hd128_f32",
+            "attention_tc_seg_hd64_f32_kvbf16",
+            "attention_tc_seg_hd128_f32_kvbf16",
         ],
     },
     PtxModule {
@@ -146,6 +151,8 @@ pub const MODULES: &[PtxModule] = &[
         functions: &[
             "qkv_rope_append_f32",
             "qkv_rope_append_f32_kvbf16",
+            "qkv_rope_append_seg_f32",
+            "qkv_rope_append_seg_f32_kvbf16",
             "kv_rope_append_layers_f32",
             "kv_rope_append_layers_f32_kvbf16",
         ],

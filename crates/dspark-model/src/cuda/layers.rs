@@ -21,6 +21,7 @@ use crate::cuda::fp8::{plain_linears, RowOrder};
 use crate::cuda::weights::WeightSource;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaViewMut};
+use dspark_kernels::cuda::attention_seg::{SegItem, SegPlan, SegScratch};
 use dspark_kernels::cuda::kv::{KvCaches, KvDtype, LayersKv};
 use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::{OpScratch, StepLens, WeightBuf};
@@ -114,6 +115,9 @@ pub struct Scratch {
     /// the producer's output).
     pub ss: CudaSlice<f32>,
     pub ops: OpScratch,
+    /// Buffers of segmented attention launches (a batched step's sequences in one launch per
+    /// kernel), planned by [`Scratch::plan_segments`] for models that run batched steps.
+    pub seg: Option<SegScratch>,
 }
 
 impl Scratch {
@@ -136,7 +140,26 @@ impl Scratch {
                 argmax_i: arena.zeros(am).map_err(drv)?,
                 argmax_tickets: arena.zeros(at).map_err(drv)?,
             },
+            seg: None,
         })
+    }
+
+    /// Plans segmented attention for steps of up to `max_segments` sequences over `layers`
+    /// layers (`dspark_kernels::cuda::attention_seg`): the table and the partials, from `arena`.
+    pub fn plan_segments(
+        &mut self,
+        arena: &Arena,
+        gpu: &Gpu,
+        cfg: &Qwen3Config,
+        layers: usize,
+        max_segments: usize,
+    ) -> Result<()> {
+        let heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        let (words, o, ml) = SegScratch::sizes(layers, max_segments, self.rows, heads, gpu.sms);
+        let table = arena.zeros::<u64>(words).map_err(drv)?;
+        let (part_o, part_ml) = (arena.zeros::<f32>(o).map_err(drv)?, arena.zeros::<f32>(ml).map_err(drv)?);
+        self.seg = Some(SegScratch::new(table, part_o, part_ml, layers, max_segments));
+        Ok(())
     }
 }
 
@@ -203,16 +226,55 @@ pub fn run_layers(
     if next != n {
         return Err(gpu_err(CudaError::Shape(format!("segments cover {next} of {n} rows"))));
     }
+    let seg = plan_segments(gpu, cfg, s, segments, n, layers.len())?;
     let mut normed = None;
     for (l, lw) in layers.iter().enumerate() {
         let next_norm = match layers.get(l + 1) {
             Some(next) => Some(&next.input_layernorm),
             None => final_norm,
         };
-        normed = layer_step(gpu, cfg, lw, s, x, n, inv_freq, (segments, l), causal, (normed, next_norm))?;
+        let step = (&mut *segments, l, seg.as_ref());
+        normed = layer_step(gpu, cfg, lw, s, x, n, inv_freq, step, causal, (normed, next_norm))?;
         after(l, x)?;
     }
     Ok(normed)
+}
+
+/// A step's segmented attention: which of its segments the launches take, and their plan.
+type Segmented = (Vec<bool>, SegPlan);
+
+/// The segmented attention of a step with several sequences (`attention_seg.rs`): which
+/// segments it takes (those whose own launch is the tensor-core split kernel) and the planned
+/// table, when at least two take it, the model planned the buffers and `Gpu::segmented` is on.
+fn plan_segments(
+    gpu: &Gpu,
+    cfg: &Qwen3Config,
+    s: &mut Scratch,
+    segments: &[Segment<'_>],
+    n: usize,
+    layers: usize,
+) -> Result<Option<Segmented>> {
+    let heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+    let Scratch { seg, qkv, q, o, ops, .. } = s;
+    let Some(seg) = seg.as_mut() else { return Ok(None) };
+    if !gpu.segmented || segments.len() < 2 {
+        return Ok(None);
+    }
+    let takes: Vec<bool> = segments.iter().map(|g| gpu.segment_fits(g.rows, heads, ops)).collect();
+    let items: Vec<SegItem<'_, '_>> = segments
+        .iter()
+        .zip(&takes)
+        .filter(|(_, &t)| t)
+        .map(|(g, _)| SegItem { start: g.start, rows: g.rows, lens: &g.lens, caches: &g.caches })
+        .collect();
+    if items.len() < 2 {
+        return Ok(None);
+    }
+    let (qkv_dim, qd) = (cfg.q_dim() + 2 * cfg.kv_dim(), cfg.q_dim());
+    let plan = gpu
+        .plan_segments(seg, &items, layers, &qkv.slice(..n * qkv_dim), &q.slice(..n * qd), &o.slice(..n * qd), heads)
+        .map_err(gpu_err)?;
+    Ok(plan.map(|p| (takes, p)))
 }
 
 /// Runs one layer over `n` rows of `x` (`[n, H]`, updated in place).
@@ -230,7 +292,7 @@ fn layer_step(
     x: &mut CudaViewMut<f32>,
     n: usize,
     inv_freq: &CudaSlice<f32>,
-    (segments, l): (&mut [Segment<'_>], usize),
+    (segments, l, seg): (&mut [Segment<'_>], usize, Option<&Segmented>),
     causal: bool,
     (input, next_norm): (Option<Normed>, Option<&CudaSlice<f32>>),
 ) -> Result<Option<Normed>> {
@@ -259,9 +321,18 @@ fn layer_step(
     .map_err(e)?;
     let rope =
         RopeWeights { q_norm: &lw.q_norm.as_view(), k_norm: &lw.k_norm.as_view(), inv_freq: &inv_freq.as_view(), eps };
-    // Each sequence's rows attend over its own cache, in a launch of their own (the kernels and
-    // their split are chosen by the segment's rows, as when that sequence runs alone).
-    for seg in segments.iter_mut() {
+    // Each sequence's rows attend over its own cache: those the segmented launch takes in one
+    // launch per kernel, the rest in launches of their own (the kernels and their split are
+    // chosen by the segment's rows, as when that sequence runs alone).
+    let mut taken = &[][..];
+    if let (Some((takes, plan)), Some(table)) = (seg, s.seg.as_ref()) {
+        gpu.rope_attention_segments(plan, table, l, &rope, heads, causal).map_err(e)?;
+        taken = takes.as_slice();
+    }
+    for (i, seg) in segments.iter_mut().enumerate() {
+        if taken.get(i).copied().unwrap_or(false) {
+            continue;
+        }
         let (r0, r1) = (seg.start, seg.start + seg.rows);
         let (mut k_app, mut v_app) = seg.caches.append_views(l);
         gpu.rope_attention(

@@ -12,6 +12,7 @@
 
 use super::*;
 use dspark_kernels::cpu::argmax::argmax_rows;
+use dspark_kernels::KvDtype;
 use dspark_model::cuda::dspark::CudaDrafts;
 use dspark_model::cuda::qwen3::CudaBatch;
 use dspark_model::{BatchDrafter, BatchTarget, Sequences};
@@ -222,5 +223,78 @@ fn batched_draft_passes_equal_each_sequence_alone() {
                 );
             }
         }
+    }
+}
+
+/// The segmented attention launches (`attention_seg.rs`: a step's sequences in one launch per
+/// kernel, those of 3 rows or more here — over 4 queries per KV head) against each sequence
+/// alone, bit for bit, for both cache element types and with sequences of different lengths
+/// and slice counts in one step; a profile shows the segmented kernels ran, once a layer.
+#[test]
+fn segmented_attention_equals_each_sequence_alone() {
+    let (_dir, tdir, _ddir) = write_bf16_pair(5, &two_layer_draft(4, MarkovKind::Vanilla, false), DType::BF16);
+    for kv in [KvDtype::F32, KvDtype::Bf16] {
+        let seqs = 4;
+        let mut batch = CudaBatch::new(CudaQwen3::load_kv(gpu(), &tdir, MAX_LEN, kv).unwrap(), seqs).unwrap();
+        let mut solo: Vec<CudaQwen3> =
+            (0..seqs).map(|_| CudaQwen3::load_kv(gpu(), &tdir, MAX_LEN, kv).unwrap()).collect();
+        let taps = [0usize, 2];
+        batch.set_capture(&taps).unwrap();
+        for s in &mut solo {
+            s.set_capture(&taps).unwrap();
+        }
+        let vocab = batch.config().vocab_size;
+        let layers = batch.config().num_hidden_layers;
+        let ids: Vec<usize> = (0..seqs).map(|_| batch.open().unwrap()).collect();
+        let mut rng = Rng(97);
+        // Prompts of 1 to 60 tokens: 1 to 2 key slices a sequence at first.
+        for (s, &id) in ids.iter().enumerate() {
+            let prompt: Vec<u32> = (0..1 + rng.below(60)).map(|_| rng.below(vocab) as u32).collect();
+            batch.forward_batch(&[(id, &prompt, LogitRows::Last)]).unwrap();
+            solo[s].forward(&prompt, LogitRows::Last).unwrap();
+        }
+        let mut profiled = false;
+        for round in 0..12 {
+            let items: Vec<(usize, Vec<u32>)> = (0..seqs)
+                .filter_map(|s| {
+                    let room = MAX_LEN - solo[s].len();
+                    let n = (1 + rng.below(9)).min(room);
+                    (n > 0).then(|| (s, (0..n).map(|_| rng.below(vocab) as u32).collect()))
+                })
+                .collect();
+            let batch_items: Vec<(usize, &[u32], LogitRows)> =
+                items.iter().map(|(s, t)| (ids[*s], t.as_slice(), LogitRows::All)).collect();
+            let fits = items.iter().filter(|(_, t)| t.len() >= 3).count();
+            let profile = !profiled && fits >= 2;
+            if profile {
+                gpu().set_profiling(true).unwrap();
+            }
+            let got = batch.forward_batch_logits(&batch_items, &vec![true; items.len()]).unwrap();
+            if profile {
+                let kernels = gpu().take_profile().unwrap();
+                gpu().set_profiling(false).unwrap();
+                let launches = |name: &str| kernels.iter().find(|k| k.name == name).map_or(0, |k| k.launches);
+                let sfx = if kv == KvDtype::Bf16 { "_kvbf16" } else { "" };
+                assert_eq!(launches(&format!("attention_tc_seg_hd64_f32{sfx}")), layers, "{kv:?}: {kernels:?}");
+                assert_eq!(launches("attention_combine_seg_f32"), layers, "{kv:?}: {kernels:?}");
+                assert_eq!(launches(&format!("qkv_rope_append_seg_f32{sfx}")), layers, "{kv:?}: {kernels:?}");
+                profiled = true;
+            }
+            for ((s, tokens), (g, logits)) in items.iter().zip(&got) {
+                let caps = batch.host_captures(&g.captured).unwrap();
+                let alone = solo[*s].forward(tokens, LogitRows::All).unwrap();
+                let what = format!("{kv:?} round {round}, sequence {s}, {} rows", tokens.len());
+                assert!(same(logits, &alone.logits), "{what}: logits differ from the sequence alone");
+                assert!(same(&caps, &alone.captured), "{what}: captures differ from the sequence alone");
+            }
+            // Roll the longest back now and then, so lengths (and slice counts) keep differing.
+            if round % 4 == 3 {
+                let s = (0..seqs).max_by_key(|&s| solo[s].len()).unwrap_or(0);
+                let keep = rng.below(solo[s].len());
+                batch.truncate(ids[s], keep).unwrap();
+                solo[s].truncate(keep).unwrap();
+            }
+        }
+        assert!(profiled, "{kv:?}: no step had two sequences for the segmented launch");
     }
 }

@@ -9,7 +9,8 @@
 //! ```text
 //! x = embed([a_r, mask × (B−1)] for every r)          (R·B rows)
 //! per layer: every projection once over all rows; RoPE/append/attention per request over its
-//!            own context caches (`layers::Segment`, not causal)
+//!            own context caches (`layers::Segment`, not causal), in one segmented launch per
+//!            kernel for all requests (`dspark_kernels::cuda::attention_seg`)
 //! hidden = RMSNorm(x); logits = lm_head · hidden     (R·B rows)
 //! then per request, on the single-sequence buffers: its rows copied in, the Markov chain slot by
 //! slot and the confidence head, exactly as `propose` runs them
@@ -52,6 +53,9 @@ impl CudaDraft {
         let (b, h, v) = (self.cfg.block_size, self.cfg.layer.hidden_size, self.cfg.layer.vocab_size);
         let per_pass = (PASS_ROWS / b).max(1);
         let rows = per_pass * b;
+        // A pass's blocks attend in one launch per kernel (layers::plan_segments).
+        let layers = self.cfg.layer.num_hidden_layers;
+        self.scratch.plan_segments(&self.arena, &self.gpu, &self.cfg.layer, layers, per_pass)?;
         self.block_batch = Some(BlockBatch {
             per_pass,
             step_in: self.arena.zeros::<u32>(2 * per_pass + rows).map_err(drv)?,

@@ -7,13 +7,17 @@
 //! ```text
 //! x = embed(ids of every item, one after another)
 //! per layer: q|k|v, o, gate|up, down   — one matvec each over all rows (weights read once)
-//!            RoPE + append + attention — one launch per item, over that item's own caches
+//!            RoPE + append + attention — each item over its own caches (one launch per kernel
+//!                                        for the verify-shaped items together, below)
 //! logits, argmax                       — rows from the first one any item asks for
 //! ```
 //!
 //! Every projection's rows are independent of the other rows of its launch (the small-M
 //! kernels' K split and summation order depend on the matrix alone, matvec.cu), and each
-//! item's attention runs the same kernels over the same rows as when its sequence runs alone,
+//! item's attention runs the same kernels over the same rows as when its sequence runs alone —
+//! items that take the tensor-core split attention share one launch per kernel (segmented:
+//! `dspark_kernels::cuda::attention_seg`, each block that of the item's own launch), the rest
+//! launch alone —
 //! so an item's ids and captures equal those of the same tokens through
 //! [`TargetModel::forward_greedy`] on that sequence alone, bit for bit: the lossless invariant
 //! per request, checked by the GPU tier (`dspark-spec/tests/gpu_model/batched.rs`).
@@ -70,6 +74,9 @@ impl CudaBatch {
             pool.push(caches);
         }
         let step_in = model.arena.zeros::<u32>(3 * CHUNK).map_err(drv)?;
+        // A step's sequences attend in one launch per kernel (layers::plan_segments).
+        let m = &mut model;
+        m.scratch.plan_segments(&m.arena, &m.gpu, &m.cfg, layers, max_seqs.min(CHUNK))?;
         model.len = 0;
         Ok(CudaBatch { model, seqs: Vec::new(), pool, max_seqs, step_in })
     }
