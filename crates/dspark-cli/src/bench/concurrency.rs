@@ -9,7 +9,8 @@
 //! prefix survival α^i, α chosen so a full block commits τ tokens (`TAU`, the paper's chat
 //! range), so a request verifying k drafts commits 1 + Σ_{i≤k} α^i on average.
 //!
-//! Two rows per request count: `full` verifies every request's whole block; `budget` chooses
+//! Two rows per request count, their rounds alternating (so a drift in clocks touches both):
+//! `full` verifies every request's whole block; `budget` chooses
 //! each request's drafts by the paper's Algorithm 1 (`dspark_spec::verify_budget`) over a cost
 //! table of this GPU's forwards measured first, at k + 1 rows per request for k = 0..=block (in
 //! between, linear), with the same modelled survival for every request.
@@ -103,7 +104,7 @@ pub fn measure(
         // The cost table: a round's forward at k + 1 rows per request, k = 0..=block.
         let mut at_k = Vec::with_capacity(block + 1);
         for k in 0..=block {
-            at_k.push(time_rounds(&mut batch, &mut drafts, active, &vec![k; r], ctx, iters.min(8))?.round);
+            at_k.push(time_rounds(&mut batch, &mut drafts, active, &[vec![k; r]], ctx, iters.min(8))?[0].round);
         }
         let seconds = (r..=r * (block + 1))
             .map(|b| {
@@ -118,9 +119,11 @@ pub fn measure(
         let costs = CostTable { seconds: table };
         let survivals: Vec<&[f32]> = vec![survival.as_slice(); r];
         let budget = dspark_spec::verify_budget(&survivals, &vec![block; r], &costs);
+        // Both policies' rounds alternate, so drift in the GPU's clocks or the host touches both.
         let policies: [(&str, Vec<usize>); 2] = [("full", vec![block; r]), ("budget", budget)];
-        for (policy, ks) in policies {
-            let t = time_rounds(&mut batch, &mut drafts, active, &ks, ctx, iters)?;
+        let kss: Vec<Vec<usize>> = policies.iter().map(|p| p.1.clone()).collect();
+        let times = time_rounds(&mut batch, &mut drafts, active, &kss, ctx, iters)?;
+        for ((policy, ks), t) in policies.into_iter().zip(times) {
             let us = t.round;
             let tokens: f64 = ks.iter().map(|&k| committed(k)).sum();
             let verify_rows = ks.iter().map(|k| k + 1).sum();
@@ -197,51 +200,64 @@ fn time_one_sequence(
     Ok(median(&mut xs))
 }
 
-/// Median µs of batched rounds (after 2 warm-up rounds) where request i verifies `ks[i]` drafts.
+/// Median µs of batched rounds (after 2 warm-up rounds of each) for each policy of `policies`,
+/// where request i verifies `ks[i]` drafts; the policies' rounds alternate.
 fn time_rounds(
     batch: &mut CudaBatch,
     drafts: &mut CudaDrafts,
     active: &[(SeqId, SeqId, u32)],
-    ks: &[usize],
+    policies: &[Vec<usize>],
     ctx: usize,
     iters: usize,
-) -> Result<RoundTimes> {
-    if ks.len() != active.len() {
+) -> Result<Vec<RoundTimes>> {
+    if let Some(ks) = policies.iter().find(|ks| ks.len() != active.len()) {
         bail!("{} verify lengths for {} requests", ks.len(), active.len());
     }
-    // The captures each request appends at the start of a round (from the previous round).
+    // The captures each request appends at the start of a round (from the round before, which
+    // may be the other policy's: device captures last only until the next forward).
     let mut pending = Vec::new();
-    let (mut xs, mut ds, mut ts) = (Vec::with_capacity(iters), Vec::with_capacity(iters), Vec::with_capacity(iters));
+    let mut samples: Vec<[Vec<f64>; 3]> = vec![Default::default(); policies.len()];
     for i in 0..iters + 2 {
-        let t = Instant::now();
-        for (&(_, did, _), p) in active.iter().zip(&pending) {
-            drafts.append_captured(did, p)?;
-        }
-        let items: Vec<(SeqId, u32)> = active.iter().map(|&(_, did, anchor)| (did, anchor)).collect();
-        let proposals = drafts.propose_batch(&items)?;
-        let drafted = t.elapsed();
-        let inputs: Vec<Vec<u32>> = active
-            .iter()
-            .zip(&proposals)
-            .zip(ks)
-            .map(|((&(_, _, anchor), p), &k)| std::iter::once(anchor).chain(p.tokens[..k].iter().copied()).collect())
-            .collect();
-        let forward: Vec<(SeqId, &[u32], LogitRows)> =
-            active.iter().zip(&inputs).map(|(&(tid, ..), rows)| (tid, rows.as_slice(), LogitRows::All)).collect();
-        let out = batch.forward_batch(&forward)?;
-        let verified = t.elapsed();
-        pending = out.iter().zip(ks).map(|(g, &k)| g.captured.prefix(COMMITTED.min(k + 1), 0)).collect();
-        for &(tid, did, _) in active {
-            batch.truncate(tid, ctx)?;
-            drafts.with(did, |d| d.truncate_context(ctx))?;
-        }
-        if i >= 2 {
-            xs.push(t.elapsed().as_secs_f64() * 1e6);
-            ds.push(drafted.as_secs_f64() * 1e6);
-            ts.push((verified - drafted).as_secs_f64() * 1e6);
+        for (ks, sample) in policies.iter().zip(samples.iter_mut()) {
+            let t = Instant::now();
+            for (&(_, did, _), p) in active.iter().zip(&pending) {
+                drafts.append_captured(did, p)?;
+            }
+            let items: Vec<(SeqId, u32)> = active.iter().map(|&(_, did, anchor)| (did, anchor)).collect();
+            let proposals = drafts.propose_batch(&items)?;
+            let drafted = t.elapsed();
+            let inputs: Vec<Vec<u32>> = active
+                .iter()
+                .zip(&proposals)
+                .zip(ks)
+                .map(|((&(_, _, anchor), p), &k)| {
+                    std::iter::once(anchor).chain(p.tokens[..k].iter().copied()).collect()
+                })
+                .collect();
+            let forward: Vec<(SeqId, &[u32], LogitRows)> =
+                active.iter().zip(&inputs).map(|(&(tid, ..), rows)| (tid, rows.as_slice(), LogitRows::All)).collect();
+            let out = batch.forward_batch(&forward)?;
+            let verified = t.elapsed();
+            pending = out.iter().zip(ks).map(|(g, &k)| g.captured.prefix(COMMITTED.min(k + 1), 0)).collect();
+            for &(tid, did, _) in active {
+                batch.truncate(tid, ctx)?;
+                drafts.with(did, |d| d.truncate_context(ctx))?;
+            }
+            if i >= 2 {
+                sample[0].push(t.elapsed().as_secs_f64() * 1e6);
+                sample[1].push(drafted.as_secs_f64() * 1e6);
+                sample[2].push((verified - drafted).as_secs_f64() * 1e6);
+            }
         }
     }
-    Ok(RoundTimes { round: median(&mut xs), draft: median(&mut ds), target: median(&mut ts) })
+    Ok(samples
+        .into_iter()
+        .map(|[mut xs, mut ds, mut ts]| RoundTimes {
+            round: median(&mut xs),
+            draft: median(&mut ds),
+            target: median(&mut ts),
+        })
+        .collect())
 }
 
 /// The report's table: each row against one request's full-block round at the same context.
