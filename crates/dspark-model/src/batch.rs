@@ -143,26 +143,13 @@ impl<M: SeqState> Sequences<M> {
 
     fn open_state(&mut self) -> Result<SeqId> {
         let state = self.model.new_state()?;
-        Ok(match self.states.iter().position(Option::is_none) {
-            Some(id) => {
-                self.states[id] = Some(state);
-                id
-            }
-            None => {
-                self.states.push(Some(state));
-                self.states.len() - 1
-            }
-        })
+        Ok(open_slot(&mut self.states, state))
     }
 
     fn close_state(&mut self, id: SeqId) -> Result<()> {
-        match self.states.get_mut(id).and_then(Option::take) {
-            Some(state) => {
-                self.model.release_state(state);
-                Ok(())
-            }
-            None => Err(Error::Request(format!("sequence {id} is not open"))),
-        }
+        let state = close_slot(&mut self.states, id)?;
+        self.model.release_state(state);
+        Ok(())
     }
 
     /// Runs `f` on the model with sequence `id`'s state swapped in (the bench holds a draft
@@ -248,5 +235,44 @@ impl<M: SeqState + Drafter> BatchDrafter for Sequences<M> {
 
     fn with_draft(&mut self, id: SeqId, f: &mut dyn FnMut(&mut dyn Drafter) -> Result<()>) -> Result<()> {
         self.with(id, |m| f(m))
+    }
+}
+
+/// Puts `item` in the first free slot of `slots` (a new one at the end when none is free): the
+/// `SeqId` of a sequence opened in a batch.
+pub(crate) fn open_slot<T>(slots: &mut Vec<Option<T>>, item: T) -> SeqId {
+    match slots.iter().position(Option::is_none) {
+        Some(id) => {
+            slots[id] = Some(item);
+            id
+        }
+        None => {
+            slots.push(Some(item));
+            slots.len() - 1
+        }
+    }
+}
+
+/// Takes sequence `id`'s item out of `slots`, freeing the id (an error naming it when it is not
+/// open).
+pub(crate) fn close_slot<T>(slots: &mut [Option<T>], id: SeqId) -> Result<T> {
+    slots.get_mut(id).and_then(Option::take).ok_or_else(|| Error::Request(format!("sequence {id} is not open")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{close_slot, open_slot};
+
+    #[test]
+    fn slots_reuse_the_first_free_id_and_refuse_closed_ones() {
+        let mut slots: Vec<Option<&str>> = Vec::new();
+        assert_eq!((open_slot(&mut slots, "a"), open_slot(&mut slots, "b"), open_slot(&mut slots, "c")), (0, 1, 2));
+        assert_eq!(close_slot(&mut slots, 1).ok(), Some("b"));
+        let again = close_slot(&mut slots, 1).map_err(|e| e.to_string());
+        assert!(again.is_err_and(|e| e.contains("sequence 1 is not open")), "closing a closed id");
+        assert!(close_slot(&mut slots, 7).is_err(), "an id never opened");
+        assert_eq!(open_slot(&mut slots, "d"), 1, "the freed id first");
+        assert_eq!(open_slot(&mut slots, "e"), 3);
+        assert_eq!(slots, [Some("a"), Some("d"), Some("c"), Some("e")]);
     }
 }

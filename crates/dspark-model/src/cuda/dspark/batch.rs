@@ -24,7 +24,7 @@
 
 use super::{CudaDraft, DraftSeq, Markov, Variant};
 use crate::backend::{Captured, Drafter, Proposal};
-use crate::batch::{BatchDrafter, SeqId, SeqState};
+use crate::batch::{close_slot, open_slot, BatchDrafter, SeqId, SeqState};
 use crate::cuda::layers::{drv, gpu_err, run_layers, Segment};
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
@@ -214,27 +214,14 @@ impl BatchDrafter for CudaDrafts {
     }
 
     fn open(&mut self) -> Result<SeqId> {
-        let seq = Some(self.draft.new_state()?);
-        Ok(match self.seqs.iter().position(Option::is_none) {
-            Some(id) => {
-                self.seqs[id] = seq;
-                id
-            }
-            None => {
-                self.seqs.push(seq);
-                self.seqs.len() - 1
-            }
-        })
+        let seq = self.draft.new_state()?;
+        Ok(open_slot(&mut self.seqs, seq))
     }
 
     fn close(&mut self, id: SeqId) -> Result<()> {
-        match self.seqs.get_mut(id).and_then(Option::take) {
-            Some(seq) => {
-                self.draft.release_state(seq);
-                Ok(())
-            }
-            None => Err(Error::Request(format!("sequence {id} is not open"))),
-        }
+        let seq = close_slot(&mut self.seqs, id)?;
+        self.draft.release_state(seq);
+        Ok(())
     }
 
     fn append_captured(&mut self, id: SeqId, captured: &Captured) -> Result<()> {

@@ -30,7 +30,7 @@
 
 use super::{handoff_id, CudaQwen3, CHUNK};
 use crate::backend::{check_forward, check_truncate, Captured, DeviceRows, Greedy, LogitRows, TargetModel};
-use crate::batch::{check_logit_flags, greedy_of, BatchTarget, SeqId};
+use crate::batch::{check_logit_flags, close_slot, greedy_of, open_slot, BatchTarget, SeqId};
 use crate::checkpoint::config::Qwen3Config;
 use crate::cuda::layers::{capture_layer, drv, gpu_err, kv_caches, run_layers, Segment};
 use crate::error::{Error, Result};
@@ -278,27 +278,13 @@ impl BatchTarget for CudaBatch {
         let caches = self.pool.pop().ok_or_else(|| {
             Error::Request(format!("all {} sequences' K/V caches are in use (the batch's size)", self.max_seqs))
         })?;
-        let seq = Some(SeqKv { caches, len: 0 });
-        Ok(match self.seqs.iter().position(Option::is_none) {
-            Some(id) => {
-                self.seqs[id] = seq;
-                id
-            }
-            None => {
-                self.seqs.push(seq);
-                self.seqs.len() - 1
-            }
-        })
+        Ok(open_slot(&mut self.seqs, SeqKv { caches, len: 0 }))
     }
 
     fn close(&mut self, id: SeqId) -> Result<()> {
-        match self.seqs.get_mut(id).and_then(Option::take) {
-            Some(seq) => {
-                self.pool.push(seq.caches);
-                Ok(())
-            }
-            None => Err(Error::Request(format!("sequence {id} is not open"))),
-        }
+        let seq = close_slot(&mut self.seqs, id)?;
+        self.pool.push(seq.caches);
+        Ok(())
     }
 
     fn seq_len(&mut self, id: SeqId) -> Result<usize> {
