@@ -155,10 +155,7 @@ impl<M: SeqState> Sequences<M> {
     /// Runs `f` on the model with sequence `id`'s state swapped in (the bench holds a draft
     /// context's length fixed through it).
     pub fn with<R>(&mut self, id: SeqId, f: impl FnOnce(&mut M) -> Result<R>) -> Result<R> {
-        let state = match self.states.get_mut(id) {
-            Some(Some(s)) => s,
-            _ => return Err(Error::Request(format!("sequence {id} is not open"))),
-        };
+        let state = slot_mut(&mut self.states, id)?;
         self.model.swap_state(state);
         let out = f(&mut self.model);
         self.model.swap_state(state);
@@ -253,6 +250,35 @@ pub(crate) fn open_slot<T>(slots: &mut Vec<Option<T>>, item: T) -> SeqId {
     }
 }
 
+/// Sequence `id`'s item in `slots` (an error naming it when it is not open).
+pub(crate) fn slot_mut<T>(slots: &mut [Option<T>], id: SeqId) -> Result<&mut T> {
+    match slots.get_mut(id) {
+        Some(Some(item)) => Ok(item),
+        _ => Err(Error::Request(format!("sequence {id} is not open"))),
+    }
+}
+
+/// The items of sequences `ids` (distinct), borrowed together, in `ids`' order; an error when
+/// one is not open or appears twice in one `what` ("step", "pass").
+pub(crate) fn slots_mut<'a, T>(slots: &'a mut [Option<T>], ids: &[SeqId], what: &str) -> Result<Vec<&'a mut T>> {
+    let mut order: Vec<(SeqId, usize)> = ids.iter().enumerate().map(|(k, &id)| (id, k)).collect();
+    order.sort_unstable();
+    let mut taken: Vec<(usize, &mut T)> = Vec::with_capacity(ids.len());
+    let mut rest = slots.iter_mut().enumerate();
+    for (id, k) in order {
+        let item = loop {
+            match rest.next() {
+                Some((j, Some(item))) if j == id => break item,
+                Some(_) => continue,
+                None => return Err(Error::Request(format!("sequence {id} is not open, or twice in a {what}"))),
+            }
+        };
+        taken.push((k, item));
+    }
+    taken.sort_unstable_by_key(|(k, _)| *k);
+    Ok(taken.into_iter().map(|(_, item)| item).collect())
+}
+
 /// Takes sequence `id`'s item out of `slots`, freeing the id (an error naming it when it is not
 /// open).
 pub(crate) fn close_slot<T>(slots: &mut [Option<T>], id: SeqId) -> Result<T> {
@@ -261,7 +287,7 @@ pub(crate) fn close_slot<T>(slots: &mut [Option<T>], id: SeqId) -> Result<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::{close_slot, open_slot};
+    use super::{close_slot, open_slot, slot_mut, slots_mut};
 
     #[test]
     fn slots_reuse_the_first_free_id_and_refuse_closed_ones() {
@@ -274,5 +300,19 @@ mod tests {
         assert_eq!(open_slot(&mut slots, "d"), 1, "the freed id first");
         assert_eq!(open_slot(&mut slots, "e"), 3);
         assert_eq!(slots, [Some("a"), Some("d"), Some("c"), Some("e")]);
+        assert_eq!(slot_mut(&mut slots, 2).map(|s| *s).ok(), Some("c"));
+        assert!(slot_mut(&mut slots, 4).is_err(), "an id past the table");
+    }
+
+    #[test]
+    fn several_slots_borrow_together_in_the_ids_order() {
+        let mut slots = vec![Some(10), None, Some(12), Some(13)];
+        let got = slots_mut(&mut slots, &[3, 0, 2], "step").map(|v| v.into_iter().map(|x| *x).collect::<Vec<_>>());
+        assert_eq!(got.ok(), Some(vec![13, 10, 12]));
+        for (ids, why) in [(&[0, 1][..], "a free id"), (&[2, 2][..], "an id twice"), (&[9][..], "an id past the table")]
+        {
+            let err = slots_mut(&mut slots, ids, "step").map(|_| ()).map_err(|e| e.to_string());
+            assert!(err.is_err_and(|e| e.contains("twice in a step")), "{why}");
+        }
     }
 }

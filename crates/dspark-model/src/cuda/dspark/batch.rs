@@ -24,7 +24,7 @@
 
 use super::{CudaDraft, DraftSeq, Markov, Variant};
 use crate::backend::{Captured, Drafter, Proposal};
-use crate::batch::{close_slot, open_slot, BatchDrafter, SeqId, SeqState};
+use crate::batch::{close_slot, open_slot, slot_mut, slots_mut, BatchDrafter, SeqId, SeqState};
 use crate::cuda::layers::{drv, gpu_err, run_layers, Segment};
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
@@ -193,10 +193,7 @@ impl CudaDrafts {
     /// Runs `f` on the draft with sequence `id`'s context swapped in (the bench holds a
     /// context's length fixed through it).
     pub fn with<R>(&mut self, id: SeqId, f: impl FnOnce(&mut CudaDraft) -> Result<R>) -> Result<R> {
-        let seq = match self.seqs.get_mut(id) {
-            Some(Some(s)) => s,
-            _ => return Err(Error::Request(format!("sequence {id} is not open"))),
-        };
+        let seq = slot_mut(&mut self.seqs, id)?;
         self.draft.swap_state(seq);
         let out = f(&mut self.draft);
         self.draft.swap_state(seq);
@@ -229,23 +226,9 @@ impl BatchDrafter for CudaDrafts {
     }
 
     fn propose_batch(&mut self, items: &[(SeqId, u32)]) -> Result<Vec<Proposal>> {
-        // Each item's sequence, borrowed once (ids are distinct), in the items' order.
-        let mut order: Vec<(SeqId, usize)> = items.iter().enumerate().map(|(k, &(id, _))| (id, k)).collect();
-        order.sort_unstable();
-        let mut taken: Vec<(usize, &mut DraftSeq)> = Vec::with_capacity(items.len());
-        let mut rest = self.seqs.iter_mut().enumerate();
-        for (id, k) in order {
-            let seq = loop {
-                match rest.next() {
-                    Some((j, Some(s))) if j == id => break s,
-                    Some(_) => continue,
-                    None => return Err(Error::Request(format!("sequence {id} is not open, or twice in a pass"))),
-                }
-            };
-            taken.push((k, seq));
-        }
-        taken.sort_unstable_by_key(|(k, _)| *k);
-        let mut seqs: Vec<(&mut DraftSeq, u32)> = taken.into_iter().map(|(k, s)| (s, items[k].1)).collect();
+        let ids: Vec<SeqId> = items.iter().map(|it| it.0).collect();
+        let taken = slots_mut(&mut self.seqs, &ids, "pass")?;
+        let mut seqs: Vec<(&mut DraftSeq, u32)> = taken.into_iter().zip(items).map(|(s, it)| (s, it.1)).collect();
         self.draft.propose_many(&mut seqs)
     }
 

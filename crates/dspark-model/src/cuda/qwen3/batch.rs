@@ -30,7 +30,7 @@
 
 use super::{handoff_id, CudaQwen3, CHUNK};
 use crate::backend::{check_forward, check_truncate, Captured, DeviceRows, Greedy, LogitRows, TargetModel};
-use crate::batch::{check_logit_flags, close_slot, greedy_of, open_slot, BatchTarget, SeqId};
+use crate::batch::{check_logit_flags, close_slot, greedy_of, open_slot, slot_mut, slots_mut, BatchTarget, SeqId};
 use crate::checkpoint::config::Qwen3Config;
 use crate::cuda::layers::{capture_layer, drv, gpu_err, kv_caches, run_layers, Segment};
 use crate::error::{Error, Result};
@@ -87,18 +87,12 @@ impl CudaBatch {
     }
 
     fn seq(&mut self, id: SeqId) -> Result<&mut SeqKv> {
-        match self.seqs.get_mut(id) {
-            Some(Some(s)) => Ok(s),
-            _ => Err(Error::Request(format!("sequence {id} is not open"))),
-        }
+        slot_mut(&mut self.seqs, id)
     }
 
     /// Runs `f` on the model with sequence `id`'s caches swapped in.
     fn alone<R>(&mut self, id: SeqId, f: impl FnOnce(&mut CudaQwen3) -> Result<R>) -> Result<R> {
-        let seq = match self.seqs.get_mut(id) {
-            Some(Some(s)) => s,
-            _ => return Err(Error::Request(format!("sequence {id} is not open"))),
-        };
+        let seq = slot_mut(&mut self.seqs, id)?;
         std::mem::swap(&mut self.model.caches, &mut seq.caches);
         self.model.len = seq.len;
         let out = f(&mut self.model);
@@ -182,23 +176,9 @@ impl CudaBatch {
         let capture = &m.capture;
         // Each item's segment: its rows, its positions, its caches (disjoint borrows of seqs).
         let mut segments = Vec::with_capacity(s_count);
-        let mut owned: Vec<(usize, &mut SeqKv)> = Vec::with_capacity(s_count);
-        {
-            let mut wanted: Vec<(SeqId, usize)> = items.iter().enumerate().map(|(k, &i)| (all[i].0, k)).collect();
-            wanted.sort_unstable();
-            let mut rest = self.seqs.iter_mut().enumerate();
-            for (id, k) in wanted {
-                let seq = loop {
-                    match rest.next() {
-                        Some((j, Some(s))) if j == id => break s,
-                        Some(_) => continue,
-                        None => return Err(Error::Request(format!("sequence {id} is not open, or twice in a step"))),
-                    }
-                };
-                owned.push((k, seq));
-            }
-            owned.sort_unstable_by_key(|(k, _)| *k);
-        }
+        let ids: Vec<SeqId> = items.iter().map(|&i| all[i].0).collect();
+        let mut owned: Vec<(usize, &mut SeqKv)> =
+            slots_mut(&mut self.seqs, &ids, "step")?.into_iter().enumerate().collect();
         let mut start = 0;
         for (k, seq) in owned.iter_mut() {
             let rows = all[items[*k]].1.len();
