@@ -600,16 +600,18 @@ __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float*
 //   1024 × 4096 at M = 7 took 5.0–5.1 µs a call against 5.4 replayed from a graph.
 // The argmax variant (one row, the draft's Markov step) is the first shape with the argmax
 // epilogue. Every variant takes the argmax epilogue's arguments (null and unused in the others).
-#define MATVEC_TC_H(NAME, U, SW, XP, AM, MINB, HOLD)                                                            \
+// NG > 1: the wide twins below (NG groups of 8 rows a launch).
+#define MATVEC_TC_HN(NAME, U, SW, XP, AM, MINB, HOLD, NG)                                                       \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
              uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
              float* am_gathered, int am_dim) {                                                                    \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, XP, AM, HOLD>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, am, \
-                                       Fp8Scales{});                                                             \
+        matvec_tc<U, SW, XP, AM, HOLD, false, 2, NG>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma,  \
+                                                     xg, ss_out, am, Fp8Scales{});                               \
     }
+#define MATVEC_TC_H(NAME, U, SW, XP, AM, MINB, HOLD) MATVEC_TC_HN(NAME, U, SW, XP, AM, MINB, HOLD, 1)
 #define MATVEC_TC(NAME, U, SW, XP, AM, MINB) MATVEC_TC_H(NAME, U, SW, XP, AM, MINB, 0)
 MATVEC_TC(matvec_tc_bf16, 2, false, false, false, 3)
 MATVEC_TC(matvec_tc_u4_bf16, 4, false, false, false, 2)
@@ -624,16 +626,7 @@ MATVEC_TC(matvec_tc_argmax_bf16, 2, false, false, true, 3)
 // Wide launches (issue #30's batched steps): the same three shapes and the SwiGLU epilogue for
 // 16 or 32 activation rows a launch (NG groups of 8), x loaded per group inside the multiply.
 // A row's bits are those of the 8-row kernels (same K split, chunks and MMA order per group).
-#define MATVEC_TC_W(NAME, U, SW, MINB, NG)                                                                       \
-    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
-        NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
-             const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
-             uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
-             float* am_gathered, int am_dim) {                                                                    \
-        const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, false, false, 0, false, 2, NG>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps,     \
-                                                        gamma, xg, ss_out, am, Fp8Scales{});                     \
-    }
+#define MATVEC_TC_W(NAME, U, SW, MINB, NG) MATVEC_TC_HN(NAME, U, SW, false, false, MINB, 0, NG)
 MATVEC_TC_W(matvec_tc_w2_bf16, 2, false, 2, 2)
 MATVEC_TC_W(matvec_tc_w4_bf16, 2, false, 2, 4)
 MATVEC_TC_W(matvec_tc_u4_w2_bf16, 4, false, 1, 2)
