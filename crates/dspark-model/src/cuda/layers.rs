@@ -116,7 +116,7 @@ pub struct Scratch {
     pub ss: CudaSlice<f32>,
     pub ops: OpScratch,
     /// Buffers of segmented attention launches (a batched step's sequences in one launch per
-    /// kernel), planned by [`Scratch::plan_segments`] for models that run batched steps.
+    /// kernel), planned by [`Scratch::reserve_segments`] for models that run batched steps.
     pub seg: Option<SegScratch>,
 }
 
@@ -146,7 +146,7 @@ impl Scratch {
 
     /// Plans segmented attention for steps of up to `max_segments` sequences over `layers`
     /// layers (`dspark_kernels::cuda::attention_seg`): the table and the partials, from `arena`.
-    pub fn plan_segments(
+    pub fn reserve_segments(
         &mut self,
         arena: &Arena,
         gpu: &Gpu,
@@ -226,7 +226,7 @@ pub fn run_layers(
     if next != n {
         return Err(gpu_err(CudaError::Shape(format!("segments cover {next} of {n} rows"))));
     }
-    let seg = plan_segments(gpu, cfg, s, segments, n, layers.len())?;
+    let seg = step_segments(gpu, cfg, s, segments, n, layers.len())?;
     let mut normed = None;
     for (l, lw) in layers.iter().enumerate() {
         let next_norm = match layers.get(l + 1) {
@@ -246,7 +246,7 @@ type Segmented = (Vec<bool>, SegPlan);
 /// The segmented attention of a step with several sequences (`attention_seg.rs`): which
 /// segments it takes (those whose own launch is the tensor-core split kernel) and the planned
 /// table, when at least two take it, the model planned the buffers and `Gpu::segmented` is on.
-fn plan_segments(
+fn step_segments(
     gpu: &Gpu,
     cfg: &Qwen3Config,
     s: &mut Scratch,

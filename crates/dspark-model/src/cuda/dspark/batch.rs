@@ -53,9 +53,9 @@ impl CudaDraft {
         let (b, h, v) = (self.cfg.block_size, self.cfg.layer.hidden_size, self.cfg.layer.vocab_size);
         let per_pass = (PASS_ROWS / b).max(1);
         let rows = per_pass * b;
-        // A pass's blocks attend in one launch per kernel (layers::plan_segments).
+        // A pass's blocks attend in one launch per kernel (layers::step_segments).
         let layers = self.cfg.layer.num_hidden_layers;
-        self.scratch.plan_segments(&self.arena, &self.gpu, &self.cfg.layer, layers, per_pass)?;
+        self.scratch.reserve_segments(&self.arena, &self.gpu, &self.cfg.layer, layers, per_pass)?;
         self.block_batch = Some(BlockBatch {
             per_pass,
             step_in: self.arena.zeros::<u32>(2 * per_pass + rows).map_err(drv)?,

@@ -74,9 +74,9 @@ impl CudaBatch {
             pool.push(caches);
         }
         let step_in = model.arena.zeros::<u32>(3 * CHUNK).map_err(drv)?;
-        // A step's sequences attend in one launch per kernel (layers::plan_segments).
+        // A step's sequences attend in one launch per kernel (layers::step_segments).
         let m = &mut model;
-        m.scratch.plan_segments(&m.arena, &m.gpu, &m.cfg, layers, max_seqs.min(CHUNK))?;
+        m.scratch.reserve_segments(&m.arena, &m.gpu, &m.cfg, layers, max_seqs.min(CHUNK))?;
         model.len = 0;
         Ok(CudaBatch { model, seqs: Vec::new(), pool, max_seqs, step_in })
     }
