@@ -20,6 +20,22 @@ use crate::{Error, Qwen3Config, Result};
 /// reused).
 pub type SeqId = usize;
 
+/// The K/V positions a batch's sequences may hold together: `pages` pages of `page` positions
+/// (a sequence of n positions takes ⌈n / page⌉ of them). Planned at start-up from
+/// `--kv-capacity`; a batched scheduler admits requests by it (`dspark_spec::Scheduler`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvBudget {
+    pub page: usize,
+    pub pages: usize,
+}
+
+impl KvBudget {
+    /// Pages `positions` positions take.
+    pub fn pages_for(&self, positions: usize) -> usize {
+        positions.div_ceil(self.page.max(1))
+    }
+}
+
 /// A single-sequence model whose per-sequence state can be swapped out: `swap_state` exchanges
 /// the model's current state with `state` (the weights stay).
 pub trait SeqState {
@@ -32,6 +48,11 @@ pub trait SeqState {
     fn release_state(&mut self, state: Self::State) {
         drop(state);
     }
+    /// The pages all states share, when they were planned once (`None`: each state grows as
+    /// it needs).
+    fn kv_budget(&self) -> Option<KvBudget> {
+        None
+    }
 }
 
 /// A target holding several sequences, whose forward takes rows of many of them at once.
@@ -39,6 +60,10 @@ pub trait BatchTarget {
     fn config(&self) -> &Qwen3Config;
     /// Positions one sequence may hold.
     fn max_len(&self) -> usize;
+    /// The K/V pages all sequences share, when planned once (`--kv-capacity`); `None`: no limit
+    /// beyond `max_len` each. (No default: a wrapper that forgot to pass it on would let the
+    /// scheduler admit more than the pages hold.)
+    fn kv_budget(&self) -> Option<KvBudget>;
     /// The prompt chunk a single-sequence prefill of this target takes
     /// ([`TargetModel::prefill_chunk`]): a batched prompt in chunks of it runs as it does alone.
     fn prefill_chunk(&self) -> usize {
@@ -170,6 +195,10 @@ impl<M: SeqState + TargetModel> BatchTarget for Sequences<M> {
 
     fn max_len(&self) -> usize {
         self.model.max_len()
+    }
+
+    fn kv_budget(&self) -> Option<KvBudget> {
+        self.model.kv_budget()
     }
 
     fn prefill_chunk(&self) -> usize {

@@ -18,12 +18,13 @@ pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod fuzzing;
+pub mod kv_pages;
 pub mod testing;
 
 pub use backend::{
     Captured, Deferred, DeviceRows, DeviceSampled, DeviceTokens, Drafter, Filters, Forward, Greedy, LogitRows,
     Proposal, SampledVerify, TargetModel, VerifyOutcome,
 };
-pub use batch::{BatchDrafter, BatchTarget, SeqId, SeqState, Sequences};
+pub use batch::{BatchDrafter, BatchTarget, KvBudget, SeqId, SeqState, Sequences};
 pub use checkpoint::config::Qwen3Config;
 pub use error::{Error, Result};

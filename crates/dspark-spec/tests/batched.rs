@@ -41,6 +41,9 @@ struct Case {
     prefill_chunk: Option<usize>,
     /// Sampled requests' drafts drawn along the Markov chain (else one-hot).
     sampled_law: bool,
+    /// `Some((page, extra))`: target and draft K/V in bounded pools of pages of `page`
+    /// positions, as many as the largest reservation takes plus `extra` (`--kv-capacity`).
+    pages: Option<(usize, usize)>,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -59,6 +62,7 @@ fn case() -> impl Strategy<Value = Case> {
         prop_oneof![Just(None), (0usize..60).prop_map(Some)],
         prop_oneof![Just(None), (1usize..5).prop_map(Some)],
         any::<bool>(),
+        prop_oneof![Just(None), (1usize..7, 0usize..12).prop_map(Some)],
     )
         .prop_map(
             |(
@@ -73,6 +77,7 @@ fn case() -> impl Strategy<Value = Case> {
                 capacity_extra,
                 prefill_chunk,
                 sampled_law,
+                pages,
             )| {
                 Case {
                     seed,
@@ -86,6 +91,7 @@ fn case() -> impl Strategy<Value = Case> {
                     capacity_extra,
                     prefill_chunk,
                     sampled_law,
+                    pages,
                 }
             },
         )
@@ -124,6 +130,9 @@ impl<T: BatchTarget> BatchTarget for Metered<T> {
     }
     fn max_len(&self) -> usize {
         self.inner.max_len()
+    }
+    fn kv_budget(&self) -> Option<dspark_model::KvBudget> {
+        self.inner.kv_budget()
     }
     fn open(&mut self) -> dspark_model::Result<SeqId> {
         let id = self.inner.open()?;
@@ -216,21 +225,34 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
             BatchVerify::Budget(CostTable { seconds: (1..=tokens).map(|n| 1.0 + slope * n as f64).collect() })
         }
     };
-    let target = Sequences::new(CpuQwen3::new(cfg.clone(), weights.clone()));
-    let mut draft = Sequences::new(random_draft(c.seed ^ 0xD5, &cfg, &weights, &spec));
     // A KV capacity from the largest request's reservation up (or none): never exceeded.
     let largest = requests.iter().map(|r| (r.prompt.len() + r.opts.max_tokens).min(c.max_pos)).max().unwrap_or(0);
     let capacity = c.capacity_extra.map(|x| largest + x);
+    let fail = |e: dspark_model::Error| TestCaseError::fail(e.to_string());
+    let (mut t, mut d) =
+        (CpuQwen3::new(cfg.clone(), weights.clone()), random_draft(c.seed ^ 0xD5, &cfg, &weights, &spec));
+    if let Some((page, extra)) = c.pages {
+        let pages = largest.div_ceil(page) + extra;
+        (t, d) = (t.with_kv_pages(page, pages).map_err(fail)?, d.with_kv_pages(page, pages).map_err(fail)?);
+    }
+    let (target, mut draft) = (Sequences::new(t), Sequences::new(d));
     let mut target = Metered::new(target);
     let law = if c.sampled_law { DraftLaw::Sampled } else { DraftLaw::Greedy };
     let limits = BatchLimits { max_batch: c.max_batch, kv_capacity: capacity, prefill_chunk: c.prefill_chunk, law };
     let out =
         batched(&mut target, &mut draft, &requests, &verify, limits).map_err(|e| TestCaseError::fail(e.to_string()))?;
     if let Some(cap) = capacity {
+        // On pages the capacity is rounded up to whole ones.
+        let cap = c.pages.map_or(cap, |(page, _)| cap.div_ceil(page) * page);
         prop_assert!(target.peak <= cap, "{} KV positions held at once, capacity {}", target.peak, cap);
     }
-    let target = target.inner;
+    let mut target = target.inner;
     prop_assert_eq!(target.open_count(), 0, "every sequence closed");
+    if c.pages.is_some() {
+        // Every page came back: the pools are as planned.
+        let ((_, tf, tt), (_, df, dt)) = (target.model().kv_pages(), draft.model().kv_pages());
+        prop_assert_eq!((tf, df), (tt, dt), "pages still held after every request ended");
+    }
     let mut alone = CpuQwen3::new(cfg.clone(), weights.clone());
     for (i, r) in requests.iter().enumerate() {
         if !r.params.is_greedy() {
@@ -386,6 +408,47 @@ fn the_scheduler_streams_stops_and_cancels() {
     let e = small.submit(&target, prompt(5, 4, 11), opts.clone()).unwrap_err();
     assert!(e.to_string().contains("28 KV positions") && e.to_string().contains("27"), "{e}");
     assert!(small.submit(&target, prompt(5, 3, 11), opts.clone()).is_ok());
+}
+
+/// Bounded pages (`--kv-capacity`): a request waits until its reservation's pages are free, runs
+/// to its solo tokens, and gives its pages back when it ends or is cancelled; one that could
+/// outgrow every page is refused at submit, naming the capacity.
+#[test]
+fn paged_requests_wait_for_pages_and_give_them_back() {
+    use dspark_spec::Scheduler;
+    let cfg = target_config(11, 16, 2, 2, 1, 8, 128);
+    let weights = target_weights(5, &cfg);
+    let spec = draft_spec(3, false);
+    // 5 pages of 4 positions; each request reserves 4 + 6 = 10 positions = 3 pages.
+    let t = CpuQwen3::new(cfg.clone(), weights.clone()).with_kv_pages(4, 5).unwrap();
+    let d = random_draft(6, &cfg, &weights, &spec).with_kv_pages(4, 5).unwrap();
+    let (mut target, mut draft) = (Sequences::new(t), Sequences::new(d));
+    let opts = GenerateOptions { max_tokens: 6, eos_token_ids: vec![], logprobs: None };
+    let mut sched = Scheduler::new(BatchVerify::Fixed(3), 4).unwrap();
+    let ids: Vec<usize> = (0..2).map(|i| sched.submit(&target, prompt(i + 60, 4, 11), opts.clone()).unwrap()).collect();
+    let mut done = Vec::new();
+    while !sched.is_idle() {
+        done.extend(sched.step(&mut target, &mut draft, |_, _| ControlFlow::Continue(())).unwrap());
+        assert!(sched.running() <= 1 && sched.kv_reserved() <= 12, "3 pages each, 5 in all: one at a time");
+    }
+    let mut alone = CpuQwen3::new(cfg.clone(), weights.clone());
+    assert_eq!(done.iter().map(|f| f.id).collect::<Vec<_>>(), ids);
+    assert!(done[1].output.rounds.0 > done[0].output.rounds.1, "the second waited for pages");
+    for f in &done {
+        let plain = greedy(&mut alone, &prompt(f.id as u64 + 60, 4, 11), &opts, |_| ControlFlow::Continue(())).unwrap();
+        assert_eq!(f.output.tokens, plain.tokens, "request {}", f.id);
+    }
+    assert_eq!((target.model().kv_pages(), draft.model().kv_pages()), ((4, 5, 5), (4, 5, 5)), "all pages back");
+    // A cancelled request's pages come back at once.
+    let id = sched.submit(&target, prompt(9, 4, 11), opts.clone()).unwrap();
+    sched.step(&mut target, &mut draft, |_, _| ControlFlow::Continue(())).unwrap();
+    assert!(target.model().kv_pages().1 < 5, "the prompt took pages");
+    sched.cancel(&mut target, &mut draft, id).unwrap();
+    assert_eq!((target.model().kv_pages().1, draft.model().kv_pages().1, sched.kv_reserved()), (5, 5, 0));
+    // 4 + 17 = 21 positions take 6 pages: more than there are.
+    let long = GenerateOptions { max_tokens: 17, ..opts };
+    let e = sched.submit(&target, prompt(9, 4, 11), long).unwrap_err().to_string();
+    assert!(e.contains("= 21 KV positions (24 in whole pages of 4)") && e.contains("capacity of 20"), "{e}");
 }
 
 #[test]

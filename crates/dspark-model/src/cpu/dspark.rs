@@ -22,6 +22,7 @@ use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::draft_config::{DraftConfig, MarkovKind, Packaging};
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::checkpoint::shared_heads::SharedHeads;
+use crate::cpu::kv_cache::{KvCache, KvSeq};
 use crate::cpu::markov::{chain_with, greedy_chain, prefix_survival, Chain, ConfidenceHead, MarkovHead, MarkovVariant};
 use crate::cpu::qwen3::{layer_tensors, LayerWeights, Qwen3Weights};
 use crate::error::{Error, Result};
@@ -220,10 +221,8 @@ pub struct CpuDraft {
     cfg: DraftConfig,
     w: DraftWeights,
     inv_freq: Vec<f32>,
-    /// Per layer, context keys / values `[position, kv_heads, head_dim]`.
-    ctx_k: Vec<Vec<f32>>,
-    ctx_v: Vec<Vec<f32>>,
-    ctx_len: usize,
+    /// Per layer, context keys / values (rows `[kv_heads, head_dim]`), paged as the target's.
+    ctx: KvCache,
     /// What the keys and values attention reads are rounded to (`--kv-cache`; the GPU draft
     /// rounds its context rows and its block's rows as it caches them).
     kv: KvDtype,
@@ -241,17 +240,30 @@ impl CpuDraft {
 
     pub fn new(cfg: DraftConfig, w: DraftWeights) -> CpuDraft {
         let inv_freq = inv_freq(cfg.layer.rope_theta as f32, cfg.layer.head_dim);
-        let n = cfg.layer.num_hidden_layers;
-        let (ctx_k, ctx_v) = (vec![Vec::new(); n], vec![Vec::new(); n]);
-        CpuDraft { cfg, w, inv_freq, ctx_k, ctx_v, ctx_len: 0, kv: KvDtype::F32 }
+        let ctx = KvCache::new(cfg.layer.num_hidden_layers, cfg.layer.kv_dim());
+        CpuDraft { cfg, w, inv_freq, ctx, kv: KvDtype::F32 }
     }
 
     /// The same draft with its keys and values rounded to `kv` (an empty context, as at
     /// construction): the CPU reference of the GPU draft under `--kv-cache bf16`.
     pub fn with_kv_dtype(mut self, kv: KvDtype) -> CpuDraft {
-        self.reset();
+        self.ctx = KvCache::with_dtype(self.cfg.layer.num_hidden_layers, self.cfg.layer.kv_dim(), kv);
         self.kv = kv;
         self
+    }
+
+    /// The same draft with its sequences' contexts in exactly `pages` pages of `page` positions,
+    /// allocated now (`--kv-capacity`, as the target's; the element type kept, the context
+    /// empty).
+    pub fn with_kv_pages(mut self, page: usize, pages: usize) -> Result<CpuDraft> {
+        let l = &self.cfg.layer;
+        self.ctx = KvCache::bounded(l.num_hidden_layers, l.kv_dim(), self.kv, page, pages)?;
+        Ok(self)
+    }
+
+    /// The context pool: (positions a page holds, pages free, pages in all).
+    pub fn kv_pages(&self) -> (usize, usize, usize) {
+        self.ctx.pages()
     }
 
     /// `x` as the cache keeps it.
@@ -276,7 +288,7 @@ impl CpuDraft {
         if anchor as usize >= v {
             return Err(Error::Request(format!("anchor token {anchor} is outside the vocabulary ({v})")));
         }
-        let p = self.ctx_len;
+        let p = self.ctx.len();
         let positions: Vec<usize> = (p..p + b).collect();
         let mut x = Vec::with_capacity(b * h);
         for s in 0..b {
@@ -287,12 +299,10 @@ impl CpuDraft {
         for (i, lw) in self.w.layers.iter().enumerate() {
             let (q, k, vv) = lw.attention_inputs(l, &x, &positions, &self.inv_freq);
             let (k, vv) = (self.cached(k), self.cached(vv));
-            let mut keys = Vec::with_capacity((p + b) * kv_row);
-            keys.extend_from_slice(&self.ctx_k[i]);
+            let (mut keys, mut values) = self.ctx.gather(i, p);
             keys.extend_from_slice(&k);
-            let mut values = Vec::with_capacity((p + b) * kv_row);
-            values.extend_from_slice(&self.ctx_v[i]);
             values.extend_from_slice(&vv);
+            debug_assert_eq!(keys.len(), (p + b) * kv_row);
             let shape = AttnShape {
                 rows: b,
                 kv_len: p + b,
@@ -328,18 +338,26 @@ impl CpuDraft {
     }
 }
 
-/// A sequence's state is the draft's context cache (keys, values, length).
+/// A sequence's state is its view of the draft's context cache (pages and length); a closed
+/// sequence's pages go back to the pool.
 impl crate::batch::SeqState for CpuDraft {
-    type State = (Vec<Vec<f32>>, Vec<Vec<f32>>, usize);
+    type State = KvSeq;
 
-    fn new_state(&mut self) -> Result<Self::State> {
-        Ok((vec![Vec::new(); self.ctx_k.len()], vec![Vec::new(); self.ctx_v.len()], 0))
+    fn new_state(&mut self) -> Result<KvSeq> {
+        Ok(self.ctx.new_seq())
     }
 
-    fn swap_state(&mut self, state: &mut Self::State) {
-        std::mem::swap(&mut self.ctx_k, &mut state.0);
-        std::mem::swap(&mut self.ctx_v, &mut state.1);
-        std::mem::swap(&mut self.ctx_len, &mut state.2);
+    fn swap_state(&mut self, state: &mut KvSeq) {
+        self.ctx.swap_seq(state);
+    }
+
+    fn release_state(&mut self, state: KvSeq) {
+        self.ctx.release_seq(state);
+    }
+
+    fn kv_budget(&self) -> Option<crate::batch::KvBudget> {
+        let (page, _, pages) = self.ctx.pages();
+        self.ctx.is_bounded().then_some(crate::batch::KvBudget { page, pages })
     }
 }
 
@@ -358,12 +376,11 @@ impl Drafter for CpuDraft {
     }
 
     fn context_len(&self) -> usize {
-        self.ctx_len
+        self.ctx.len()
     }
 
     fn reset(&mut self) {
-        self.ctx_k.iter_mut().chain(self.ctx_v.iter_mut()).for_each(Vec::clear);
-        self.ctx_len = 0;
+        self.ctx.truncate(0);
     }
 
     fn append_context(&mut self, features: &[f32]) -> Result<()> {
@@ -375,18 +392,19 @@ impl Drafter for CpuDraft {
         }
         let mut c = linear(features, &self.w.fc, n, t * h, h);
         rmsnorm_inplace(&mut c, &self.w.hidden_norm, l.rms_norm_eps as f32);
-        let positions: Vec<usize> = (self.ctx_len..self.ctx_len + n).collect();
+        let first = self.ctx.len();
+        let positions: Vec<usize> = (first..first + n).collect();
+        self.ctx.reserve(n)?;
         for (i, lw) in self.w.layers.iter().enumerate() {
             // Context rows go straight into k/v: no input_layernorm (DSPARK.md §2.2).
             let mut k = linear(&c, &lw.k_proj, n, h, l.kv_dim());
             let v = linear(&c, &lw.v_proj, n, h, l.kv_dim());
             rmsnorm_inplace(&mut k, &lw.k_norm, l.rms_norm_eps as f32);
             dspark_kernels::cpu::rope::rope_inplace(&mut k, &positions, l.num_key_value_heads, &self.inv_freq);
-            let (k, v) = (self.cached(k), self.cached(v));
-            self.ctx_k[i].extend_from_slice(&k);
-            self.ctx_v[i].extend_from_slice(&v);
+            // The cache rounds them to its element type as they are appended.
+            self.ctx.append(i, &k, &v);
         }
-        self.ctx_len += n;
+        self.ctx.commit(n);
         Ok(())
     }
 

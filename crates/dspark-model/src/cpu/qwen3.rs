@@ -18,10 +18,10 @@
 use crate::backend::{check_capture, check_forward, check_truncate, Forward, LogitRows, TargetModel};
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::safetensors::Checkpoint;
-use crate::cpu::kv_cache::KvCache;
+use crate::cpu::kv_cache::{KvCache, KvSeq};
 use crate::error::Result;
 use dspark_kernels::cpu::activation::swiglu_inplace;
-use dspark_kernels::cpu::attention::{attention, AttnShape, Mask};
+use dspark_kernels::cpu::attention::{attention_rows, AttnShape, Mask};
 use dspark_kernels::cpu::matmul::linear;
 use dspark_kernels::cpu::rmsnorm::{rmsnorm, rmsnorm_inplace};
 use dspark_kernels::cpu::rope::{inv_freq, rope_inplace};
@@ -231,21 +231,43 @@ impl CpuQwen3 {
         self
     }
 
+    /// The same model with its sequences' K/V in exactly `pages` pages of `page` positions,
+    /// allocated now (`--kv-capacity`; the element type kept, the cache empty).
+    pub fn with_kv_pages(mut self, page: usize, pages: usize) -> Result<CpuQwen3> {
+        self.kv = KvCache::bounded(self.cfg.num_hidden_layers, self.cfg.kv_dim(), self.kv.dtype(), page, pages)?;
+        Ok(self)
+    }
+
+    /// The K/V pool: (positions a page holds, pages free, pages in all).
+    pub fn kv_pages(&self) -> (usize, usize, usize) {
+        self.kv.pages()
+    }
+
     pub fn weights(&self) -> &Qwen3Weights {
         &self.w
     }
 }
 
-/// A sequence's state is its KV cache (the element type kept): `batch::Sequences` swaps it in.
+/// A sequence's state is its view of the KV cache (its pages and length): `batch::Sequences`
+/// swaps it in, and a closed sequence's pages go back to the pool.
 impl crate::batch::SeqState for CpuQwen3 {
-    type State = KvCache;
+    type State = KvSeq;
 
-    fn new_state(&mut self) -> Result<KvCache> {
-        Ok(KvCache::with_dtype(self.cfg.num_hidden_layers, self.cfg.kv_dim(), self.kv.dtype()))
+    fn new_state(&mut self) -> Result<KvSeq> {
+        Ok(self.kv.new_seq())
     }
 
-    fn swap_state(&mut self, state: &mut KvCache) {
-        std::mem::swap(&mut self.kv, state);
+    fn swap_state(&mut self, state: &mut KvSeq) {
+        self.kv.swap_seq(state);
+    }
+
+    fn release_state(&mut self, state: KvSeq) {
+        self.kv.release_seq(state);
+    }
+
+    fn kv_budget(&self) -> Option<crate::batch::KvBudget> {
+        let (page, _, pages) = self.kv.pages();
+        self.kv.is_bounded().then_some(crate::batch::KvBudget { page, pages })
     }
 }
 
@@ -284,6 +306,7 @@ impl TargetModel for CpuQwen3 {
         let t = self.capture.len();
         let mut captured = vec![0f32; n * t * h];
 
+        self.kv.reserve(n)?;
         let mut x: Vec<f32> = Vec::with_capacity(n * h);
         for &tok in tokens {
             x.extend_from_slice(&self.w.embed_tokens[tok as usize * h..][..h]);
@@ -294,7 +317,7 @@ impl TargetModel for CpuQwen3 {
             self.kv.append(l, &k, &v);
             let (kc, vc) = self.kv.layer(l);
             let shape = AttnShape { rows: n, kv_len: first_pos + n, n_heads: nh, n_kv_heads: nkv, head_dim: hd };
-            let o = attention(&q, kc, vc, shape, Mask::Causal { first_pos });
+            let o = attention_rows(&q, &kc, &vc, shape, Mask::Causal { first_pos });
             lw.finish(c, &mut x, &o);
 
             for (slot, _) in self.capture.iter().enumerate().filter(|(_, &cl)| cl == l) {

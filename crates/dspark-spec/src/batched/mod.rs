@@ -83,6 +83,8 @@ struct Active {
     pending: Captured,
     /// Prompt tokens already in the target's cache (while `anchor` is `None`).
     prefilled: usize,
+    /// KV positions it reserved at admission (see [`Scheduler::with_kv_capacity`]).
+    reserved: usize,
     first_round: usize,
     prompt: Vec<u32>,
     opts: GenerateOptions,
@@ -103,8 +105,8 @@ pub struct Finished {
 pub struct Scheduler {
     verify: BatchVerify,
     max_batch: usize,
-    /// KV positions the running requests may hold together (`None`: no limit), and how many
-    /// their reservations take now.
+    /// KV positions the running requests may hold together (`None`: no limit but the target's
+    /// own pages), and how many their reservations take now.
     kv_capacity: Option<usize>,
     reserved: usize,
     /// Prompt tokens a request puts through one round's forward (`None`: its whole prompt).
@@ -155,6 +157,11 @@ impl Scheduler {
     /// waits rather than being passed), and gives it back when it ends or is cancelled. No
     /// request then runs out of cache mid-generation. A request whose reservation exceeds the
     /// whole capacity is refused at `submit`.
+    ///
+    /// A target whose sequences share pages planned at start-up ([`BatchTarget::kv_budget`]) is
+    /// bounded by them without this call: each reservation is rounded up to whole pages, and the
+    /// capacity is the pages' positions (or this one rounded up to whole pages, if smaller) — TGI's admission by
+    /// `max_batch_total_tokens`, over vLLM-style pages.
     pub fn with_kv_capacity(mut self, tokens: usize) -> Scheduler {
         self.kv_capacity = Some(tokens);
         self
@@ -169,9 +176,23 @@ impl Scheduler {
         self
     }
 
-    /// The positions a request reserves (see [`Scheduler::with_kv_capacity`]).
-    fn reservation(prompt: usize, opts: &GenerateOptions, max_len: usize) -> usize {
-        (prompt + opts.max_tokens).min(max_len)
+    /// The positions a request reserves and the capacity they come from (see
+    /// [`Scheduler::with_kv_capacity`]; `None`: no limit).
+    fn reservation<T: BatchTarget + ?Sized>(
+        &self,
+        target: &T,
+        prompt: usize,
+        opts: &GenerateOptions,
+    ) -> (usize, Option<usize>) {
+        let need = (prompt + opts.max_tokens).min(target.max_len());
+        match target.kv_budget() {
+            Some(b) => {
+                // Whole pages: the capacity asked for, rounded up to them, at most those planned.
+                let pages = self.kv_capacity.map_or(b.pages, |c| b.pages_for(c).min(b.pages));
+                (b.pages_for(need) * b.page, Some(pages * b.page))
+            }
+            None => (need, self.kv_capacity),
+        }
     }
 
     /// Queues a greedy request (checked here: a prompt the target can hold); returns its id.
@@ -201,10 +222,15 @@ impl Scheduler {
                 target.max_len()
             )));
         }
-        let need = Self::reservation(prompt.len(), &opts, target.max_len());
-        if let Some(cap) = self.kv_capacity.filter(|&cap| need > cap) {
+        let (need, cap) = self.reservation(target, prompt.len(), &opts);
+        if let Some(cap) = cap.filter(|&cap| need > cap) {
+            let asked = (prompt.len() + opts.max_tokens).min(target.max_len());
+            let pages = match target.kv_budget() {
+                Some(b) if asked != need => format!(" ({need} in whole pages of {})", b.page),
+                _ => String::new(),
+            };
             return Err(Error::Request(format!(
-                "prompt + max_tokens = {need} KV positions, more than the capacity of {cap}"
+                "prompt + max_tokens = {asked} KV positions{pages}, more than the capacity of {cap}"
             )));
         }
         let id = self.next_id;
@@ -216,6 +242,16 @@ impl Scheduler {
     /// Whether no request is queued or running.
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.active.is_empty()
+    }
+
+    /// KV positions the running requests have reserved (whole pages on a paged target).
+    pub fn kv_reserved(&self) -> usize {
+        self.reserved
+    }
+
+    /// Requests running now.
+    pub fn running(&self) -> usize {
+        self.active.len()
     }
 
     /// Rounds run so far.
@@ -237,7 +273,7 @@ impl Scheduler {
         }
         let Some(a) = self.active.iter().position(|a| a.id == id) else { return Ok(None) };
         let s = self.active.remove(a);
-        self.reserved -= Self::reservation(s.prompt.len(), &s.opts, target.max_len());
+        self.reserved -= s.reserved;
         target.close(s.tid)?;
         draft.close(s.did)?;
         Ok(Some(s.tokens))
@@ -261,8 +297,8 @@ impl Scheduler {
         }
         while self.active.len() < self.max_batch {
             let Some((_, prompt, opts, _)) = self.waiting.front() else { break };
-            let need = Self::reservation(prompt.len(), opts, target.max_len());
-            if self.kv_capacity.is_some_and(|cap| self.reserved + need > cap) {
+            let (need, cap) = self.reservation(target, prompt.len(), opts);
+            if cap.is_some_and(|cap| self.reserved + need > cap) {
                 break;
             }
             self.reserved += need;
@@ -277,6 +313,7 @@ impl Scheduler {
                 anchor: None,
                 pending,
                 prefilled: 0,
+                reserved: need,
                 first_round: self.round,
                 prompt,
                 opts,
@@ -480,7 +517,7 @@ impl Scheduler {
         let mut finished = Vec::with_capacity(ended.len());
         for (a, f) in ended.into_iter().rev() {
             let s = self.active.remove(a);
-            self.reserved -= Self::reservation(s.prompt.len(), &s.opts, target.max_len());
+            self.reserved -= s.reserved;
             target.close(s.tid)?;
             draft.close(s.did)?;
             finished.push(f);

@@ -250,6 +250,11 @@ impl BatchTarget for CudaBatch {
         self.model.max_len
     }
 
+    /// Contiguous caches of `max_len` positions each: no shared pages to bound.
+    fn kv_budget(&self) -> Option<crate::batch::KvBudget> {
+        None
+    }
+
     fn prefill_chunk(&self) -> usize {
         self.model.prefill_chunk()
     }
