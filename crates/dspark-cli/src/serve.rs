@@ -4,8 +4,13 @@
 //! ```text
 //! dspark serve [--target DIR [--draft DIR]] [--host 127.0.0.1] [--port 8000] [--model-name NAME]
 //!              [--device cpu|cuda] [--api-key KEY] [--max-queue N] [--strict-model]
-//!              [--max-context N] [--max-batch R] [--kv-cache f32|bf16]
+//!              [--max-context N] [--max-batch R] [--kv-capacity TOKENS] [--kv-cache f32|bf16]
 //! ```
+//!
+//! `--kv-capacity` plans the K/V caches of all requests as one pool of pages
+//! (`dspark_model::kv_pages`, 16 positions a page) when the models load; a request is admitted
+//! when its prompt + max_tokens fits in the pages the running ones have not reserved (TGI's
+//! `max_batch_total_tokens`), and waits in the queue otherwise.
 
 use crate::demo;
 use crate::generate::{load_typed, Device, Loaded, Source};
@@ -56,6 +61,13 @@ pub struct ServeArgs {
     /// request at a time.
     #[arg(long, default_value_t = 1)]
     max_batch: usize,
+    /// KV positions all requests hold together, planned at start-up in pages of 16 positions
+    /// (target and draft): a request runs once its prompt + max_tokens fits beside the running
+    /// ones', and waits in the queue until then. Also caps one request's context. Default: each
+    /// of --max-batch requests may hold --max-context. CPU only for now (the CUDA caches are not
+    /// paged yet).
+    #[arg(long, value_parser = parse_kv_capacity)]
+    kv_capacity: Option<usize>,
     /// Element type of the KV caches (`bf16` halves them: what transformers, vLLM and llama.cpp
     /// keep for a bf16 model; `f32` keeps the CPU reference's bits).
     #[arg(long, default_value = "f32", value_parser = crate::parse_kv_cache)]
@@ -70,6 +82,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--max-batch {}: batched rounds need a draft (--draft DIR)", args.max_batch);
     }
     let device = crate::generate::resolve_device(args.device)?;
+    if let (Some(cap), crate::generate::Device::Cuda) = (args.kv_capacity, device) {
+        anyhow::bail!(
+            "--kv-capacity {cap}: the CUDA backend's K/V caches are not paged yet (each of the --max-batch \
+             sequences holds --max-context positions); bound them with --max-context, or serve with --device cpu"
+        );
+    }
     let model_name = match (&args.model_name, &args.target) {
         (Some(n), _) => n.clone(),
         (None, Some(t)) => t.file_name().map_or("dspark".into(), |n| n.to_string_lossy().into_owned()),
@@ -80,10 +98,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         api_key: args.api_key.clone(),
         max_queue: args.max_queue,
         strict_model: args.strict_model,
-        max_context: args.max_context,
+        // One request holds at most the whole capacity.
+        max_context: args.kv_capacity.map_or(args.max_context, |c| c.min(args.max_context)),
     };
-    let (target, draft, max_context, max_batch, kv_cache) =
-        (args.target.clone(), args.draft.clone(), args.max_context, args.max_batch, args.kv_cache);
+    let (target, draft, max_context, max_batch, kv_cache, kv_capacity) =
+        (args.target.clone(), args.draft.clone(), args.max_context, args.max_batch, args.kv_cache, args.kv_capacity);
     let load = Box::new(move || -> Result<Engine> {
         let (target_src, draft_src) = match &target {
             Some(dir) => (Source::Dir(dir), draft.as_deref().map(Source::Dir)),
@@ -110,6 +129,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
             kv_cache,
             dspark_model::cuda::prefill::PrefillMode::Gemm,
         )?;
+        let loaded = match kv_capacity {
+            Some(cap) => loaded.with_kv_capacity(cap)?,
+            None => loaded,
+        };
         let (eos_token_ids, models, block, prefers_sampled) = match loaded.boxed_or_batched(max_batch)? {
             Built::Solo(target, draft) => {
                 let eos = target_src.eos_ids(&target.config().eos_token_ids)?;
@@ -148,7 +171,41 @@ enum Built {
     Batched(Box<dyn BatchTarget>, Box<dyn BatchDrafter>, bool),
 }
 
+/// `--kv-capacity TOKENS`: at least one position.
+fn parse_kv_capacity(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("at least 1 position".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("expected a number of token positions, got {s:?} ({e})")),
+    }
+}
+
 impl Loaded {
+    /// The models with their K/V in one bounded pool of pages for `capacity` positions
+    /// (`--kv-capacity`), planned now; reports the pool on stderr.
+    fn with_kv_capacity(self, capacity: usize) -> Result<Loaded> {
+        use dspark_model::kv_pages::DEFAULT_PAGE;
+        let pages = capacity.div_ceil(DEFAULT_PAGE);
+        match self {
+            Loaded::Cpu(t, d) => {
+                let t = t.with_kv_pages(DEFAULT_PAGE, pages).context("--kv-capacity: the target's K/V pages")?;
+                let d = d
+                    .map(|d| d.with_kv_pages(DEFAULT_PAGE, pages))
+                    .transpose()
+                    .context("--kv-capacity: the draft's context pages")?;
+                let mib = |b: usize| b as f64 / (1 << 20) as f64;
+                let draft = d.as_ref().map_or(String::new(), |d| format!(" + draft {:.1} MiB", mib(d.kv_bytes())));
+                eprintln!(
+                    "dspark serve: K/V cache of {} positions: {pages} pages of {DEFAULT_PAGE} (target {:.1} MiB{draft})",
+                    pages * DEFAULT_PAGE,
+                    mib(t.kv_bytes()),
+                );
+                Ok(Loaded::Cpu(t, d))
+            }
+            Loaded::Cuda(..) => anyhow::bail!("--kv-capacity: the CUDA backend's K/V caches are not paged yet"),
+        }
+    }
+
     /// Boxed for the solo engine (`max_batch` 1), or holding `max_batch` sequences each: the CPU
     /// models through `Sequences`, the CUDA target as a `CudaBatch` and the draft as `CudaDrafts` (K/V caches for every
     /// sequence planned now) and the draft's contexts reserved.

@@ -237,9 +237,14 @@ fn load(extra: &[&str], label: &str) {
 }
 
 fn generated_tokens(s: &Server) -> u64 {
+    metric(s, "dspark_generated_tokens_total") as u64
+}
+
+/// The value of `/metrics`' line `name`.
+fn metric(s: &Server, name: &str) -> f64 {
     let m = client().get(s.url("/metrics")).send().unwrap().text().unwrap();
-    let line = m.lines().find(|l| l.starts_with("dspark_generated_tokens_total ")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() as u64
+    let line = m.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| panic!("{name}: {m}"));
+    line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap()
 }
 
 /// Clients that leave while their requests wait in the queue (and the one that leaves while
@@ -373,4 +378,44 @@ fn batched_streams_advance_together() {
     };
     assert!(value("dspark_speculative_rounds_total ") > 0.0, "{m}");
     assert!(value("dspark_mean_accepted_length ") >= 1.0, "{m}");
+}
+
+/// `--kv-capacity`: the requests' K/V share 96 positions (6 pages of 16). Six streams of 24
+/// tokens started together on a server batching 6 cannot all fit (each reserves at least 2
+/// pages), so some wait for pages — and every one still gives its solo tokens. Afterwards every
+/// reservation is returned, and a request that could not fit even alone is a 400 naming
+/// max_tokens, not a stream that fails midway.
+#[test]
+fn kv_capacity_admits_what_fits_and_loses_nothing() {
+    let s = Server::start(&["--max-batch", "6", "--kv-capacity", "96"]);
+    let plain = Server::start(&[]);
+    let start = Instant::now();
+    let workers: Vec<_> = (0..6)
+        .map(|i| {
+            let base = s.base.clone();
+            std::thread::spawn(move || {
+                let got = stream_one(&base, false, PROMPTS[i], 24).unwrap();
+                let first = start.elapsed() - got.latency + got.first_token.expect("a streamed token");
+                (got, first, start.elapsed())
+            })
+        })
+        .collect();
+    let got: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    for (i, (g, _, _)) in got.iter().enumerate() {
+        let want = json_of(plain.post("/v1/completions", &request(false, PROMPTS[i], 24, false)));
+        assert_eq!(g.tokens, ids(&want["dspark"]["tokens"]), "stream {i}");
+        assert_eq!(g.text, want["choices"][0]["text"].as_str().unwrap(), "stream {i}");
+    }
+    let first_end = got.iter().map(|g| g.2).min().unwrap();
+    let waited = got.iter().filter(|g| g.1 > first_end).count();
+    assert!(waited >= 1, "six streams of ≥ 2 pages in 6 pages: some must wait for pages");
+    assert_eq!(metric(&s, "dspark_kv_capacity_positions"), 96.0);
+    assert_eq!((metric(&s, "dspark_kv_reserved_positions"), metric(&s, "dspark_running_requests")), (0.0, 0.0));
+    let r = s.post("/v1/completions", &request(false, PROMPTS[0], 95, false));
+    assert_eq!(r.status(), 400);
+    let e = json_of(r);
+    assert_eq!(e["error"]["param"], "max_tokens", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("context is 96 tokens"), "{e}");
+    // The server still serves after it.
+    assert_eq!(s.post("/v1/completions", &request(false, PROMPTS[1], 4, false)).status(), 200);
 }

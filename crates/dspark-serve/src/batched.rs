@@ -63,6 +63,8 @@ pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
         Ok(s) => s,
         Err(e) => return eprintln!("dspark serve: {e}"),
     };
+    let capacity = target.kv_budget().map_or(0, |b| b.pages * b.page);
+    metrics.kv_capacity.set(capacity as i64);
     let mut running: HashMap<usize, Running> = HashMap::new();
     let mut open = true;
     while open || !running.is_empty() {
@@ -103,6 +105,9 @@ pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
                 ControlFlow::Break(())
             }
         });
+        // After the round: what its finished requests held is free again.
+        metrics.running.set(sched.running() as i64);
+        metrics.kv_reserved.set(sched.kv_reserved() as i64);
         match stepped {
             Ok(finished) => {
                 for f in finished {

@@ -22,6 +22,12 @@ pub struct Metrics {
     /// (also logged once), else 0.
     pub draft_low_acceptance: IntGauge,
     check: Mutex<AcceptanceCheck>,
+    /// Requests in the batched rounds (`--max-batch`).
+    pub running: IntGauge,
+    /// KV positions the running requests have reserved, and what the pool holds (`--kv-capacity`;
+    /// 0 when unbounded).
+    pub kv_reserved: IntGauge,
+    pub kv_capacity: IntGauge,
 }
 
 impl Metrics {
@@ -51,6 +57,16 @@ impl Metrics {
         )?;
         registry.register(Box::new(mean_accepted_length.clone()))?;
         registry.register(Box::new(draft_low_acceptance.clone()))?;
+        let running = IntGauge::new("dspark_running_requests", "Requests in the batched rounds now")?;
+        let kv_reserved = IntGauge::new(
+            "dspark_kv_reserved_positions",
+            "KV positions the running requests have reserved (prompt + max_tokens, in whole pages)",
+        )?;
+        let kv_capacity =
+            IntGauge::new("dspark_kv_capacity_positions", "KV positions planned at start-up (0: no --kv-capacity)")?;
+        registry.register(Box::new(running.clone()))?;
+        registry.register(Box::new(kv_reserved.clone()))?;
+        registry.register(Box::new(kv_capacity.clone()))?;
         Ok(Metrics {
             registry,
             requests,
@@ -62,6 +78,9 @@ impl Metrics {
             accepted: Mutex::new((0.0, 0.0)),
             draft_low_acceptance,
             check: Mutex::new(AcceptanceCheck::new()),
+            running,
+            kv_reserved,
+            kv_capacity,
         })
     }
 

@@ -261,6 +261,11 @@ impl CpuDraft {
         Ok(self)
     }
 
+    /// Bytes the K/V storage takes now (all of it, for a bounded pool).
+    pub fn kv_bytes(&self) -> usize {
+        self.ctx.bytes()
+    }
+
     /// The context pool: (positions a page holds, pages free, pages in all).
     pub fn kv_pages(&self) -> (usize, usize, usize) {
         self.ctx.pages()

@@ -87,6 +87,11 @@ impl KvCache {
         (self.pool.page(), self.pool.free(), self.pool.total())
     }
 
+    /// Bytes the storage takes now (f32 values, keys and values of every layer).
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|b| b.len() * std::mem::size_of::<f32>()).sum()
+    }
+
     /// Whether the pages were planned once (`--kv-capacity`).
     pub fn is_bounded(&self) -> bool {
         self.pool.is_bounded()

@@ -238,6 +238,11 @@ impl CpuQwen3 {
         Ok(self)
     }
 
+    /// Bytes the K/V storage takes now (all of it, for a bounded pool).
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+
     /// The K/V pool: (positions a page holds, pages free, pages in all).
     pub fn kv_pages(&self) -> (usize, usize, usize) {
         self.kv.pages()
