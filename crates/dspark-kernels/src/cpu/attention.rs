@@ -104,6 +104,9 @@ pub fn attention_rows(q: &[f32], k: &impl KvRows, v: &impl KvRows, s: AttnShape,
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; rows * n_heads * hd];
     let mut scores = vec![0f32; kv_len];
+    // Each position's rows looked up once per call, not once per query row and head (a paged
+    // lookup divides by the page size).
+    let (krows, vrows): (Vec<&[f32]>, Vec<&[f32]>) = (0..kv_len).map(|j| (k.row(j), v.row(j))).unzip();
     for r in 0..rows {
         let visible = match mask {
             Mask::Causal { first_pos } => (first_pos + r + 1).min(kv_len),
@@ -114,7 +117,7 @@ pub fn attention_rows(q: &[f32], k: &impl KvRows, v: &impl KvRows, s: AttnShape,
             let qh = &q[(r * n_heads + h) * hd..][..hd];
             let mut max = f32::NEG_INFINITY;
             for (j, sc) in scores[..visible].iter_mut().enumerate() {
-                let kj = &k.row(j)[kvh * hd..][..hd];
+                let kj = &krows[j][kvh * hd..][..hd];
                 *sc = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
                 max = max.max(*sc);
             }
@@ -125,7 +128,7 @@ pub fn attention_rows(q: &[f32], k: &impl KvRows, v: &impl KvRows, s: AttnShape,
             }
             let oh = &mut out[(r * n_heads + h) * hd..][..hd];
             for (j, &p) in scores[..visible].iter().enumerate() {
-                let vj = &v.row(j)[kvh * hd..][..hd];
+                let vj = &vrows[j][kvh * hd..][..hd];
                 let w = p / denom;
                 for (o, x) in oh.iter_mut().zip(vj) {
                     *o += w * x;

@@ -304,7 +304,7 @@ impl CpuDraft {
         for (i, lw) in self.w.layers.iter().enumerate() {
             let (q, k, vv) = lw.attention_inputs(l, &x, &positions, &self.inv_freq);
             let (k, vv) = (self.cached(k), self.cached(vv));
-            let (mut keys, mut values) = self.ctx.gather(i, p);
+            let (mut keys, mut values) = self.ctx.gather(i, p, b);
             keys.extend_from_slice(&k);
             values.extend_from_slice(&vv);
             debug_assert_eq!(keys.len(), (p + b) * kv_row);

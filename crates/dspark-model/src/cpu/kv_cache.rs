@@ -152,11 +152,13 @@ impl KvCache {
         (Paged { data: &self.k[layer], pages, page, row }, Paged { data: &self.v[layer], pages, page, row })
     }
 
-    /// Positions `0..n` of `layer`'s keys and values, copied out contiguously.
-    pub fn gather(&self, layer: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    /// Positions `0..n` of `layer`'s keys and values, copied out contiguously into vectors with
+    /// room for `extra` more rows (the caller's own, appended without a reallocation).
+    pub fn gather(&self, layer: usize, n: usize, extra: usize) -> (Vec<f32>, Vec<f32>) {
         use dspark_kernels::cpu::attention::KvRows;
         let (k, v) = self.layer(layer);
-        let mut out = (Vec::with_capacity(n * self.row), Vec::with_capacity(n * self.row));
+        let cap = (n + extra) * self.row;
+        let mut out = (Vec::with_capacity(cap), Vec::with_capacity(cap));
         for j in 0..n {
             out.0.extend_from_slice(k.row(j));
             out.1.extend_from_slice(v.row(j));
@@ -226,8 +228,8 @@ mod tests {
             c.append(0, &k, &v);
             c.commit(1);
         }
-        assert_eq!(f.gather(0, 1), (k.to_vec(), v.to_vec()));
-        let (bk, bv) = b.gather(0, 1);
+        assert_eq!(f.gather(0, 1, 0), (k.to_vec(), v.to_vec()));
+        let (bk, bv) = b.gather(0, 1, 0);
         for (got, want) in bk.iter().chain(&bv).zip(k.iter().chain(&v)) {
             assert_eq!(*got, half::bf16::from_f32(*want).to_f32());
             assert!((got - want).abs() <= want.abs() / 256.0, "{got} vs {want}: within half a bf16 ulp");
