@@ -155,11 +155,6 @@ fn check_page(page: usize) -> Result<()> {
     Ok(())
 }
 
-/// Where position `pos` of a sequence with page table `pages` lives: (page id, row in it).
-pub fn locate(pages: &[u32], page: usize, pos: usize) -> (usize, usize) {
-    (pages[pos / page] as usize, pos % page)
-}
-
 #[cfg(test)]
 mod tests {
     use super::{PagePool, Pages};

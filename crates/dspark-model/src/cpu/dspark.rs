@@ -361,8 +361,7 @@ impl crate::batch::SeqState for CpuDraft {
     }
 
     fn kv_budget(&self) -> Option<crate::batch::KvBudget> {
-        let (page, _, pages) = self.ctx.pages();
-        self.ctx.is_bounded().then_some(crate::batch::KvBudget { page, pages })
+        self.ctx.budget()
     }
 }
 

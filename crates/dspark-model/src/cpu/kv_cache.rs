@@ -14,6 +14,7 @@
 //! pages past the new length; a closed sequence frees all of its own. Debug builds fill freed
 //! pages with NaN, so a read of a position that was never (re)written shows in every test.
 
+use crate::batch::KvBudget;
 use crate::kv_pages::{PagePool, Pages, DEFAULT_PAGE};
 use crate::Result;
 use dspark_kernels::cpu::attention::Paged;
@@ -68,16 +69,6 @@ impl KvCache {
         KvCache { k, v, row, dtype, pool, seq: KvSeq::default(), appended: vec![0; layers] }
     }
 
-    /// The same storage plan, empty (a model's fresh copy: `with_kv_dtype`, a draft's reset).
-    pub fn emptied(&self) -> Result<KvCache> {
-        let (layers, page) = (self.k.len(), self.pool.page());
-        if self.pool.is_bounded() {
-            Self::bounded(layers, self.row, self.dtype, page, self.pool.total())
-        } else {
-            Ok(Self::with_pool(layers, self.row, self.dtype, PagePool::growable(page)?))
-        }
-    }
-
     pub fn dtype(&self) -> KvDtype {
         self.dtype
     }
@@ -92,9 +83,9 @@ impl KvCache {
         self.k.iter().chain(&self.v).map(|b| b.len() * std::mem::size_of::<f32>()).sum()
     }
 
-    /// Whether the pages were planned once (`--kv-capacity`).
-    pub fn is_bounded(&self) -> bool {
-        self.pool.is_bounded()
+    /// The pages all sequences share, when they were planned once (`--kv-capacity`).
+    pub fn budget(&self) -> Option<KvBudget> {
+        self.pool.is_bounded().then_some(KvBudget { page: self.pool.page(), pages: self.pool.total() })
     }
 
     /// Committed positions of the current sequence.

@@ -271,8 +271,7 @@ impl crate::batch::SeqState for CpuQwen3 {
     }
 
     fn kv_budget(&self) -> Option<crate::batch::KvBudget> {
-        let (page, _, pages) = self.kv.pages();
-        self.kv.is_bounded().then_some(crate::batch::KvBudget { page, pages })
+        self.kv.budget()
     }
 }
 
