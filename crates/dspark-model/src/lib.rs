@@ -20,6 +20,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod kv_pages;
 pub mod testing;
+pub mod tp;
 
 pub use backend::{
     Captured, Deferred, DeviceRows, DeviceSampled, DeviceTokens, Drafter, Filters, Forward, Greedy, LogitRows,
