@@ -14,7 +14,7 @@
 use dspark_model::checkpoint::draft_config::MarkovKind;
 use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::testing::{random_draft, target_config, target_weights, DraftSpec};
-use dspark_model::{BatchTarget, Greedy, LogitRows, Qwen3Config, SeqId, Sequences};
+use dspark_model::{BatchTarget, Greedy, LogitRows, Qwen3Config, SeqId, Sequences, TargetModel};
 use dspark_spec::{
     batched, greedy, speculative, speculative_sampled, BatchLimits, BatchRequest, BatchVerify, CostTable, DraftLaw,
     GenerateOptions, SamplingParams, VerifyLen,
@@ -449,6 +449,61 @@ fn paged_requests_wait_for_pages_and_give_them_back() {
     let long = GenerateOptions { max_tokens: 17, ..opts };
     let e = sched.submit(&target, prompt(9, 4, 11), long).unwrap_err().to_string();
     assert!(e.contains("= 21 KV positions (24 in whole pages of 4)") && e.contains("capacity of 20"), "{e}");
+}
+
+/// A long prompt on the CPU goes through the rounds in the model's own chunks
+/// (`dspark_model::cpu::PREFILL_CHUNK`), as the server schedules it: the short requests sharing
+/// those rounds get tokens while it prefills, and every output equals its solo greedy and
+/// speculative runs (which prefill in the same chunks).
+#[test]
+fn a_long_prompt_prefills_in_chunks_beside_the_others_tokens() {
+    use dspark_model::cpu::PREFILL_CHUNK;
+    let cfg = target_config(13, 16, 2, 2, 1, 8, 1024);
+    let weights = target_weights(9, &cfg);
+    let spec = draft_spec(4, true);
+    let target = CpuQwen3::new(cfg.clone(), weights.clone());
+    let chunk = target.prefill_chunk();
+    assert_eq!(chunk, PREFILL_CHUNK);
+    let (mut target, mut draft) = (Sequences::new(target), Sequences::new(random_draft(10, &cfg, &weights, &spec)));
+    let long = prompt(77, 2 * PREFILL_CHUNK + 88, 13);
+    let opts = GenerateOptions { max_tokens: 12, eos_token_ids: vec![], logprobs: None };
+    let requests: Vec<BatchRequest> = [long.clone(), prompt(78, 5, 13), prompt(79, 7, 13)]
+        .into_iter()
+        .map(|p| BatchRequest { prompt: p, opts: opts.clone(), params: SamplingParams::greedy(), arrival: 0 })
+        .collect();
+    let mut sched = dspark_spec::Scheduler::new(BatchVerify::Fixed(4), 3).unwrap().with_prefill_chunk(chunk);
+    let ids: Vec<usize> =
+        requests.iter().map(|r| sched.submit(&target, r.prompt.clone(), opts.clone()).unwrap()).collect();
+    // The round of each committed token, per request.
+    let mut at: Vec<Vec<usize>> = vec![Vec::new(); 3];
+    let mut done = Vec::new();
+    while !sched.is_idle() {
+        let round = sched.round();
+        done.extend(
+            sched
+                .step(&mut target, &mut draft, |id, _| {
+                    at[id].push(round);
+                    ControlFlow::Continue(())
+                })
+                .unwrap(),
+        );
+    }
+    // Three chunks (256, 256, 88): the long prompt's first token comes in round 2, and by then
+    // each short request has committed tokens in rounds 0 and 1.
+    assert_eq!(at[ids[0]].first(), Some(&2), "{at:?}");
+    for &i in &ids[1..] {
+        assert!(at[i].contains(&0) && at[i].contains(&1), "request {i} waited for the long prompt: {at:?}");
+    }
+    let mut alone = CpuQwen3::new(cfg.clone(), weights.clone());
+    for (f, r) in done.iter().map(|f| (f, &requests[f.id])) {
+        let plain = greedy(&mut alone, &r.prompt, &opts, |_| ControlFlow::Continue(())).unwrap();
+        let mut d = random_draft(10, &cfg, &weights, &spec);
+        let spec_run =
+            speculative(&mut alone, &mut d, &r.prompt, &opts, &VerifyLen::Fixed(4), |_| ControlFlow::Continue(()))
+                .unwrap();
+        assert_eq!((&f.output.tokens, &spec_run.tokens), (&plain.tokens, &plain.tokens), "request {}", f.id);
+    }
+    assert_eq!(done.len(), 3);
 }
 
 #[test]

@@ -300,8 +300,20 @@ impl TargetModel for CpuQwen3 {
         Ok(())
     }
 
+    fn prefill_chunk(&self) -> usize {
+        crate::cpu::PREFILL_CHUNK
+    }
+
+    /// Prompts longer than [`crate::cpu::PREFILL_CHUNK`] run as consecutive chunks.
     fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward> {
         check_forward(&self.cfg, self.kv.len(), self.max_len(), tokens)?;
+        crate::cpu::forward_chunked(tokens, rows, |chunk, rows| self.forward_one(chunk, rows))
+    }
+}
+
+impl CpuQwen3 {
+    /// One forward of at most [`crate::cpu::PREFILL_CHUNK`] tokens.
+    fn forward_one(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward> {
         let c = &self.cfg;
         let (n, h, eps) = (tokens.len(), c.hidden_size, c.rms_norm_eps as f32);
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);

@@ -25,7 +25,7 @@ use crate::cpu::qwen3::{CpuQwen3, LayerWeights, Qwen3Weights};
 use crate::error::Result;
 use crate::tp::{all_reduce, gather_argmax, take_cols, take_rows, TpShard};
 use dspark_kernels::cpu::activation::swiglu_inplace;
-use dspark_kernels::cpu::argmax::argmax;
+use dspark_kernels::cpu::argmax::{argmax, argmax_rows};
 use dspark_kernels::cpu::attention::{attention_rows, AttnShape, Mask};
 use dspark_kernels::cpu::matmul::linear;
 use dspark_kernels::cpu::rmsnorm::rmsnorm;
@@ -207,24 +207,25 @@ impl TargetModel for CpuQwen3Tp {
         Ok(())
     }
 
-    /// Full logits: each rank's `[rows, V/N]` concatenated along the vocabulary (an all-gather).
-    fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward> {
-        let first = first_row(rows, tokens.len());
-        let (hn, captured) = self.hidden(tokens, first)?;
-        let out_rows = tokens.len() - first;
-        let parts = self.rank_logits(&hn);
-        let mut logits = Vec::with_capacity(out_rows * self.cfg.vocab_size);
-        for row in 0..out_rows {
-            for (r, p) in self.ranks.iter().zip(&parts) {
-                let w = r.shard.vocab.len();
-                logits.extend_from_slice(&p[row * w..][..w]);
-            }
-        }
-        Ok(Forward { logits, rows: out_rows, captured })
+    fn prefill_chunk(&self) -> usize {
+        crate::cpu::PREFILL_CHUNK
     }
 
-    /// Ids from each rank's per-row candidate (its best value and global index), gathered.
+    /// Full logits: each rank's `[rows, V/N]` concatenated along the vocabulary (an all-gather);
+    /// prompts in chunks, as `CpuQwen3`'s.
+    fn forward(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward> {
+        check_forward(&self.cfg, self.len(), self.max_len(), tokens)?;
+        crate::cpu::forward_chunked(tokens, rows, |chunk, rows| self.forward_one(chunk, rows))
+    }
+
+    /// Ids from each rank's per-row candidate (its best value and global index), gathered; a
+    /// prompt longer than a chunk through `forward` (whose argmax the gather equals exactly).
     fn forward_greedy(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Greedy> {
+        if tokens.len() > crate::cpu::PREFILL_CHUNK {
+            let f = self.forward(tokens, rows)?;
+            let ids = argmax_rows(&f.logits, self.cfg.vocab_size).into_iter().map(|i| i as u32).collect();
+            return Ok(Greedy { ids, captured: Captured::Host(f.captured) });
+        }
         let first = first_row(rows, tokens.len());
         let (hn, captured) = self.hidden(tokens, first)?;
         let candidates: Vec<Vec<(f32, usize)>> = self
@@ -241,5 +242,23 @@ impl TargetModel for CpuQwen3Tp {
             })
             .collect();
         Ok(Greedy { ids: gather_argmax(&candidates), captured: Captured::Host(captured) })
+    }
+}
+
+impl CpuQwen3Tp {
+    /// One forward of at most a chunk.
+    fn forward_one(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Forward> {
+        let first = first_row(rows, tokens.len());
+        let (hn, captured) = self.hidden(tokens, first)?;
+        let out_rows = tokens.len() - first;
+        let parts = self.rank_logits(&hn);
+        let mut logits = Vec::with_capacity(out_rows * self.cfg.vocab_size);
+        for row in 0..out_rows {
+            for (r, p) in self.ranks.iter().zip(&parts) {
+                let w = r.shard.vocab.len();
+                logits.extend_from_slice(&p[row * w..][..w]);
+            }
+        }
+        Ok(Forward { logits, rows: out_rows, captured })
     }
 }
