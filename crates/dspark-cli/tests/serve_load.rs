@@ -419,3 +419,35 @@ fn kv_capacity_admits_what_fits_and_loses_nothing() {
     // The server still serves after it.
     assert_eq!(s.post("/v1/completions", &request(false, PROMPTS[1], 4, false)).status(), 200);
 }
+
+/// A client that leaves while its request waits for K/V pages costs nothing: the request is
+/// cancelled at the next round, while the pages are still taken (a choice left waiting would be
+/// admitted and prefilled when they free, only to stop at its first token), and the request
+/// behind it runs as soon as they free.
+#[test]
+fn a_request_waiting_for_pages_whose_client_left_never_runs() {
+    let s = Server::start(&["--max-batch", "4", "--kv-capacity", "512"]);
+    let until = |what: &str, cond: &dyn Fn() -> bool| {
+        let t0 = Instant::now();
+        while !cond() {
+            assert!(t0.elapsed() < Duration::from_secs(60), "timed out waiting until {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let base = s.base.clone();
+    // A holds every page (prompt + 500 tokens = 32 pages of 16) for a while.
+    let a = std::thread::spawn(move || stream_one(&base, false, PROMPTS[0], 500).unwrap());
+    until("A runs", &|| metric(&s, "dspark_running_requests") == 1.0);
+    // B streams, waits for pages, and leaves.
+    let b = s.post("/v1/completions", &json!({"prompt": PROMPTS[1], "max_tokens": 8, "stream": true}));
+    assert_eq!(b.status(), 200);
+    until("B waits for pages", &|| metric(&s, "dspark_waiting_requests") == 1.0);
+    drop(b);
+    until("B is cancelled", &|| metric(&s, "dspark_waiting_requests") == 0.0);
+    assert!(!a.is_finished(), "B was dropped only when A ended and freed the pages");
+    let c = json_of(s.post("/v1/completions", &request(false, PROMPTS[2], 4, false)));
+    let a = a.join().unwrap();
+    let used = c["usage"]["completion_tokens"].as_u64().unwrap();
+    assert_eq!(generated_tokens(&s), a.tokens.len() as u64 + used, "B generated tokens");
+    assert_eq!(metric(&s, "dspark_kv_reserved_positions"), 0.0);
+}

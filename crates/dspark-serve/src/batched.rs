@@ -7,6 +7,7 @@
 //! ```text
 //! while a slot is free: take a job from the FIFO (block for one when nothing runs) and submit
 //!     its first choice to the scheduler (seed + i for choice i)
+//! cancel the choices whose client went away (running or waiting for pages)
 //! one scheduler round; each token → its choice's text state (stop strings, client gone → stop
 //!     that choice); each finished choice → its Done, and the job's next choice is submitted
 //! ```
@@ -94,6 +95,20 @@ pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
             continue;
         }
         let Models::Batched { target, draft, .. } = &mut engine.models else { return };
+        // Choices whose client went away — running, or still waiting for pages — are cancelled
+        // before the round: their sequences and reserved pages free now, not at a next token
+        // that a waiting choice would first have to be admitted and prefilled to produce.
+        let gone: Vec<usize> = running.iter().filter(|(_, r)| r.job.tx.is_closed()).map(|(&id, _)| id).collect();
+        for id in gone {
+            running.remove(&id);
+            match sched.cancel(target.as_mut(), draft.as_mut(), id) {
+                Ok(tokens) => metrics.generated_tokens.inc_by(tokens.map_or(0, |t| t.len()) as u64),
+                Err(e) => eprintln!("dspark serve: cancelling a request whose client left: {e}"),
+            }
+        }
+        if running.is_empty() {
+            continue;
+        }
         let stepped = sched.step(target.as_mut(), draft.as_mut(), |id, e| {
             let going = running.get_mut(&id).is_some_and(|r| {
                 r.first.get_or_insert_with(Instant::now);
@@ -107,6 +122,7 @@ pub(crate) fn serve(mut engine: Engine, rx: Receiver<Job>, metrics: &Metrics) {
         });
         // After the round: what its finished requests held is free again.
         metrics.running.set(sched.running() as i64);
+        metrics.waiting.set(sched.waiting() as i64);
         metrics.kv_reserved.set(sched.kv_reserved() as i64);
         match stepped {
             Ok(finished) => {

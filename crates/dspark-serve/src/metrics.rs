@@ -22,8 +22,10 @@ pub struct Metrics {
     /// (also logged once), else 0.
     pub draft_low_acceptance: IntGauge,
     check: Mutex<AcceptanceCheck>,
-    /// Requests in the batched rounds (`--max-batch`).
+    /// Requests in the batched rounds (`--max-batch`), and those taken from the queue that wait
+    /// for K/V capacity (`--kv-capacity`).
     pub running: IntGauge,
+    pub waiting: IntGauge,
     /// KV positions the running requests have reserved, and what the pool holds (`--kv-capacity`;
     /// 0 when unbounded).
     pub kv_reserved: IntGauge,
@@ -58,6 +60,9 @@ impl Metrics {
         registry.register(Box::new(mean_accepted_length.clone()))?;
         registry.register(Box::new(draft_low_acceptance.clone()))?;
         let running = IntGauge::new("dspark_running_requests", "Requests in the batched rounds now")?;
+        let waiting =
+            IntGauge::new("dspark_waiting_requests", "Requests taken from the queue that wait for K/V capacity")?;
+        registry.register(Box::new(waiting.clone()))?;
         let kv_reserved = IntGauge::new(
             "dspark_kv_reserved_positions",
             "KV positions the running requests have reserved (prompt + max_tokens, in whole pages)",
@@ -79,6 +84,7 @@ impl Metrics {
             draft_low_acceptance,
             check: Mutex::new(AcceptanceCheck::new()),
             running,
+            waiting,
             kv_reserved,
             kv_capacity,
         })

@@ -214,6 +214,11 @@ impl Scheduler {
         self.active.len()
     }
 
+    /// Requests submitted and not yet admitted (waiting for a slot or for KV capacity).
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// Rounds run so far.
     pub fn round(&self) -> usize {
         self.round
