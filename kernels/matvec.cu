@@ -508,12 +508,12 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
 // load and split. Every tile keeps the 8-row kernel's K split, chunks, MMA order, three part
 // accumulators and epilogue (its virtual block's sum over kparts, norm fold and partial Σ y²,
 // indexed by the virtual block over the 8-row grid `vgrid`), so every output is that kernel's
-// bit for bit. Steps of two chunks (the chunk order does not depend on the step size).
-template <int TW, int NG, bool SWIGLU>
+// bit for bit. Steps of UNROLL chunks (the chunk order does not depend on the step size).
+template <int TW, int NG, bool SWIGLU, int UNROLL>
 __device__ void matvec_tc_tiles(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m,
                                 int in, int out, int accumulate, int ksplit, const float* __restrict__ ss_in, int parts,
                                 float eps, const float* __restrict__ gamma, float* xg, float* ss_out, int vgrid) {
-    constexpr int UNROLL = 2, CW = 32;
+    constexpr int CW = 32;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int tpb = TC_WARPS / ksplit;  // tiles of a virtual block
@@ -804,16 +804,20 @@ MATVEC_TC_W(matvec_tc_swiglu_w4_bf16, 2, true, 2, 4)
 
 // Two tiles a warp, 32 rows a launch (matvec_tc_tiles): the plain and SwiGLU epilogues for every
 // shape (its K split and the 8-row grid `vgrid` from the host), on half the 8-row grid's blocks.
-#define MATVEC_TC_T(NAME, SW)                                                                                     \
+// And four tiles a warp for 16 rows (steps of one chunk: four tiles' weights double-buffered).
+#define MATVEC_TC_T(NAME, SW, TW, NG, U)                                                                          \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 1)                                                \
         NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
              uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
              float* am_gathered, int am_dim, int vgrid) {                                                          \
-        matvec_tc_tiles<2, 4, SW>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, vgrid); \
+        matvec_tc_tiles<TW, NG, SW, U>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out,    \
+                                       vgrid);                                                                     \
     }
-MATVEC_TC_T(matvec_tc_t2w4_bf16, false)
-MATVEC_TC_T(matvec_tc_swiglu_t2w4_bf16, true)
+MATVEC_TC_T(matvec_tc_t2w4_bf16, false, 2, 4, 2)
+MATVEC_TC_T(matvec_tc_swiglu_t2w4_bf16, true, 2, 4, 2)
+MATVEC_TC_T(matvec_tc_t4w2_bf16, false, 4, 2, 1)
+MATVEC_TC_T(matvec_tc_swiglu_t4w2_bf16, true, 4, 2, 1)
 
 // The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
 // k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block

@@ -106,8 +106,8 @@ pub struct Gpu {
     /// Whether launches of more than 8 rows take the wide bf16 kernels, 16 or 32 rows a launch
     /// on one weight read (`matvec.rs` `wide_twin`; `DSPARK_NO_WIDE=1` turns it off for A/B runs).
     pub wide: bool,
-    /// Whether 32-row wide launches take the two-tiles-a-warp kernels (`matvec.rs`
-    /// `tiles_twin`; `DSPARK_NO_WIDE_TILES=1` keeps them on the one-tile wide kernels).
+    /// Whether wide launches take the several-tiles-a-warp kernels (`matvec.rs` `tiles_twin`;
+    /// `DSPARK_NO_WIDE_TILES=1` keeps them on the one-tile wide kernels).
     pub wide_tiles: bool,
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).

@@ -108,6 +108,8 @@ pub const MODULES: &[PtxModule] = &[
             "matvec_tc_swiglu_w4_bf16",
             "matvec_tc_t2w4_bf16",
             "matvec_tc_swiglu_t2w4_bf16",
+            "matvec_tc_t4w2_bf16",
+            "matvec_tc_swiglu_t4w2_bf16",
             "matvec_tc_fp8",
             "matvec_tc_u4_fp8",
             "matvec_tc_u4b1_fp8",
