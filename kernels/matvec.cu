@@ -500,6 +500,174 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     }
 }
 
+// Wide launches with TW tiles a warp (issue #30's batched steps). The wide matvec_tc launches
+// (NG > 1) are latency-bound (ncu, 32 rows: DRAM 20–36%, L1 36–52%, issue 41–65%): every warp
+// owns one 16-row weight tile, so each 8 rows of x are loaded and split into parts once per
+// tile. Here a warp owns TW tiles — the same tile of TW consecutive 8-row-kernel blocks
+// ("virtual blocks") — and feeds each group's split x to all of them: TW times the MMAs per x
+// load and split. Every tile keeps the 8-row kernel's K split, chunks, MMA order, three part
+// accumulators and epilogue (its virtual block's sum over kparts, norm fold and partial Σ y²,
+// indexed by the virtual block over the 8-row grid `vgrid`), so every output is that kernel's
+// bit for bit. Steps of UNROLL chunks (the chunk order does not depend on the step size).
+template <int TW, int NG, bool SWIGLU, int UNROLL>
+__device__ void matvec_tc_tiles(const __nv_bfloat16* __restrict__ w, const float* __restrict__ x, float* y, int m,
+                                int in, int out, int accumulate, int ksplit, const float* __restrict__ ss_in, int parts,
+                                float eps, const float* __restrict__ gamma, float* xg, float* ss_out, int vgrid) {
+    constexpr int CW = 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int tpb = TC_WARPS / ksplit;  // tiles of a virtual block
+    const int slot = warp / ksplit, kpart = warp % ksplit;
+    const uint4* wa[TW];
+    const uint4* wb[TW];
+#pragma unroll
+    for (int v = 0; v < TW; v++) {
+        const int row0 = ((blockIdx.x * TW + v) * tpb + slot) * 16;
+        const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);  // clamped: loads stay in bounds
+        wa[v] = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
+        wb[v] = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
+    }
+    pdl_trigger();
+    float acc[TW][NG][3][4];
+#pragma unroll
+    for (int v = 0; v < TW; v++)
+#pragma unroll
+        for (int r = 0; r < NG; r++)
+#pragma unroll
+            for (int p = 0; p < 3; p++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[v][r][p][i] = 0.f;
+    const int kbeg = kpart * CW, stride = ksplit * CW, step = stride * UNROLL;
+    auto load = [&](uint4 (*va)[UNROLL], uint4 (*vb)[UNROLL], int chunk) {
+#pragma unroll
+        for (int v = 0; v < TW; v++) load_w_step<UNROLL>(wa[v], wb[v], chunk, stride, in, t, va[v], vb[v]);
+    };
+    auto compute = [&](const uint4 (*va)[UNROLL], const uint4 (*vb)[UNROLL], int chunk) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int k = chunk + u * stride + 8 * t;
+#pragma unroll
+            for (int r = 0; r < NG; r++) {
+                float xr[8];
+                if (8 * r + g < m && k < in) {
+                    load_x8(x, 8 * r + g, k, in, xr);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) xr[i] = 0.f;
+                }
+                uint32_t h[4], md[4], lo[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) split3(xr[2 * j], xr[2 * j + 1], h[j], md[j], lo[j]);
+#pragma unroll
+                for (int v = 0; v < TW; v++) mma_parts3(acc[v][r], va[v][u], vb[v][u], h, md, lo);
+            }
+        }
+    };
+    uint4 a0[TW][UNROLL], b0[TW][UNROLL], a1[TW][UNROLL], b1[TW][UNROLL];
+    load(a0, b0, kbeg);
+    anchor_loads(wa[0]);
+    pdl_wait();
+    for (int chunk = kbeg; chunk < in;) {
+        load(a1, b1, chunk + step);
+        compute(a0, b0, chunk);
+        chunk += step;
+        if (chunk >= in) break;
+        load(a0, b0, chunk + step);
+        compute(a1, b1, chunk);
+        chunk += step;
+    }
+
+    __shared__ float part_buf[TW][TC_WARPS][16][8];
+    __shared__ float inv_rms[8];
+#pragma unroll
+    for (int grp = 0; grp < NG; grp++) {
+        const int mg = min(8, m - 8 * grp);
+        if (mg <= 0) break;
+        if (grp > 0) __syncthreads();
+        float* yg = y + (size_t)8 * grp * (SWIGLU ? out / 2 : out);
+        float* xgg = xg == nullptr ? xg : xg + (size_t)8 * grp * out;
+        const float* ssi = ss_in == nullptr ? ss_in : ss_in + (size_t)8 * grp * parts;
+        float* sso = ss_out == nullptr ? ss_out : ss_out + (size_t)8 * grp * vgrid;
+#pragma unroll
+        for (int v = 0; v < TW; v++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float s = (acc[v][grp][2][i] + acc[v][grp][1][i]) + acc[v][grp][0][i];
+                part_buf[v][warp][g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)] = s;
+            }
+        if (ssi != nullptr && warp < mg) {
+            float ss = 0.f;
+            for (int j = lane; j < parts; j += 32) ss += ssi[(size_t)warp * parts + j];
+            ss = warp_sum(ss);
+            if (lane == 0) inv_rms[warp] = rsqrtf(ss / in + eps);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int v = 0; v < TW; v++) {
+            const int vb = blockIdx.x * TW + v;  // the 8-row kernel's block
+            float(*part)[16][8] = part_buf[v];
+            if (!SWIGLU) {
+                float sqv[TC_WARPS * 128 / (TC_WARPS * 32)];
+#pragma unroll
+                for (int k = 0; k < TC_WARPS * 128 / (TC_WARPS * 32); k++) {
+                    const int idx = threadIdx.x + k * TC_WARPS * 32;
+                    sqv[k] = 0.f;
+                    if (idx >= tpb * 128) break;
+                    const int tl = idx >> 7, r = (idx >> 3) & 15, col = idx & 7;
+                    const int o = (vb * tpb + tl) * 16 + r;
+                    if (col < mg && o < out && vb < vgrid) {
+                        float s = 0.f;
+                        for (int kp = 0; kp < ksplit; kp++) s += part[tl * ksplit + kp][r][col];
+                        if (ssi != nullptr) s *= inv_rms[col];
+                        const size_t i = (size_t)col * out + o;
+                        s = accumulate ? yg[i] + s : s;
+                        yg[i] = s;
+                        if (gamma != nullptr) {
+                            xgg[i] = s * gamma[o];
+                            sqv[k] = s * s;
+                        }
+                    }
+                }
+                if (gamma != nullptr) {
+                    // This virtual block's partial Σ y² of each row, as the 8-row kernel's block
+                    // sums it: tile row j's square of row `col` at flat index j·8 + col.
+                    float* sqs = &part[0][0][0];
+                    __syncthreads();
+#pragma unroll
+                    for (int k = 0; k < TC_WARPS * 128 / (TC_WARPS * 32); k++) {
+                        const int idx = threadIdx.x + k * TC_WARPS * 32;
+                        if (idx < tpb * 128) sqs[idx] = sqv[k];
+                    }
+                    __syncthreads();
+                    if (warp < mg) {
+                        float ss = 0.f;
+                        for (int j = lane; j < tpb * 16; j += 32) ss += sqs[j * 8 + warp];
+                        ss = warp_sum(ss);
+                        if (lane == 0 && vb < vgrid) sso[(size_t)warp * vgrid + vb] = ss;
+                    }
+                }
+            } else {
+                for (int idx = threadIdx.x; idx < tpb * 64; idx += blockDim.x) {
+                    const int tl = idx >> 6, p = (idx >> 3) & 7, col = idx & 7;
+                    const int o = (vb * tpb + tl) * 16 + 2 * p;
+                    if (col < mg && o + 1 < out && vb < vgrid) {
+                        float gs = 0.f, us = 0.f;
+                        for (int kp = 0; kp < ksplit; kp++) {
+                            gs += part[tl * ksplit + kp][2 * p][col];
+                            us += part[tl * ksplit + kp][2 * p + 1][col];
+                        }
+                        if (ssi != nullptr) {
+                            gs *= inv_rms[col];
+                            us *= inv_rms[col];
+                        }
+                        yg[(size_t)col * (out / 2) + o / 2] = silu(gs) * us;
+                    }
+                }
+            }
+        }
+    }
+}
+
 // The tile-looping twin, for many short tiles: Markov W2 (151936 × 256) is 9496 tiles of 16
 // rows whose K is 8 chunks, 4 steps of a warp. matvec_tc runs them as 1187 blocks in three
 // rounds of resident blocks, each block paying its first load's round trip and its epilogue's
@@ -633,6 +801,23 @@ MATVEC_TC_W(matvec_tc_u4_w2_bf16, 4, false, 1, 2)
 MATVEC_TC_W(matvec_tc_u4_w4_bf16, 4, false, 1, 4)
 MATVEC_TC_W(matvec_tc_swiglu_w2_bf16, 2, true, 2, 2)
 MATVEC_TC_W(matvec_tc_swiglu_w4_bf16, 2, true, 2, 4)
+
+// Two tiles a warp, 32 rows a launch (matvec_tc_tiles): the plain and SwiGLU epilogues for every
+// shape (its K split and the 8-row grid `vgrid` from the host), on half the 8-row grid's blocks.
+// And four tiles a warp for 16 rows (steps of one chunk: four tiles' weights double-buffered).
+#define MATVEC_TC_T(NAME, SW, TW, NG, U)                                                                          \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 1)                                                \
+        NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
+             const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
+             uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
+             float* am_gathered, int am_dim, int vgrid) {                                                          \
+        matvec_tc_tiles<TW, NG, SW, U>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out,    \
+                                       vgrid);                                                                     \
+    }
+MATVEC_TC_T(matvec_tc_t2w4_bf16, false, 2, 4, 2)
+MATVEC_TC_T(matvec_tc_swiglu_t2w4_bf16, true, 2, 4, 2)
+MATVEC_TC_T(matvec_tc_t4w2_bf16, false, 4, 2, 1)
+MATVEC_TC_T(matvec_tc_swiglu_t4w2_bf16, true, 4, 2, 1)
 
 // The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
 // k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block
