@@ -204,7 +204,20 @@ fn batched_draft_passes_equal_each_sequence_alone() {
                 drafts.append_captured(id, &dspark_model::Captured::Host(features)).unwrap();
             }
             let items: Vec<(usize, u32)> = ids.iter().map(|&id| (id, rng.below(96) as u32)).collect();
+            gpu().set_profiling(round == 0).unwrap();
             let got = drafts.propose_batch(&items).unwrap();
+            if round == 0 {
+                // A vanilla head's chains run for all requests at once (no one-row Markov
+                // launch); the gated and RNN heads' request by request.
+                let kernels = gpu().take_profile().unwrap();
+                gpu().set_profiling(false).unwrap();
+                let one_row: usize =
+                    kernels.iter().filter(|k| k.name.contains("argmax_bf16")).map(|k| k.launches).sum();
+                match kind {
+                    MarkovKind::Vanilla => assert_eq!(one_row, 0, "{kind:?}: {kernels:?}"),
+                    _ => assert!(one_row > 0, "{kind:?}: {kernels:?}"),
+                }
+            }
             for (k, &(id, anchor)) in items.iter().enumerate() {
                 let mut alone = None;
                 drafts

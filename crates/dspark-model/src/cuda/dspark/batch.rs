@@ -12,19 +12,22 @@
 //!            own context caches (`layers::Segment`, not causal), in one segmented launch per
 //!            kernel for all requests (`dspark_kernels::cuda::attention_seg`)
 //! hidden = RMSNorm(x); logits = lm_head · hidden     (R·B rows)
-//! then per request, on the single-sequence buffers: its rows copied in, the Markov chain slot by
-//! slot and the confidence head, exactly as `propose` runs them
+//! vanilla Markov head (or none): the chains of all requests slot by slot, W2 over R rows a
+//!   slot, then every row's confidence in one launch (`chain_all`)
+//! gated / RNN head: per request, on the single-sequence buffers: its rows copied in, the chain
+//!   slot by slot and the confidence head, exactly as `propose` runs them
 //! ```
 //!
 //! Every row's sums are its single-sequence pass's (the small-M kernels' rows do not depend on
-//! the batch; each request's attention runs the same kernels over the same rows), so each
-//! proposal equals `propose(anchor)` on its sequence alone, bit for bit — tokens and survival.
-//! The pass launches eagerly (no graphs); the chain stays one request at a time (W2's R rows a
-//! slot in one launch is the next step).
+//! the batch; each request's attention runs the same kernels over the same rows; the argmax
+//! order is total), so each proposal equals `propose(anchor)` on its sequence alone, bit for
+//! bit — tokens and survival. The pass launches eagerly (no graphs). `DSPARK_NO_BATCHED_CHAIN=1`
+//! runs every chain request by request, for A/B runs.
 
 use super::{CudaDraft, DraftSeq, Markov, Variant};
 use crate::backend::{Captured, Drafter, Proposal};
 use crate::batch::{close_slot, open_slot, slot_mut, slots_mut, BatchDrafter, SeqId, SeqState};
+use crate::cpu::markov::prefix_survival;
 use crate::cuda::layers::{drv, gpu_err, run_layers, Segment};
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
@@ -42,6 +45,14 @@ pub(super) struct BlockBatch {
     /// `[per_pass · B, H]` normalised rows and `[per_pass · B, V]` logits.
     hidden: CudaSlice<f32>,
     logits: CudaSlice<f32>,
+    /// The chains of all requests at once (`chain_all`): the normalised rows slot-major
+    /// (`[B, per_pass, H]`), every slot's e rows slot-major and request-major (`[B, per_pass, r]`
+    /// twice), its tokens slot-major (`[B, per_pass]`) and the confidence logits request-major.
+    hidden_sm: CudaSlice<f32>,
+    e_sm: CudaSlice<f32>,
+    e_rm: CudaSlice<f32>,
+    tokens_sm: CudaSlice<u32>,
+    conf: CudaSlice<f32>,
 }
 
 impl CudaDraft {
@@ -56,11 +67,19 @@ impl CudaDraft {
         // A pass's blocks attend in one launch per kernel (layers::step_segments).
         let layers = self.cfg.layer.num_hidden_layers;
         self.scratch.reserve_segments(&self.arena, &self.gpu, &self.cfg.layer, layers, per_pass)?;
+        let r = self.markov.as_ref().map_or(1, |m| m.rank);
+        let z = |n: usize| self.arena.zeros::<f32>(n).map_err(drv);
         self.block_batch = Some(BlockBatch {
             per_pass,
-            step_in: self.arena.zeros::<u32>(2 * per_pass + rows).map_err(drv)?,
-            hidden: self.arena.zeros::<f32>(rows * h).map_err(drv)?,
-            logits: self.arena.zeros::<f32>(rows * v).map_err(drv)?,
+            // + every request's anchor, contiguous (the chains' first W1 rows).
+            step_in: self.arena.zeros::<u32>(3 * per_pass + rows).map_err(drv)?,
+            hidden: z(rows * h)?,
+            logits: z(rows * v)?,
+            hidden_sm: z(rows * h)?,
+            e_sm: z(rows * r)?,
+            e_rm: z(rows * r)?,
+            tokens_sm: self.arena.zeros::<u32>(rows).map_err(drv)?,
+            conf: z(rows)?,
         });
         Ok(())
     }
@@ -105,6 +124,8 @@ impl CudaDraft {
             up.push(*anchor);
             up.extend(std::iter::repeat_n(self.cfg.mask_token_id, b - 1));
         }
+        let anchors_at = up.len();
+        up.extend(group.iter().map(|(_, anchor)| *anchor));
         gpu.stream.memcpy_htod(&up, &mut bb.step_in.slice_mut(..up.len())).map_err(drv)?;
         let ids_at = 2 * count;
         gpu.embedding(&self.embed_tokens, h, &bb.step_in.slice(ids_at..ids_at + n), n, &mut self.x.slice_mut(..n * h))
@@ -131,6 +152,9 @@ impl CudaDraft {
         }
         gpu.rmsnorm(&self.x.slice(..n * h), &self.norm.as_view(), eps, n, &mut bb.hidden.slice_mut(..n * h))
             .map_err(gpu_err)?;
+        if self.chains_together() {
+            return self.chain_all(bb, count, anchors_at);
+        }
         gpu.matvec(&self.lm_head, &bb.hidden.slice(..n * h), &mut bb.logits.slice_mut(..n * v), (n, h, v), false)
             .map_err(gpu_err)?;
 
@@ -168,6 +192,97 @@ impl CudaDraft {
             out.push(Proposal { tokens, survival: self.survival()? });
         }
         Ok(out)
+    }
+}
+
+impl CudaDraft {
+    /// Whether the requests' chains can run together, slot by slot (`chain_all`): a vanilla
+    /// Markov head (e_s alone is W2's input) or none. The gated and RNN heads' per-slot inputs
+    /// keep the request-by-request chain.
+    fn chains_together(&self) -> bool {
+        std::env::var_os("DSPARK_NO_BATCHED_CHAIN").is_none()
+            && self.markov.as_ref().is_none_or(|m| matches!(m.variant, Variant::Vanilla))
+    }
+
+    /// lm_head and the Markov chains of `count` requests whose normalised rows are in
+    /// `bb.hidden` (request-major), slot by slot for all requests at once:
+    ///
+    /// ```text
+    /// logits[s, ·] = lm_head · hidden[·, s]                 (rows slot-major: one launch)
+    /// e[0, ·] = W1[anchor of each request]
+    /// per slot s: logits[s, ·] += W2 · e[s, ·]; token[s, ·] = argmax; e[s+1, ·] = W1[token]
+    /// confidence of every (request, slot) row                 (one launch)
+    /// ```
+    ///
+    /// Every row's sums are the single chain's (the products' rows do not depend on the batch,
+    /// the argmax order is total, W1 rows are widened exactly), so each proposal equals
+    /// `propose(anchor)` alone: tokens and survival.
+    fn chain_all(&mut self, bb: &mut BlockBatch, count: usize, anchors_at: usize) -> Result<Vec<Proposal>> {
+        let l = &self.cfg.layer;
+        let (b, h, v) = (self.cfg.block_size, l.hidden_size, l.vocab_size);
+        let gpu = self.gpu.clone();
+        let n = count * b;
+        // Rows slot-major: row s·count + k is request k's slot s.
+        for s in 0..b {
+            let src = bb.hidden.slice(s * h..n * h);
+            let mut dst = bb.hidden_sm.slice_mut(s * count * h..(s + 1) * count * h);
+            gpu.copy_rows(&src, &mut dst, count, h, (b * h, h)).map_err(gpu_err)?;
+        }
+        gpu.matvec(&self.lm_head, &bb.hidden_sm.slice(..n * h), &mut bb.logits.slice_mut(..n * v), (n, h, v), false)
+            .map_err(gpu_err)?;
+        let r = self.markov.as_ref().map_or(0, |m| m.rank);
+        if let Some(m) = &self.markov {
+            let anchors = bb.step_in.slice(anchors_at..anchors_at + count);
+            gpu.embedding(&m.w1, r, &anchors, count, &mut bb.e_sm.slice_mut(..count * r)).map_err(gpu_err)?;
+        }
+        for s in 0..b {
+            let rows = s * count..(s + 1) * count;
+            let mut logits_s = bb.logits.slice_mut(rows.start * v..rows.end * v);
+            if let Some(m) = &self.markov {
+                let e_s = bb.e_sm.slice(rows.start * r..rows.end * r);
+                gpu.matvec(&m.w2, &e_s, &mut logits_s, (count, r, v), true).map_err(gpu_err)?;
+            }
+            let mut tokens_s = bb.tokens_sm.slice_mut(rows.clone());
+            gpu.argmax_split(&logits_s.as_view(), v, v, count, &mut tokens_s, &mut self.scratch.ops)
+                .map_err(gpu_err)?;
+            if let (Some(m), true) = (&self.markov, s + 1 < b) {
+                let next = bb.e_sm.slice_mut(rows.end * r..(rows.end + count) * r);
+                gpu.embedding(&m.w1, r, &bb.tokens_sm.slice(rows), count, &mut { next }).map_err(gpu_err)?;
+            }
+        }
+        let mut survival = vec![None; count];
+        if let Some(c) = &self.confidence {
+            // e request-major beside the hidden rows: row k·b + s.
+            let re = r.max(1);
+            if r > 0 {
+                for s in 0..b {
+                    let src = bb.e_sm.slice(s * count * r..(s + 1) * count * r);
+                    let mut dst = bb.e_rm.slice_mut(s * r..n * r);
+                    gpu.copy_rows(&src, &mut dst, count, r, (r, b * r)).map_err(gpu_err)?;
+                }
+            }
+            gpu.confidence(
+                &c.weight.as_view(),
+                c.bias,
+                &bb.hidden.slice(..n * h),
+                &bb.e_rm.slice(..(n * r).max(re)),
+                (n, h, r),
+                c.with_markov && r > 0,
+                &mut bb.conf.slice_mut(..n),
+            )
+            .map_err(gpu_err)?;
+            let mut conf = vec![0f32; n];
+            gpu.stream.memcpy_dtoh(&bb.conf.slice(..n), &mut conf).map_err(drv)?;
+            for (k, sv) in survival.iter_mut().enumerate() {
+                *sv = Some(prefix_survival(&conf[k * b..(k + 1) * b]));
+            }
+        }
+        let mut tokens = vec![0u32; n];
+        gpu.stream.memcpy_dtoh(&bb.tokens_sm.slice(..n), &mut tokens).map_err(drv)?;
+        Ok((0..count)
+            .zip(survival)
+            .map(|(k, survival)| Proposal { tokens: (0..b).map(|s| tokens[s * count + k]).collect(), survival })
+            .collect())
     }
 }
 
