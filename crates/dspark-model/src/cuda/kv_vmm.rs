@@ -201,18 +201,32 @@ impl KvPages {
             location: Self::prop(&self.gpu).location,
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        for i in had..seq.pages.len() {
+        // Chunks mapped by this call, unmapped again if a later one fails (the pages go back).
+        let mut mapped: Vec<sys::CUdeviceptr> = Vec::new();
+        let mut map = |at: sys::CUdeviceptr, h| -> Result<()> {
+            // SAFETY: `at .. at + gran` lies in the sequence's reserved range (checked above)
+            // and is unmapped (pages past `had` were never mapped or were unmapped).
+            check("cuMemMap", unsafe { sys::cuMemMap(at, self.gran, 0, h, 0) })?;
+            mapped.push(at);
+            check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(at, self.gran, &access, 1) })
+        };
+        let mut failed = None;
+        'pages: for i in had..seq.pages.len() {
             let page = seq.pages.ids()[i] as usize;
             for (b, &base) in seq.bases.iter().enumerate() {
-                let at = base + (i * self.gran) as u64;
-                let h = self.handles[page * self.per_page + b];
-                // SAFETY: `at .. at + gran` lies in the sequence's reserved range (checked above)
-                // and is unmapped (pages past `had` were never mapped or were unmapped).
-                check("cuMemMap", unsafe { sys::cuMemMap(at, self.gran, 0, h, 0) })?;
-                check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(at, self.gran, &access, 1) })?;
+                if let Err(e) = map(base + (i * self.gran) as u64, self.handles[page * self.per_page + b]) {
+                    failed = Some(e);
+                    break 'pages;
+                }
             }
         }
-        Ok(())
+        let Some(e) = failed else { return Ok(()) };
+        for at in mapped {
+            // SAFETY: mapped just above; nothing has run on it.
+            let _ = unsafe { sys::cuMemUnmap(at, self.gran) };
+        }
+        self.pool.shrink(&mut seq.pages, had * self.positions);
+        Err(e)
     }
 
     /// Unmaps the pages of `seq` past those `positions` positions take, once the stream is idle.
