@@ -66,8 +66,7 @@ pub struct ServeArgs {
     /// ones', and waits in the queue until then. Also caps one request's context. Default: each
     /// of --max-batch requests may hold --max-context. On CUDA the pages are the driver's mapping
     /// granularity (2 MiB of a layer's keys or values: 1,024 positions of Qwen3-8B in bf16), mapped
-    /// into each request's address range as it grows; the draft's context caches stay
-    /// --max-context per request.
+    /// into each request's address range as it grows, for the draft's contexts as well.
     #[arg(long, value_parser = parse_kv_capacity)]
     kv_capacity: Option<usize>,
     /// Element type of the KV caches (`bf16` halves them: what transformers, vLLM and llama.cpp
@@ -221,22 +220,26 @@ impl Loaded {
             }
             Loaded::Cuda(t, Some(mut d)) => {
                 let sampled = d.prefers_sampled_block();
-                d.reserve_sequences(max_batch).context("--max-batch: the draft's context caches")?;
                 let t = match kv_capacity {
-                    None => dspark_model::cuda::qwen3::CudaBatch::new(t, max_batch)
-                        .context("--max-batch: K/V caches for every sequence")?,
+                    None => {
+                        d.reserve_sequences(max_batch).context("--max-batch: the draft's context caches")?;
+                        dspark_model::cuda::qwen3::CudaBatch::new(t, max_batch)
+                            .context("--max-batch: K/V caches for every sequence")?
+                    }
                     Some(cap) => {
                         let t = dspark_model::cuda::qwen3::CudaBatch::paged(t, max_batch, cap)
                             .context("--kv-capacity: the target's K/V pages")?;
-                        if let Some(b) = t.kv_budget() {
-                            eprintln!(
-                                "dspark serve: K/V cache of {} positions: {} pages of {} ({:.2} GiB)",
-                                b.pages * b.page,
-                                b.pages,
-                                b.page,
-                                t.kv_page_bytes().unwrap_or(0) as f64 / (1u64 << 30) as f64
-                            );
-                        }
+                        let b = t.kv_budget().context("--kv-capacity: the target's pages")?;
+                        d.reserve_sequences_paged(max_batch, b).context("--kv-capacity: the draft's context pages")?;
+                        let gib = |x: usize| x as f64 / (1u64 << 30) as f64;
+                        eprintln!(
+                            "dspark serve: K/V cache of {} positions: {} pages of {} ({:.2} GiB; the draft's contexts {:.2} GiB)",
+                            b.pages * b.page,
+                            b.pages,
+                            b.page,
+                            gib(t.kv_page_bytes().unwrap_or(0)),
+                            gib(d.ctx_page_bytes().unwrap_or(0)),
+                        );
                         t
                     }
                 };

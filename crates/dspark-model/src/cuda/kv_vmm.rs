@@ -76,7 +76,7 @@ impl KvPages {
         gpu: Arc<Gpu>,
         dtype: KvDtype,
         (layers, row, max_len): (usize, usize, usize),
-        capacity: usize,
+        (capacity, extra_pages): (usize, usize),
     ) -> Result<KvPages> {
         gpu.ctx.bind_to_thread().map_err(drv)?;
         let prop = Self::prop(&gpu);
@@ -94,7 +94,7 @@ impl KvPages {
             return Err(Error::Request(format!("paged K/V: rows of {row_bytes} bytes in chunks of {gran}")));
         }
         let positions = gran / row_bytes;
-        let pages = capacity.div_ceil(positions).max(1);
+        let pages = capacity.div_ceil(positions).max(1) + extra_pages;
         let per_page = 2 * layers;
         let mut handles = Vec::with_capacity(pages * per_page);
         for _ in 0..pages * per_page {
@@ -264,6 +264,17 @@ impl VirtualKv {
     /// Pages mapped.
     pub fn pages(&self) -> usize {
         self.pages.len()
+    }
+
+    /// The caches, lent to an owner that wraps them (the draft's `LayerCaches`); they must come
+    /// back through [`VirtualKv::put_caches`] before this is dropped, or cudarc would free
+    /// memory it does not own.
+    pub fn take_caches(&mut self) -> Option<KvCaches> {
+        self.caches.take()
+    }
+
+    pub fn put_caches(&mut self, caches: KvCaches) {
+        self.caches = Some(caches);
     }
 }
 

@@ -145,12 +145,20 @@ fn batched_rounds_equal_solo_runs_on_the_gpu() {
         };
         let target = CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap();
         let mut draft = CudaDraft::load(&ddir, &target).unwrap();
-        draft.reserve_sequences(max_batch).unwrap();
-        // Every third seed on paged caches (`--kv-capacity`): one 2 MiB page holds 8,192 of
-        // these rows, so the budget is one page and the requests run one at a time.
+        // Every third seed on paged caches (`--kv-capacity`), the draft's contexts too: one
+        // 2 MiB page holds 8,192 of these rows, so the budget is one page and the requests run
+        // one at a time.
         let mut target = match seed % 3 {
-            2 => CudaBatch::paged(target, max_batch, MAX_LEN).unwrap(),
-            _ => CudaBatch::new(target, max_batch).unwrap(),
+            2 => {
+                let t = CudaBatch::paged(target, max_batch, MAX_LEN).unwrap();
+                draft.reserve_sequences_paged(max_batch, t.kv_budget().unwrap()).unwrap();
+                assert_eq!(draft.ctx_pages_free(), Some(1 + 2 * max_batch), "seed {seed}: the draft's pages");
+                t
+            }
+            _ => {
+                draft.reserve_sequences(max_batch).unwrap();
+                CudaBatch::new(target, max_batch).unwrap()
+            }
         };
         // The draft's blocks one sequence at a time, or in batched passes (`CudaDrafts`).
         let mut draft: Box<dyn BatchDrafter> =

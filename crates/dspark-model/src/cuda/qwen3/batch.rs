@@ -107,7 +107,7 @@ impl CudaBatch {
         }
         let (layers, kv) = (model.cfg.num_hidden_layers, model.cfg.kv_dim());
         let shape = (layers, kv, model.max_len);
-        let pages = KvPages::new(model.gpu.clone(), model.kv_dtype(), shape, capacity)?;
+        let pages = KvPages::new(model.gpu.clone(), model.kv_dtype(), shape, (capacity, 0))?;
         drop(std::mem::replace(&mut model.caches, KvCaches::F32 { k: Vec::new(), v: Vec::new() }));
         let pool = (0..max_seqs).map(|_| pages.reserve().map(SeqCaches::Paged)).collect::<Result<Vec<_>>>()?;
         Self::with_pool(model, max_seqs, pool, Some(pages))
