@@ -553,3 +553,6 @@ mod prefill;
 
 #[path = "gpu_model/sampled.rs"]
 mod sampled;
+
+#[path = "gpu_model/paged.rs"]
+mod paged;

@@ -104,6 +104,10 @@ pub struct BenchArgs {
     /// Tuning: only the batched rounds of `--concurrency`, no other phase.
     #[arg(long)]
     pub concurrency_only: bool,
+    /// The batched rounds on paged K/V (`serve --kv-capacity`): pages for the largest level's
+    /// requests at each context (A/B against the contiguous caches: the kernels are the same).
+    #[arg(long)]
+    pub paged: bool,
 }
 
 /// A target weight format of the bench.
@@ -169,8 +173,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let dw = RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02);
             let draft = CudaDraft::from_source(configs::dspark_8b()?, &dw, &target)?;
             let mut token = tokens(args.seed, target.config().vocab_size);
-            let (rows, profiles) =
-                concurrency::measure(&gpu, target, draft, ctx, &args.concurrency, args.iters, &mut token)?;
+            let (rows, profiles) = concurrency::measure(
+                &gpu,
+                target,
+                draft,
+                (ctx, args.paged),
+                &args.concurrency,
+                args.iters,
+                &mut token,
+            )?;
             batched.extend(rows);
             measured.profiles.extend(profiles);
         }

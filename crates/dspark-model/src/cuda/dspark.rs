@@ -22,6 +22,7 @@ use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch
 use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
 
 mod batch;
+mod paged;
 mod prefill;
 mod sequences;
 use crate::cuda::qwen3::{
@@ -97,9 +98,11 @@ pub struct CudaDraft {
     confidence: Option<Confidence>,
     inv_freq: CudaSlice<f32>,
     /// Every layer's K/V cache, with the addresses the one-launch context append reads.
-    caches: LayerCaches,
+    caches: paged::CtxCaches,
     /// Context caches planned for more sequences (`sequences.rs`), not in use.
-    seq_pool: Vec<LayerCaches>,
+    seq_pool: Vec<paged::CtxCaches>,
+    /// The pages of paged contexts (`paged.rs`, `--kv-capacity`).
+    ctx_pages: Option<crate::cuda::kv_vmm::KvPages>,
     /// The buffers of block passes over several sequences (`batch.rs`), planned with them.
     block_batch: Option<batch::BlockBatch>,
     /// Every layer's k_proj|v_proj rows stacked `[layers · 2·kv, H]` (a device copy of the rows
@@ -276,8 +279,9 @@ impl CudaDraft {
             layers,
             norm: ck.vector(&arena, "norm.weight", &[h])?,
             inv_freq: arena.upload(&inv_freq(l.rope_theta as f32, l.head_dim)).map_err(drv)?,
-            caches,
+            caches: paged::CtxCaches::owned(caches),
             seq_pool: Vec::new(),
+            ctx_pages: None,
             block_batch: None,
             ctx_kv,
             ctx_k_norm,
@@ -636,7 +640,9 @@ impl CudaDraft {
         self.device_blocks
     }
 
-    fn check_room(&self, n: usize) -> Result<()> {
+    /// Refuses a context past `max_len`; on paged contexts, maps the pages `n` more rows and
+    /// the block after them take (`paged.rs`).
+    fn check_room(&mut self, n: usize) -> Result<()> {
         if self.ctx_len + n > self.max_len {
             return Err(Error::Request(format!(
                 "draft context of {} positions exceeds {}",
@@ -644,7 +650,8 @@ impl CudaDraft {
                 self.max_len
             )));
         }
-        Ok(())
+        let positions = self.ctx_len + n + self.cfg.block_size;
+        Self::cover_ctx(&mut self.ctx_pages, &mut self.caches, positions)
     }
 }
 

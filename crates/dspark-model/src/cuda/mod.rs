@@ -4,6 +4,8 @@
 //! * [`layers`] — decoder-layer weights (fused q|k|v, interleaved gate|up, folded RMSNorms) and
 //!   the layer step both share.
 //! * [`graphs`] — one CUDA graph per step shape, captured on first use and replayed.
+//! * [`kv_vmm`] — paged K/V for `--kv-capacity`: physical pages mapped into each sequence's
+//!   contiguous address range, so every kernel is unchanged.
 //! * [`fp8`] — Qwen's block-scaled FP8 projections in the device layout the FP8 kernels read.
 //! * [`weights`] — `WeightSource`: a checkpoint, or random bf16 weights made on the device for
 //!   `dspark bench`.
@@ -11,6 +13,7 @@
 pub mod dspark;
 pub mod fp8;
 pub mod graphs;
+pub mod kv_vmm;
 pub mod layers;
 pub mod prefill;
 pub mod qwen3;
