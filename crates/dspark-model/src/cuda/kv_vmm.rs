@@ -153,7 +153,10 @@ impl KvPages {
     /// mapped yet.
     pub fn reserve(&self) -> Result<VirtualKv> {
         self.gpu.ctx.bind_to_thread().map_err(drv)?;
-        let range_bytes = (self.max_len * self.row_bytes).div_ceil(self.gran).max(1) * self.gran;
+        // As many chunks as `max_len` positions take in whole pages (a page holds
+        // ⌊gran / row_bytes⌋ positions, so when a row does not divide a chunk this is more than
+        // the rows' bytes alone would need).
+        let range_bytes = self.pool.pages_for(self.max_len).max(1) * self.gran;
         let mut seq = VirtualKv {
             gpu: self.gpu.clone(),
             gran: self.gran,
