@@ -47,8 +47,6 @@ pub struct KvPages {
     pool: PagePool,
     /// Positions a page holds.
     positions: usize,
-    /// Bytes of one position in one buffer.
-    row_bytes: usize,
     dtype: KvDtype,
     layers: usize,
     /// Positions a sequence's range holds.
@@ -113,7 +111,7 @@ impl KvPages {
             handles.push(h);
         }
         let pool = PagePool::bounded(positions, pages)?;
-        Ok(KvPages { gpu, gran, per_page, handles, pool, positions, row_bytes, dtype, layers, max_len, row })
+        Ok(KvPages { gpu, gran, per_page, handles, pool, positions, dtype, layers, max_len, row })
     }
 
     fn prop(gpu: &Gpu) -> sys::CUmemAllocationProp {
