@@ -4,6 +4,8 @@
 //! * [`layers`] — decoder-layer weights (fused q|k|v, interleaved gate|up, folded RMSNorms) and
 //!   the layer step both share.
 //! * [`graphs`] — one CUDA graph per step shape, captured on first use and replayed.
+//! * [`plan`] — what a target plans at load (context, KV type, embedding placement, prefill
+//!   chunk) and its device bytes.
 //! * [`fp8`] — Qwen's block-scaled FP8 projections in the device layout the FP8 kernels read.
 //! * [`weights`] — `WeightSource`: a checkpoint, or random bf16 weights made on the device for
 //!   `dspark bench`.
@@ -12,6 +14,7 @@ pub mod dspark;
 pub mod fp8;
 pub mod graphs;
 pub mod layers;
+pub mod plan;
 pub mod prefill;
 pub mod qwen3;
 pub mod upload;
