@@ -73,6 +73,8 @@ pub struct ServeArgs {
     /// keep for a bf16 model; `f32` keeps the CPU reference's bits).
     #[arg(long, default_value = "f32", value_parser = crate::parse_kv_cache)]
     kv_cache: dspark_kernels::KvDtype,
+    #[command(flatten)]
+    memory: crate::memory::MemoryArgs,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -83,6 +85,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--max-batch {}: batched rounds need a draft (--draft DIR)", args.max_batch);
     }
     let device = crate::generate::resolve_device(args.device)?;
+    // The memory flags are checked now, before the port is bound (the plan is made again, with
+    // the model's config, when it loads).
+    args.memory.plan(device, args.max_context, args.kv_cache)?;
     let model_name = match (&args.model_name, &args.target) {
         (Some(n), _) => n.clone(),
         (None, Some(t)) => t.file_name().map_or("dspark".into(), |n| n.to_string_lossy().into_owned()),
@@ -99,6 +104,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let (target, draft, max_batch, kv_cache, kv_capacity) =
         (args.target.clone(), args.draft.clone(), args.max_batch, args.kv_cache, args.kv_capacity);
+    let memory = args.memory;
     let load = Box::new(move || -> Result<Engine> {
         let (target_src, draft_src) = match &target {
             Some(dir) => (Source::Dir(dir), draft.as_deref().map(Source::Dir)),
@@ -116,15 +122,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if max_batch > 1 && draft_src.is_none() {
             anyhow::bail!("--max-batch {max_batch}: batched rounds need a draft (--draft)");
         }
-        let loaded = load_typed(
-            target_src,
-            draft_src,
-            cfg,
-            device,
-            max_context,
-            kv_cache,
-            dspark_model::cuda::prefill::PrefillMode::Gemm,
-        )?;
+        let plan = memory.plan(device, max_context, kv_cache)?;
+        let loaded =
+            load_typed(target_src, draft_src, cfg, device, plan, dspark_model::cuda::prefill::PrefillMode::Gemm)?;
         let loaded = match kv_capacity {
             Some(cap) => loaded.with_kv_capacity(cap)?,
             None => loaded,

@@ -497,6 +497,49 @@ fn embedding_and_gather_row() {
     }
 }
 
+/// The embedding from a table in mapped host memory (`HostTable`, `embedding_host_*`) equals the
+/// device table's rows exactly, in every dtype, for row widths of one 16-byte chunk, of a partial
+/// last pass (200 bf16 values: 25 chunks) and of more than one pass of the block (9,000 f32
+/// values: 2,250 chunks, past 256 threads × 4), with repeated, first and last ids. A row that is
+/// not whole 16-byte chunks is refused, not read out of line.
+#[test]
+fn host_table_embedding_equals_the_device_tables() {
+    use dspark_kernels::cuda::host_table::HostTable;
+    let g = gpu();
+    let mut rng = Rng(33);
+    let cases = [(40, 8, "bf16"), (64, 200, "bf16"), (33, 24, "f16"), (20, 9000, "f32"), (151936, 4096, "bf16")];
+    for (vocab, dim, dtype) in cases.into_iter().filter(|s| full_size() || s.0 < 1000) {
+        let (t, tf) = weight(&g, &rng.vec(vocab * dim), dtype);
+        let bytes: Vec<u8> = match &t {
+            WeightBuf::Bf16(s) | WeightBuf::F16(s) => {
+                g.stream.clone_dtoh(s).unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()
+            }
+            WeightBuf::F32(s) => g.stream.clone_dtoh(s).unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
+            WeightBuf::Fp8(_) => unreachable!(),
+        };
+        let host = HostTable::from_bytes(&g.ctx, dtype, &bytes).unwrap();
+        assert_eq!(host.bytes(), bytes.len());
+        let ids: Vec<u32> = vec![0, (vocab - 1) as u32, 7, 7, rng.below(vocab) as u32, 3];
+        let idd = g.stream.clone_htod(&ids).unwrap();
+        let mut out = poisoned(&g, ids.len() * dim);
+        g.embedding(&host, dim, &idd.as_view(), ids.len(), &mut out.as_view_mut()).unwrap();
+        let want: Vec<f32> = ids.iter().flat_map(|&i| tf[i as usize * dim..][..dim].to_vec()).collect();
+        let got = down(&g, &out);
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{dtype} {vocab}x{dim}"
+        );
+    }
+    // 50 bf16 values a row are 100 bytes: not whole chunks.
+    let host = HostTable::from_bytes(&g.ctx, "bf16", &vec![0u8; 2 * 50 * 4]).unwrap();
+    let idd = g.stream.clone_htod(&[1u32]).unwrap();
+    let mut out = poisoned(&g, 50);
+    let e = g.embedding(&host, 50, &idd.as_view(), 1, &mut out.as_view_mut()).unwrap_err();
+    assert!(e.to_string().contains("16-byte"), "{e}");
+    assert!(HostTable::from_bytes(&g.ctx, "fp8", &[0u8; 16]).is_err());
+}
+
 #[test]
 fn rmsnorm_matches_reference() {
     let g = gpu();

@@ -33,6 +33,7 @@ mod projections;
 pub mod report;
 mod tp;
 
+use crate::generate::Device;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dspark_kernels::cuda::Gpu;
@@ -108,6 +109,10 @@ pub struct BenchArgs {
     /// requests at each context (A/B against the contiguous caches: the kernels are the same).
     #[arg(long)]
     pub paged: bool,
+    /// Where the target's token embedding lives and how many rows a prefill chunk plans (as
+    /// `generate`): the memory line reports the device bytes this plan takes.
+    #[command(flatten)]
+    pub memory: crate::memory::MemoryArgs,
 }
 
 /// A target weight format of the bench.
@@ -168,8 +173,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         for &ctx in &args.contexts {
             eprintln!("bench: batched rounds at {ctx} positions, requests {:?}", args.concurrency);
             let weights = RandomWeights::new(gpu.clone(), args.seed, 0.02);
-            let target =
-                CudaQwen3::from_source_kv(gpu.clone(), configs::qwen3_8b()?, &weights, max_ctx, args.kv_cache)?;
+            let plan = args.memory.plan(Device::Cuda, max_ctx, args.kv_cache)?;
+            let target = CudaQwen3::from_source_plan(gpu.clone(), configs::qwen3_8b()?, &weights, plan)?;
             let dw = RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02);
             let draft = CudaDraft::from_source(configs::dspark_8b()?, &dw, &target)?;
             let mut token = tokens(args.seed, target.config().vocab_size);
@@ -295,16 +300,20 @@ fn measure_model(
         bail!("--contexts: {max_ctx} positions exceed max_position_embeddings {}", tcfg.max_position_embeddings);
     }
     let weights = RandomWeights::new(gpu.clone(), args.seed, 0.02);
-    let mut target = CudaQwen3::from_source_kv(gpu.clone(), tcfg, &weights, max_ctx, args.kv_cache)?;
+    let plan = args.memory.plan(Device::Cuda, max_ctx, args.kv_cache)?;
+    let mut target = CudaQwen3::from_source_plan(gpu.clone(), tcfg, &weights, plan)?;
     let mut draft =
         CudaDraft::from_source(dcfg, &RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02), &target)?;
     target.set_capture(draft.target_layer_ids())?;
     gpu.stream.synchronize()?;
     out.notes.push(format!(
-        "{format:?}: target {:.2} GB + draft {:.2} GB of device memory (weights, {} KV caches for {max_ctx} positions, buffers; draft_shared_bytes {:.2} GB), {:.2} GB of target weights streamed per forward.",
+        "{format:?}: target {:.2} GB + draft {:.2} GB of device memory (weights, {} KV caches for {max_ctx} positions, buffers; --embeddings {} ({:.2} GB in host memory), prefill chunks of {} rows; draft_shared_bytes {:.2} GB), {:.2} GB of target weights streamed per forward.",
         target.arena.bytes() as f64 / 1e9,
         draft.arena.bytes() as f64 / 1e9,
         target.kv_dtype().name(),
+        plan.embeddings.name(),
+        target.host_bytes() as f64 / 1e9,
+        target.prefill_rows(),
         draft.shared_with_target() as f64 / 1e9,
         target.streamed_weight_bytes() as f64 / 1e9,
     ));

@@ -74,11 +74,20 @@ pub struct Paged<'a> {
     pub row: usize,
 }
 
+impl Paged<'_> {
+    /// Where position `j` of a sequence with page table `pages` lives in the storage, in rows:
+    /// row `j % page` of page `pages[j / page]` (the one address rule of a paged cache, for
+    /// its writer as for this reader).
+    #[inline]
+    pub fn slot(pages: &[u32], page: usize, j: usize) -> usize {
+        pages[j / page] as usize * page + j % page
+    }
+}
+
 impl KvRows for Paged<'_> {
     #[inline]
     fn row(&self, j: usize) -> &[f32] {
-        let at = self.pages[j / self.page] as usize * self.page + j % self.page;
-        &self.data[at * self.row..][..self.row]
+        &self.data[Paged::slot(self.pages, self.page, j) * self.row..][..self.row]
     }
 
     fn positions(&self) -> usize {

@@ -65,7 +65,15 @@ pub const MODULES: &[PtxModule] = &[
         name: "embedding",
         sm90: include_str!("../../ptx/embedding.sm90.ptx"),
         sm80: include_str!("../../ptx/embedding.sm80.ptx"),
-        functions: &["embedding_bf16", "embedding_f16", "embedding_f32", "copy_rows_f32"],
+        functions: &[
+            "embedding_bf16",
+            "embedding_f16",
+            "embedding_f32",
+            "copy_rows_f32",
+            "embedding_host_bf16",
+            "embedding_host_f16",
+            "embedding_host_f32",
+        ],
     },
     PtxModule {
         name: "fp8",

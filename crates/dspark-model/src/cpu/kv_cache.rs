@@ -51,7 +51,7 @@ impl KvCache {
 
     /// A growable cache whose values are rounded to `dtype` as they are appended.
     pub fn with_dtype(layers: usize, row: usize, dtype: KvDtype) -> KvCache {
-        // DEFAULT_PAGE is a valid page size, so growable() cannot fail; keep the fallback total.
+        // DEFAULT_PAGE is within the sizes growable() takes, so it cannot fail here.
         let pool = PagePool::growable(DEFAULT_PAGE).unwrap_or_else(|_| unreachable!("DEFAULT_PAGE is valid"));
         Self::with_pool(layers, row, dtype, pool)
     }
@@ -125,7 +125,7 @@ impl KvCache {
         let first = self.seq.len + self.appended[layer];
         for (i, (kr, vr)) in k.chunks_exact(row).zip(v.chunks_exact(row)).enumerate() {
             let pos = first + i;
-            let at = (self.seq.pages.ids()[pos / page] as usize * page + pos % page) * row;
+            let at = Paged::slot(self.seq.pages.ids(), page, pos) * row;
             for (dst, x) in self.k[layer][at..at + row].iter_mut().zip(kr) {
                 *dst = dtype.keep(*x);
             }

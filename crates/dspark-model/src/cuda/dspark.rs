@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 pub use batch::CudaDrafts;
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
+use dspark_kernels::cuda::host_table::Table;
 use dspark_kernels::cuda::kv_layers::LayerCaches;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleShape, CFG_WORDS, ROW_WORDS};
@@ -86,7 +87,7 @@ pub struct CudaDraft {
     pub arena: Arena,
     cfg: DraftConfig,
     max_len: usize,
-    embed_tokens: Arc<WeightBuf>,
+    embed_tokens: Arc<Table>,
     lm_head: Arc<WeightBuf>,
     /// Bytes of the draft's own copies left on the host because the target's equal them.
     shared_bytes: usize,
@@ -198,12 +199,12 @@ impl CudaDraft {
                 Ok(None)
             }
         };
-        let embed_tokens =
-            own("embed_tokens.weight", shared.embed_tokens)?.unwrap_or_else(|| target.embed_tokens.clone());
-        let lm_head = match own("lm_head.weight", shared.lm_head)? {
-            Some(w) => w,
-            None => target.lm_head.clone().unwrap_or_else(|| target.embed_tokens.clone()),
+        // The draft's own table (when not the target's) stays on the device.
+        let embed_tokens = match own("embed_tokens.weight", shared.embed_tokens)? {
+            Some(w) => Arc::new(Table::Device(w)),
+            None => target.embed_tokens.clone(),
         };
+        let lm_head = own("lm_head.weight", shared.lm_head)?.unwrap_or_else(|| target.lm_head.clone());
         let shared_bytes =
             usize::from(shared.embed_tokens) * embed_tokens.bytes() + usize::from(shared.lm_head) * lm_head.bytes();
         let markov = if r > 0 {
@@ -266,7 +267,8 @@ impl CudaDraft {
         let fc = ck.matrix(&arena, "fc.weight", &[h, t * h])?;
         let prefill = match target.prefill_blas() {
             Some(blas) if max_len > CHUNK => {
-                let rows = max_len.min(MAX_DRAFT_PREFILL_ROWS);
+                // No more rows than the target's chunks hand over (`--prefill-chunk`).
+                let rows = max_len.min(MAX_DRAFT_PREFILL_ROWS).min(target.prefill_rows().max(1));
                 Some(DraftPrefill::new(&arena, blas, rows, (t, h, n_layers * 2 * kv), &fc, &ctx_kv)?)
             }
             _ => None,
@@ -434,7 +436,7 @@ impl CudaDraft {
         let gpu = self.gpu.clone();
         let lens = StepLens { dev: self.step_in.slice(..2), first_pos: p, kv_cap };
         let ids = self.step_in.slice(2..2 + b);
-        gpu.embedding(&self.embed_tokens, h, &ids, b, &mut self.x.slice_mut(..b * h)).map_err(gpu_err)?;
+        gpu.embedding(&*self.embed_tokens, h, &ids, b, &mut self.x.slice_mut(..b * h)).map_err(gpu_err)?;
         // The final norm runs on its own: the Markov chain and the confidence head read the
         // normalised rows too.
         let seg = Segment { start: 0, rows: b, lens, caches: self.caches.caches_mut() };

@@ -6,6 +6,8 @@
 //! * [`graphs`] — one CUDA graph per step shape, captured on first use and replayed.
 //! * [`kv_vmm`] — paged K/V for `--kv-capacity`: physical pages mapped into each sequence's
 //!   contiguous address range, so every kernel is unchanged.
+//! * [`plan`] — what a target plans at load (context, KV type, embedding placement, prefill
+//!   chunk) and its device bytes.
 //! * [`fp8`] — Qwen's block-scaled FP8 projections in the device layout the FP8 kernels read.
 //! * [`weights`] — `WeightSource`: a checkpoint, or random bf16 weights made on the device for
 //!   `dspark bench`.
@@ -15,6 +17,7 @@ pub mod fp8;
 pub mod graphs;
 pub mod kv_vmm;
 pub mod layers;
+pub mod plan;
 pub mod prefill;
 pub mod qwen3;
 pub mod upload;

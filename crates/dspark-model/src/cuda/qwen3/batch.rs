@@ -230,7 +230,7 @@ impl CudaBatch {
         }
         gpu.stream.memcpy_htod(&up, &mut self.step_in.slice_mut(..up.len())).map_err(drv)?;
         let ids_at = 2 * s_count;
-        gpu.embedding(&m.embed_tokens, h, &self.step_in.slice(ids_at..ids_at + n), n, &mut m.x.slice_mut(..n * h))
+        gpu.embedding(&*m.embed_tokens, h, &self.step_in.slice(ids_at..ids_at + n), n, &mut m.x.slice_mut(..n * h))
             .map_err(gpu_err)?;
         // The first row whose logits an item wants: rows from there to n get them.
         let (mut at, mut from) = (0, n);
