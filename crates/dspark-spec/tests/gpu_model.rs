@@ -18,6 +18,9 @@
 //! * FP8 targets in Qwen's block-scaled layout: logits against the CPU's dequantized reference,
 //!   the GEMM prefill, greedy = CPU greedy = speculative (`fp8.rs`).
 //!
+//! * tensor parallel: ranks on one GPU against the CPU reference at N = 1, 2, 4, lossless with a
+//!   CPU draft; NCCL over two GPUs where there are two (`tp.rs`).
+//!
 //! Compiled only with `--features gpu-tests` (`cargo xtask test --gpu`).
 #![cfg(feature = "gpu-tests")]
 
@@ -553,3 +556,6 @@ mod prefill;
 
 #[path = "gpu_model/sampled.rs"]
 mod sampled;
+
+#[path = "gpu_model/tp.rs"]
+mod tp;

@@ -4,6 +4,7 @@
 //! * [`layers`] — decoder-layer weights (fused q|k|v, interleaved gate|up, folded RMSNorms) and
 //!   the layer step both share.
 //! * [`graphs`] — one CUDA graph per step shape, captured on first use and replayed.
+//! * [`tp`] — `CudaQwen3Tp`: a target split over the GPUs of one host (tensor parallel, NCCL).
 //! * [`fp8`] — Qwen's block-scaled FP8 projections in the device layout the FP8 kernels read.
 //! * [`weights`] — `WeightSource`: a checkpoint, or random bf16 weights made on the device for
 //!   `dspark bench`.
@@ -14,5 +15,6 @@ pub mod graphs;
 pub mod layers;
 pub mod prefill;
 pub mod qwen3;
+pub mod tp;
 pub mod upload;
 pub mod weights;
