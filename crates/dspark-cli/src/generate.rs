@@ -105,6 +105,10 @@ pub struct GenerateArgs {
     prefill: PrefillMode,
     #[command(flatten)]
     memory: crate::memory::MemoryArgs,
+    /// Split the target over this many GPUs of the host (tensor parallel over NCCL; needs
+    /// --device cuda and --target; plain decoding only for now).
+    #[arg(long, default_value_t = 1, value_parser = parse_tensor_parallel)]
+    tensor_parallel: usize,
     /// Sampling temperature, finite and ≥ 0. 0 is greedy decoding, bit for bit; with
     /// `--sampling flags` (the default) decoding is greedy unless this is given and > 0.
     #[arg(long, value_name = "F", allow_negative_numbers = true)]
@@ -302,15 +306,18 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     let load_start = Instant::now();
     let cfg = target_src.target_config()?;
     check_context(prompt.len(), args.max_context, cfg.max_position_embeddings)?;
-    let (mut target, mut draft) = load_typed(
-        target_src,
-        draft_src,
-        cfg,
-        device,
-        args.memory.plan(device, args.max_context, args.kv_cache)?,
-        args.prefill,
-    )?
-    .boxed();
+    let (mut target, mut draft) = match args.tensor_parallel {
+        1 => load_typed(
+            target_src,
+            draft_src,
+            cfg,
+            device,
+            args.memory.plan(device, args.max_context, args.kv_cache)?,
+            args.prefill,
+        )?
+        .boxed(),
+        n => (load_split(n, target_src, draft_src.is_some(), device, args.max_context, args.kv_cache)?, None),
+    };
     let load = load_start.elapsed();
     let verify_len = match &draft {
         Some(d) => Some(parse_verify_len(args.verify_len.as_deref(), d.block_size(), target.as_mut())?),
@@ -489,6 +496,35 @@ pub(crate) fn load_typed(
     })
 }
 
+/// `--tensor-parallel N` (N ≥ 2): the target split over GPUs 0..N (`cuda::tp`); plain decoding
+/// only for now — the CUDA draft attaches to a single-GPU target.
+fn load_split(
+    n: usize,
+    target_src: Source<'_>,
+    with_draft: bool,
+    device: Device,
+    max_context: usize,
+    kv_cache: KvDtype,
+) -> Result<Box<dyn TargetModel>> {
+    let Source::Dir(dir) = target_src else {
+        bail!("--tensor-parallel {n}: give --target DIR (the embedded demo runs on one device)");
+    };
+    if device != Device::Cuda {
+        bail!("--tensor-parallel {n}: needs --device cuda");
+    }
+    if with_draft {
+        bail!("--tensor-parallel {n} with --draft: the CUDA draft attaches to a single-GPU target; not yet supported on a split one");
+    }
+    let have = cudarc::driver::CudaContext::device_count().map_or(0, |c| c as usize);
+    if n > have {
+        bail!("--tensor-parallel {n}: this machine has {have} GPU(s)");
+    }
+    let gpus = (0..n)
+        .map(|i| dspark_kernels::cuda::Gpu::new(i).map(std::sync::Arc::new))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(Box::new(dspark_model::cuda::tp::CudaQwen3Tp::load(gpus, dir, max_context, kv_cache)?))
+}
+
 /// The prompt and at least one generated token must fit in the context: `--max-context` and the
 /// target's `max_position_embeddings`, whichever is smaller. Checked before any weights load.
 fn check_context(prompt: usize, max_context: usize, max_positions: usize) -> Result<()> {
@@ -560,6 +596,15 @@ fn stats_line(g: &Generation, load: Duration, device: &str, sampling: &Sampling,
         g.prefill.as_secs_f64() * 1e3,
         g.decode_tokens_per_second()
     )
+}
+
+/// `--tensor-parallel N`: at least 1.
+fn parse_tensor_parallel(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("at least 1 GPU".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("expected a number of GPUs, got {s:?} ({e})")),
+    }
 }
 
 /// `--prefill gemm|exact`.

@@ -455,6 +455,27 @@ fn memory_flags_are_checked_and_named() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// `--tensor-parallel`: a bad count, the embedded demo and the CPU are refused in one line naming
+/// the flag (the split itself runs in the GPU tier, `gpu_model::tp`).
+#[test]
+fn tensor_parallel_flags_are_checked() {
+    let target = repo().join("fixtures/qwen3-tiny-f32");
+    let t = target.to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&["--tensor-parallel", "0"], "at least 1 GPU"),
+        (&["--tensor-parallel", "two"], "expected a number of GPUs"),
+        (&["--tensor-parallel", "2"], "--tensor-parallel 2: give --target DIR"),
+        (&["--tensor-parallel", "2", "--target", t], "--tensor-parallel 2: needs --device cuda"),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["generate", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cpu"];
+        args.extend(flags);
+        let out = dspark(&args);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.starts_with("error: ") && e.contains(want), "{flags:?}: {e}");
+    }
+}
+
 #[test]
 fn generate_with_a_mismatched_draft_fails_cleanly() {
     let target = fixture("qwen3-tiny-f32");

@@ -21,6 +21,9 @@
 //!   and stays lossless; short prefill chunks plan fewer bytes and stay lossless
 //!   (`memory_plan.rs`).
 //!
+//! * tensor parallel: ranks on one GPU against the CPU reference at N = 1, 2, 4, lossless with a
+//!   CPU draft; NCCL over two GPUs where there are two (`tp.rs`).
+//!
 //! Compiled only with `--features gpu-tests` (`cargo xtask test --gpu`).
 #![cfg(feature = "gpu-tests")]
 
@@ -562,3 +565,6 @@ mod sampled;
 
 #[path = "gpu_model/paged.rs"]
 mod paged;
+
+#[path = "gpu_model/tp.rs"]
+mod tp;

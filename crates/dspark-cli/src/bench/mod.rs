@@ -113,6 +113,10 @@ pub struct BenchArgs {
     /// `generate`): the memory line reports the device bytes this plan takes.
     #[command(flatten)]
     pub memory: crate::memory::MemoryArgs,
+    /// Also measure the target split over GPUs 0..N (`bench/tp.rs`: Qwen3-8B and 14B shapes,
+    /// each phase against the per-GPU floor plus the measured all-reduce), N ≥ 2.
+    #[arg(long, value_name = "N")]
+    pub tensor_parallel: Option<usize>,
 }
 
 /// A target weight format of the bench.
@@ -148,6 +152,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--contexts and --iters must be non-empty / positive");
     }
     let gpu = Arc::new(Gpu::new(0).context("dspark bench needs a CUDA GPU")?);
+    if let Some(n) = args.tensor_parallel {
+        // Checked before the other phases run, not after.
+        let have = cudarc::driver::CudaContext::device_count().map_or(0, |c| c as usize);
+        if n < 2 || n > have {
+            bail!("--tensor-parallel {n}: needs 2 to {have} GPUs (this machine has {have})");
+        }
+    }
     let device = device_name(&gpu);
     if args.projection_rows == 0 || args.projection_rows > 64 {
         bail!("--projection-rows must be 1..=64");
@@ -269,6 +280,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let rows = tp::tp_floors(&cfg, max_ctx, args.kv_cache.bytes(), ceiling, args.allreduce_us, &[1, 2, 4, 8])
             .map_err(anyhow::Error::msg)?;
         print!("{}", tp::markdown(name, max_ctx, args.allreduce_us, &rows));
+    }
+    if let Some(n) = args.tensor_parallel {
+        print!(
+            "{}",
+            tp::measure(n, args.contexts.iter().copied().max().unwrap_or(512), args.kv_cache, ceiling, args.iters)?
+        );
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)

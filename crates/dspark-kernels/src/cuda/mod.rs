@@ -24,6 +24,7 @@ mod pdl;
 pub mod ptx;
 pub mod rope_fold;
 pub mod sample;
+pub mod tp;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError};
 use std::collections::HashMap;

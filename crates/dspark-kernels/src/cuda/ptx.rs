@@ -188,4 +188,10 @@ pub const MODULES: &[PtxModule] = &[
         sm80: include_str!("../../ptx/sample_topk.sm80.ptx"),
         functions: &["sample_topk_f32"],
     },
+    PtxModule {
+        name: "tp",
+        sm90: include_str!("../../ptx/tp.sm90.ptx"),
+        sm80: include_str!("../../ptx/tp.sm80.ptx"),
+        functions: &["embedding_shard_bf16", "embedding_shard_f16", "embedding_shard_f32", "add_f32"],
+    },
 ];

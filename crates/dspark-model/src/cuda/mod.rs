@@ -8,6 +8,7 @@
 //!   contiguous address range, so every kernel is unchanged.
 //! * [`plan`] — what a target plans at load (context, KV type, embedding placement, prefill
 //!   chunk) and its device bytes.
+//! * [`tp`] — `CudaQwen3Tp`: a target split over the GPUs of one host (tensor parallel, NCCL).
 //! * [`fp8`] — Qwen's block-scaled FP8 projections in the device layout the FP8 kernels read.
 //! * [`weights`] — `WeightSource`: a checkpoint, or random bf16 weights made on the device for
 //!   `dspark bench`.
@@ -20,5 +21,6 @@ pub mod layers;
 pub mod plan;
 pub mod prefill;
 pub mod qwen3;
+pub mod tp;
 pub mod upload;
 pub mod weights;
