@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Second device call for branch gpu-next: the memory plan of branch host-embed (not yet run on a
-# GPU). Its GPU tests (the host table's embedding against the device table's, the FP8 GEMM in
+# Second device call for branch gpu-next: the memory plan of branch host-embed and the split
+# target of branch tp-cuda (its ranks on this one GPU), neither yet run on a GPU. Its GPU tests (the host table's embedding against the device table's, the FP8 GEMM in
 # tiles, whole models on host embeddings and short prefill chunks), then the FP8 Qwen3-8B bench
 # at 8k context with the bf16 KV cache, once with the default plan and once with the memory
 # levers, in one call so the decode/prefill cost of the levers is an A/B on one host and the
@@ -22,6 +22,7 @@ t() {  # name, limit in seconds, command...
 }
 t host_kernels 150 .gpu-bundle/gpu_kernels --test-threads=1 host_table fp8_gemm embedding
 t memory_plan 150 .gpu-bundle/gpu_model --test-threads=1 memory_plan
+t tp_one_gpu 150 .gpu-bundle/gpu_model --test-threads=1 split_targets
 bench=".gpu-bundle/dspark bench --weights fp8 --kv-cache bf16 --contexts 8176 --iters 8 --prefill 4096 --prefill-iters 2 --no-projections"
 t bench_mem_default 130 $bench --json "$out/mem_default.json"
 t bench_mem_levers 130 $bench --embeddings host --prefill-chunk 256 --json "$out/mem_levers.json"
