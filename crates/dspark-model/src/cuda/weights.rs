@@ -40,6 +40,18 @@ use dspark_testkit::Rng;
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
+/// Two matrices of `rows` rows each (equal byte lengths) with their rows interleaved: a_0, b_0,
+/// a_1, b_1, … (the gate|up layout).
+pub(crate) fn interleave_rows(a: &[u8], b: &[u8], rows: usize) -> Vec<u8> {
+    let row = a.len() / rows.max(1);
+    let mut bytes = Vec::with_capacity(2 * a.len());
+    for r in 0..rows {
+        bytes.extend_from_slice(&a[r * row..(r + 1) * row]);
+        bytes.extend_from_slice(&b[r * row..(r + 1) * row]);
+    }
+    bytes
+}
+
 /// A provider of named tensors for the device backends.
 pub trait WeightSource {
     /// A matrix `shape` in the source's dtype.
@@ -99,13 +111,7 @@ impl WeightSource for Checkpoint {
         let (db, bb) = self.raw(b, shape)?;
         let rows = shape[0];
         if da == db {
-            let row = ba.len() / rows;
-            let mut bytes = Vec::with_capacity(2 * ba.len());
-            for r in 0..rows {
-                bytes.extend_from_slice(&ba[r * row..(r + 1) * row]);
-                bytes.extend_from_slice(&bb[r * row..(r + 1) * row]);
-            }
-            arena.weight(da, &bytes).map_err(drv)
+            arena.weight(da, &interleave_rows(ba, bb, rows)).map_err(drv)
         } else {
             let (fa, fb) = (self.f32(a, shape)?, self.f32(b, shape)?);
             let row = fa.len() / rows;

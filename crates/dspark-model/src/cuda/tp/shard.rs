@@ -20,7 +20,7 @@
 
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::layers::drv;
-use crate::cuda::weights::WeightSource;
+use crate::cuda::weights::{interleave_rows, WeightSource};
 use crate::error::{Error, Result};
 use crate::tp::TpShard;
 use crate::Qwen3Config;
@@ -121,14 +121,8 @@ impl WeightSource for ShardSource<'_> {
         if da != db {
             return Err(Error::Request(format!("{a}, {b}: mixed dtypes")));
         }
-        let rows = shape.first().copied().unwrap_or(1).max(1);
-        let row = ba.len() / rows;
-        let mut bytes = Vec::with_capacity(2 * ba.len());
-        for r in 0..rows {
-            bytes.extend_from_slice(&ba[r * row..(r + 1) * row]);
-            bytes.extend_from_slice(&bb[r * row..(r + 1) * row]);
-        }
-        arena.weight(da, &bytes).map_err(drv)
+        let rows = shape.first().copied().unwrap_or(1);
+        arena.weight(da, &interleave_rows(&ba, &bb, rows)).map_err(drv)
     }
 
     fn host_table(
