@@ -11,7 +11,6 @@
 use crate::backend::{
     Captured, Deferred, DeviceSampled, DeviceTokens, Drafter, Filters, Proposal, SampleRow, SampledProposal,
 };
-use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::draft_config::{DraftConfig, MarkovKind};
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::checkpoint::shared_heads::SharedHeads;
@@ -22,6 +21,7 @@ use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch
 use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
 
 mod batch;
+mod host;
 mod prefill;
 mod sequences;
 use crate::cuda::qwen3::{
@@ -37,6 +37,7 @@ use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleShape, CFG_WORDS, ROW_WORDS};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
+pub use host::DraftHost;
 pub use sequences::DraftSeq;
 use std::path::Path;
 use std::sync::Arc;
@@ -174,10 +175,20 @@ impl CudaDraft {
         target: &CudaQwen3,
         shared: SharedHeads,
     ) -> Result<CudaDraft> {
-        use crate::backend::TargetModel;
-        let tcfg: &Qwen3Config = target.config();
-        cfg.validate_against(tcfg)?;
-        let gpu = target.gpu.clone();
+        Self::from_host(cfg, ck, &DraftHost::of(target), shared)
+    }
+
+    /// The draft for the target side `host` (a single-GPU target's, or rank 0 of a split one's,
+    /// `host.rs`): the draft's own `embed_tokens` / `lm_head` unless `shared` found them equal to
+    /// the host's whole ones, or it has none and the host lends its.
+    pub fn from_host(
+        cfg: DraftConfig,
+        ck: &dyn WeightSource,
+        host: &DraftHost,
+        shared: SharedHeads,
+    ) -> Result<CudaDraft> {
+        cfg.validate_against(&host.cfg)?;
+        let gpu = host.gpu.clone();
         let arena = Arena::new(gpu.stream.clone());
         let l = &cfg.layer;
         let (h, v, r, b) = (l.hidden_size, l.vocab_size, cfg.markov_rank, cfg.block_size);
@@ -195,14 +206,26 @@ impl CudaDraft {
                 Ok(None)
             }
         };
-        let embed_tokens =
-            own("embed_tokens.weight", shared.embed_tokens)?.unwrap_or_else(|| target.embed_tokens.clone());
-        let lm_head = match own("lm_head.weight", shared.lm_head)? {
-            Some(w) => w,
-            None => target.lm_head.clone().unwrap_or_else(|| target.embed_tokens.clone()),
+        // A split target's heads are vocabulary shards: such a draft must carry its own.
+        let lend = |i: usize, name: &str| -> Result<Arc<WeightBuf>> {
+            match &host.heads {
+                Some((e, h)) => Ok(if i == 0 { e.clone() } else { h.clone() }),
+                None => Err(Error::Request(format!(
+                    "{name}: the draft carries none, and its target's is split over GPUs (--tensor-parallel)"
+                ))),
+            }
         };
-        let shared_bytes =
-            usize::from(shared.embed_tokens) * embed_tokens.bytes() + usize::from(shared.lm_head) * lm_head.bytes();
+        let embed_tokens = match own("embed_tokens.weight", shared.embed_tokens && host.heads.is_some())? {
+            Some(w) => w,
+            None => lend(0, "embed_tokens.weight")?,
+        };
+        let lm_head = match own("lm_head.weight", shared.lm_head && host.heads.is_some())? {
+            Some(w) => w,
+            None => lend(1, "lm_head.weight")?,
+        };
+        let lent = host.heads.is_some();
+        let shared_bytes = usize::from(shared.embed_tokens && lent) * embed_tokens.bytes()
+            + usize::from(shared.lm_head && lent) * lm_head.bytes();
         let markov = if r > 0 {
             let variant = match cfg.markov_kind {
                 MarkovKind::Vanilla => Variant::Vanilla,
@@ -240,7 +263,7 @@ impl CudaDraft {
         } else {
             None
         };
-        let max_len = target.max_len();
+        let max_len = host.max_len;
         let kv = l.kv_dim();
         let t = cfg.num_taps();
         let rows = CHUNK.max(b);
@@ -257,11 +280,11 @@ impl CudaDraft {
         }
         // The draft's caches take the target's element type (`--kv-cache`).
         let cache_len = (max_len + b) * kv;
-        let caches = kv_caches(&arena, target.kv_dtype(), n_layers, cache_len)?;
+        let caches = kv_caches(&arena, host.kv_dtype, n_layers, cache_len)?;
         let ptrs = (arena.zeros::<u64>(n_layers).map_err(drv)?, arena.zeros::<u64>(n_layers).map_err(drv)?);
         let caches = LayerCaches::new(&gpu, caches, ptrs, kv).map_err(gpu_err)?;
         let fc = ck.matrix(&arena, "fc.weight", &[h, t * h])?;
-        let prefill = match target.prefill_blas() {
+        let prefill = match host.prefill_blas.clone() {
             Some(blas) if max_len > CHUNK => {
                 let rows = max_len.min(MAX_DRAFT_PREFILL_ROWS);
                 Some(DraftPrefill::new(&arena, blas, rows, (t, h, n_layers * 2 * kv), &fc, &ctx_kv)?)
@@ -269,7 +292,7 @@ impl CudaDraft {
             _ => None,
         };
         Ok(CudaDraft {
-            prefill_capture: prefill.as_ref().and(target.shared_prefill_capture()),
+            prefill_capture: prefill.as_ref().and(host.prefill_capture.clone()),
             prefill,
             fc,
             hidden_norm: ck.vector(&arena, "hidden_norm.weight", &[h])?,
@@ -284,18 +307,18 @@ impl CudaDraft {
             ctx_out: z(CHUNK * n_layers * 2 * kv)?,
             scratch: Scratch::new(&arena, l, rows)?,
             features: Some(z(CHUNK * t * h)?),
-            capture: target.shared_capture(),
+            capture: host.capture.clone(),
             c: z(CHUNK * h)?,
             x: z(rows * h)?,
             hidden: z(b * h)?,
-            rows: install_rows(&arena, target, b * v, b * ROW_WORDS)?,
+            rows: install_rows(&arena, host, b * v, b * ROW_WORDS)?,
             step_in: arena.zeros::<u32>(cfg_at(b) + b * CFG_WORDS).map_err(drv)?,
             sample: plan_sample(&arena, 1, v)?,
             slot_out: arena.zeros::<u32>(4 * b).map_err(drv)?,
             graphs: StepGraphs::new(),
             device_sampling: true,
             device_blocks: 0,
-            tokens: target.shared_tokens(),
+            tokens: host.tokens.clone(),
             e: z((b * r).max(1))?,
             u: z(r.max(1))?,
             conf_logits: z(b)?,
@@ -841,8 +864,8 @@ fn cfg_at(block: usize) -> usize {
 /// The draft rows' slot of `target`, with buffers of at least `logits` and `state` elements
 /// installed (a draft loaded before with a smaller block gets larger ones; graphs key on their
 /// address, so none replays a freed buffer).
-fn install_rows(arena: &Arena, target: &CudaQwen3, logits: usize, state: usize) -> Result<SharedDraftRows> {
-    let shared = target.shared_draft_rows();
+fn install_rows(arena: &Arena, host: &DraftHost, logits: usize, state: usize) -> Result<SharedDraftRows> {
+    let shared = host.draft_rows.clone();
     {
         let mut slot = shared.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
         if slot.as_ref().is_none_or(|r| r.logits.len() < logits || r.state.len() < state) {
