@@ -106,7 +106,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     memory: crate::memory::MemoryArgs,
     /// Split the target over this many GPUs of the host (tensor parallel over NCCL; needs
-    /// --device cuda and --target; plain decoding only for now).
+    /// --device cuda and --target; a draft runs on GPU 0 with its own embed_tokens / lm_head).
     #[arg(long, default_value_t = 1, value_parser = parse_tensor_parallel)]
     tensor_parallel: usize,
     /// Sampling temperature, finite and ≥ 0. 0 is greedy decoding, bit for bit; with
@@ -316,7 +316,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
             args.prefill,
         )?
         .boxed(),
-        n => (load_split(n, target_src, draft_src.is_some(), device, args.max_context, args.kv_cache)?, None),
+        n => load_split(n, target_src, draft_src, device, args.max_context, args.kv_cache)?,
     };
     let load = load_start.elapsed();
     let verify_len = match &draft {
@@ -496,24 +496,21 @@ pub(crate) fn load_typed(
     })
 }
 
-/// `--tensor-parallel N` (N ≥ 2): the target split over GPUs 0..N (`cuda::tp`); plain decoding
-/// only for now — the CUDA draft attaches to a single-GPU target.
+/// `--tensor-parallel N` (N ≥ 2): the target split over GPUs 0..N (`cuda::tp`), and the draft,
+/// when given, on GPU 0 with its own `embed_tokens` / `lm_head` (the target's are split).
 fn load_split(
     n: usize,
     target_src: Source<'_>,
-    with_draft: bool,
+    draft_src: Option<Source<'_>>,
     device: Device,
     max_context: usize,
     kv_cache: KvDtype,
-) -> Result<Box<dyn TargetModel>> {
+) -> Result<Models> {
     let Source::Dir(dir) = target_src else {
         bail!("--tensor-parallel {n}: give --target DIR (the embedded demo runs on one device)");
     };
     if device != Device::Cuda {
         bail!("--tensor-parallel {n}: needs --device cuda");
-    }
-    if with_draft {
-        bail!("--tensor-parallel {n} with --draft: the CUDA draft attaches to a single-GPU target; not yet supported on a split one");
     }
     let have = cudarc::driver::CudaContext::device_count().map_or(0, |c| c as usize);
     if n > have {
@@ -522,7 +519,18 @@ fn load_split(
     let gpus = (0..n)
         .map(|i| dspark_kernels::cuda::Gpu::new(i).map(std::sync::Arc::new))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(Box::new(dspark_model::cuda::tp::CudaQwen3Tp::load(gpus, dir, max_context, kv_cache)?))
+    let target = dspark_model::cuda::tp::CudaQwen3Tp::load(gpus, dir, max_context, kv_cache)?;
+    let draft = match draft_src {
+        Some(src) => {
+            let (dcfg, ck) = (src.draft_config()?, src.checkpoint()?);
+            check_tensors(&dcfg, &ck)?;
+            let host = target.draft_host()?;
+            let d = CudaDraft::from_host(dcfg, &ck, &host, SharedHeads::default())?;
+            Some(Box::new(d) as Box<dyn Drafter>)
+        }
+        None => None,
+    };
+    Ok((Box::new(target), draft))
 }
 
 /// The prompt and at least one generated token must fit in the context: `--max-context` and the

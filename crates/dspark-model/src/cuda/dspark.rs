@@ -11,7 +11,6 @@
 use crate::backend::{
     Captured, Deferred, DeviceSampled, DeviceTokens, Drafter, Filters, Proposal, SampleRow, SampledProposal,
 };
-use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::draft_config::{DraftConfig, MarkovKind};
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::checkpoint::shared_heads::SharedHeads;
@@ -22,6 +21,7 @@ use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch
 use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
 
 mod batch;
+mod host;
 mod paged;
 mod prefill;
 mod sequences;
@@ -39,6 +39,7 @@ use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleShape, CFG_WORDS, ROW_WORDS};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
+pub use host::DraftHost;
 pub use sequences::DraftSeq;
 use std::path::Path;
 use std::sync::Arc;
@@ -178,10 +179,20 @@ impl CudaDraft {
         target: &CudaQwen3,
         shared: SharedHeads,
     ) -> Result<CudaDraft> {
-        use crate::backend::TargetModel;
-        let tcfg: &Qwen3Config = target.config();
-        cfg.validate_against(tcfg)?;
-        let gpu = target.gpu.clone();
+        Self::from_host(cfg, ck, &DraftHost::of(target), shared)
+    }
+
+    /// The draft for the target side `host` (a single-GPU target's, or rank 0 of a split one's,
+    /// `host.rs`): the draft's own `embed_tokens` / `lm_head` unless `shared` found them equal to
+    /// the host's whole ones, or it has none and the host lends its.
+    pub fn from_host(
+        cfg: DraftConfig,
+        ck: &dyn WeightSource,
+        host: &DraftHost,
+        shared: SharedHeads,
+    ) -> Result<CudaDraft> {
+        cfg.validate_against(&host.cfg)?;
+        let gpu = host.gpu.clone();
         let arena = Arena::new(gpu.stream.clone());
         let l = &cfg.layer;
         let (h, v, r, b) = (l.hidden_size, l.vocab_size, cfg.markov_rank, cfg.block_size);
@@ -199,14 +210,24 @@ impl CudaDraft {
                 Ok(None)
             }
         };
-        // The draft's own table (when not the target's) stays on the device.
-        let embed_tokens = match own("embed_tokens.weight", shared.embed_tokens)? {
-            Some(w) => Arc::new(Table::Device(w)),
-            None => target.embed_tokens.clone(),
+        // The draft's own tables (when not the target's) stay on the device; a split target's
+        // heads are vocabulary shards, so such a draft must carry its own.
+        let lent = host.heads.is_some();
+        let none = |name: &str| {
+            Error::Request(format!(
+                "{name}: the draft carries none, and its target's is split over GPUs (--tensor-parallel)"
+            ))
         };
-        let lm_head = own("lm_head.weight", shared.lm_head)?.unwrap_or_else(|| target.lm_head.clone());
-        let shared_bytes =
-            usize::from(shared.embed_tokens) * embed_tokens.bytes() + usize::from(shared.lm_head) * lm_head.bytes();
+        let embed_tokens = match own("embed_tokens.weight", shared.embed_tokens && lent)? {
+            Some(w) => Arc::new(Table::Device(w)),
+            None => host.heads.as_ref().map(|(e, _)| e.clone()).ok_or_else(|| none("embed_tokens.weight"))?,
+        };
+        let lm_head = match own("lm_head.weight", shared.lm_head && lent)? {
+            Some(w) => w,
+            None => host.heads.as_ref().map(|(_, h)| h.clone()).ok_or_else(|| none("lm_head.weight"))?,
+        };
+        let shared_bytes = usize::from(shared.embed_tokens && lent) * embed_tokens.bytes()
+            + usize::from(shared.lm_head && lent) * lm_head.bytes();
         let markov = if r > 0 {
             let variant = match cfg.markov_kind {
                 MarkovKind::Vanilla => Variant::Vanilla,
@@ -244,7 +265,7 @@ impl CudaDraft {
         } else {
             None
         };
-        let max_len = target.max_len();
+        let max_len = host.max_len;
         let kv = l.kv_dim();
         let t = cfg.num_taps();
         let rows = CHUNK.max(b);
@@ -261,20 +282,20 @@ impl CudaDraft {
         }
         // The draft's caches take the target's element type (`--kv-cache`).
         let cache_len = (max_len + b) * kv;
-        let caches = kv_caches(&arena, target.kv_dtype(), n_layers, cache_len)?;
+        let caches = kv_caches(&arena, host.kv_dtype, n_layers, cache_len)?;
         let ptrs = (arena.zeros::<u64>(n_layers).map_err(drv)?, arena.zeros::<u64>(n_layers).map_err(drv)?);
         let caches = LayerCaches::new(&gpu, caches, ptrs, kv).map_err(gpu_err)?;
         let fc = ck.matrix(&arena, "fc.weight", &[h, t * h])?;
-        let prefill = match target.prefill_blas() {
+        let prefill = match host.prefill_blas.clone() {
             Some(blas) if max_len > CHUNK => {
                 // No more rows than the target's chunks hand over (`--prefill-chunk`).
-                let rows = max_len.min(MAX_DRAFT_PREFILL_ROWS).min(target.prefill_rows().max(1));
+                let rows = max_len.min(MAX_DRAFT_PREFILL_ROWS).min(host.prefill_rows.max(1));
                 Some(DraftPrefill::new(&arena, blas, rows, (t, h, n_layers * 2 * kv), &fc, &ctx_kv)?)
             }
             _ => None,
         };
         Ok(CudaDraft {
-            prefill_capture: prefill.as_ref().and(target.shared_prefill_capture()),
+            prefill_capture: prefill.as_ref().and(host.prefill_capture.clone()),
             prefill,
             fc,
             hidden_norm: ck.vector(&arena, "hidden_norm.weight", &[h])?,
@@ -290,18 +311,18 @@ impl CudaDraft {
             ctx_out: z(CHUNK * n_layers * 2 * kv)?,
             scratch: Scratch::new(&arena, l, rows)?,
             features: Some(z(CHUNK * t * h)?),
-            capture: target.shared_capture(),
+            capture: host.capture.clone(),
             c: z(CHUNK * h)?,
             x: z(rows * h)?,
             hidden: z(b * h)?,
-            rows: install_rows(&arena, target, b * v, b * ROW_WORDS)?,
+            rows: install_rows(&arena, host, b * v, b * ROW_WORDS)?,
             step_in: arena.zeros::<u32>(cfg_at(b) + b * CFG_WORDS).map_err(drv)?,
             sample: plan_sample(&arena, 1, v)?,
             slot_out: arena.zeros::<u32>(4 * b).map_err(drv)?,
             graphs: StepGraphs::new(),
             device_sampling: true,
             device_blocks: 0,
-            tokens: target.shared_tokens(),
+            tokens: host.tokens.clone(),
             e: z((b * r).max(1))?,
             u: z(r.max(1))?,
             conf_logits: z(b)?,
@@ -850,8 +871,8 @@ fn cfg_at(block: usize) -> usize {
 /// The draft rows' slot of `target`, with buffers of at least `logits` and `state` elements
 /// installed (a draft loaded before with a smaller block gets larger ones; graphs key on their
 /// address, so none replays a freed buffer).
-fn install_rows(arena: &Arena, target: &CudaQwen3, logits: usize, state: usize) -> Result<SharedDraftRows> {
-    let shared = target.shared_draft_rows();
+fn install_rows(arena: &Arena, host: &DraftHost, logits: usize, state: usize) -> Result<SharedDraftRows> {
+    let shared = host.draft_rows.clone();
     {
         let mut slot = shared.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
         if slot.as_ref().is_none_or(|r| r.logits.len() < logits || r.state.len() < state) {

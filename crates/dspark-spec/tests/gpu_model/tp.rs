@@ -8,7 +8,9 @@
 //!   matvec epilogues: the same math in another order) at 1e-4;
 //! * 48 greedy tokens = the CPU reference's at the same N, and = `CudaQwen3`'s on the fixture;
 //! * lossless: speculative decoding with a CPU draft on the split target = its greedy output;
-//! * captures of the tapped layers against `CudaQwen3`'s: 1e-4.
+//! * captures of the tapped layers against `CudaQwen3`'s: 1e-4;
+//! * the CUDA draft on rank 0's GPU (`draft_host`): speculative = greedy = the single-GPU
+//!   target's greedy.
 //!
 //! Two or more GPUs (NCCL): `nccl_ranks_match_one_device` (ignored unless asked for, where
 //! `scripts/gpu-tier.sh` sees at least two GPUs).
@@ -92,6 +94,73 @@ fn split_targets_match_the_cpu_reference_and_stay_lossless() {
     // What N does not divide is refused, naming the flag.
     let e = CudaQwen3Tp::load(ranks_on_one_gpu(3), &dir, 256, KvDtype::F32).err().expect("N = 3").to_string();
     assert!(e.contains("--tensor-parallel 3"), "{e}");
+}
+
+/// A copy of the draft folder `ddir` carrying the target's `embed_tokens` and `lm_head` as its
+/// own, as a published DSpark draft does: a split target lends none.
+fn draft_with_heads(ddir: &std::path::Path, tdir: &std::path::Path, v: usize, h: usize) -> tempfile::TempDir {
+    use dspark_model::checkpoint::safetensors::{serialize, Checkpoint};
+    let out = tempfile::tempdir().unwrap();
+    std::fs::copy(ddir.join("config.json"), out.path().join("config.json")).unwrap();
+    let (dck, tck) = (Checkpoint::open_dir(ddir).unwrap(), Checkpoint::open_dir(tdir).unwrap());
+    let mut t: Vec<(String, DType, Vec<usize>, Vec<u8>)> = dck
+        .tensors
+        .iter()
+        .map(|(n, info)| {
+            let (dt, b) = dck.raw(n, &info.shape).unwrap();
+            (n.clone(), dt, info.shape.clone(), b.to_vec())
+        })
+        .collect();
+    for (mine, theirs) in [("embed_tokens.weight", "model.embed_tokens.weight"), ("lm_head.weight", "lm_head.weight")] {
+        let (dt, b) = tck.raw(theirs, &[v, h]).unwrap();
+        t.push((mine.into(), dt, vec![v, h], b.to_vec()));
+    }
+    let refs: Vec<(&str, DType, Vec<usize>, Vec<u8>)> =
+        t.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone())).collect();
+    std::fs::write(out.path().join("model.safetensors"), serialize(&refs)).unwrap();
+    out
+}
+
+/// The CUDA draft on rank 0's GPU of a split target (`CudaQwen3Tp::draft_host`): its proposals
+/// read back from that GPU by the target's verify, its captures from the host; speculative =
+/// the split target's greedy = the single-GPU target's greedy with the same draft, at N = 2 and
+/// 4 on one GPU. A draft without its own heads is refused, naming the tensor.
+#[test]
+fn cuda_drafts_run_on_split_targets_losslessly() {
+    use dspark_model::checkpoint::draft_config::DraftConfig;
+    use dspark_model::checkpoint::safetensors::Checkpoint;
+    use dspark_model::checkpoint::shared_heads::SharedHeads;
+    let cfg = target_config(300, 128, 3, 8, 4, 16, 512);
+    let spec = two_layer_draft(7, MarkovKind::Vanilla, true);
+    let (_dir, tdir, ddir) = write_pair(&cfg, 9700, &spec, DType::BF16);
+    let own = draft_with_heads(&ddir, &tdir, 300, 128);
+    let opts = GenerateOptions { max_tokens: 40, eos_token_ids: vec![], logprobs: None };
+    let mut rng = Rng(97);
+    let prompt: Vec<u32> = (0..3 + rng.below(60)).map(|_| rng.below(300) as u32).collect();
+    let mut one = CudaQwen3::load(gpu(), &tdir, 256).unwrap();
+    let want = greedy(&mut one, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+    for n in [2, 4] {
+        let mut t = CudaQwen3Tp::load(ranks_on_one_gpu(n), &tdir, 256, KvDtype::F32).unwrap();
+        let plain = greedy(&mut t, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+        assert_eq!(plain, want, "N = {n}: split greedy != single-GPU greedy");
+        let host = t.draft_host().unwrap();
+        let ck = Checkpoint::open_dir(own.path()).unwrap();
+        let mut dr =
+            CudaDraft::from_host(DraftConfig::from_dir(own.path()).unwrap(), &ck, &host, SharedHeads::default())
+                .unwrap();
+        for k in [7, 1 + rng.below(7)] {
+            let out = speculative(&mut t, &mut dr, &prompt, &opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens;
+            assert_eq!(out, plain, "N = {n}: CUDA-draft speculative (verify {k}) != greedy");
+        }
+        let bare = Checkpoint::open_dir(&ddir).unwrap();
+        let e = CudaDraft::from_host(DraftConfig::from_dir(&ddir).unwrap(), &bare, &host, SharedHeads::default())
+            .err()
+            .expect("a draft without heads on a split target")
+            .to_string();
+        assert!(e.contains("embed_tokens.weight") && e.contains("--tensor-parallel"), "{e}");
+    }
 }
 
 /// NCCL across two GPUs: the same logits as the ranks on one GPU (1e-5: only the order of the

@@ -21,16 +21,22 @@
 //! Ranks on distinct GPUs all-reduce through NCCL; ranks sharing one GPU (the same `Gpu`, hence
 //! one stream) through [`collective::SameDevice`], how N > 1 runs before a multi-GPU machine is
 //! lent. Steps launch eagerly (no CUDA graphs yet), and logits and captures come to the host:
-//! `forward_greedy` takes the argmax there, through `TargetModel`'s default.
+//! `forward_greedy` takes the argmax there, through `TargetModel`'s default. A CUDA draft runs on
+//! rank 0's GPU ([`CudaQwen3Tp::draft_host`]) with its own heads; `verify_greedy` reads its
+//! proposal back from that GPU.
 
 pub mod collective;
 pub mod shard;
 
-use crate::backend::{check_capture, check_forward, check_truncate, Forward, LogitRows, TargetModel};
+use crate::backend::{
+    check_capture, check_forward, check_truncate, verify_on_host, Deferred, Forward, Greedy, LogitRows, Proposal,
+    TargetModel,
+};
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::safetensors::Checkpoint;
+use crate::cuda::dspark::DraftHost;
 use crate::cuda::layers::{drv, gpu_err, kv_caches, GpuLayer, Scratch};
-use crate::cuda::qwen3::CHUNK;
+use crate::cuda::qwen3::{handoff_id, Handoff, SharedCapture, SharedDraftRows, SharedTokens, CHUNK};
 use crate::cuda::weights::WeightSource;
 use crate::error::{Error, Result};
 use crate::tp::TpShard;
@@ -44,7 +50,7 @@ use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
 use shard::ShardSource;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// One rank: its GPU, its slices of the weights, its KV cache and its step buffers.
 struct Rank {
@@ -80,6 +86,10 @@ pub struct CudaQwen3Tp {
     len: usize,
     max_len: usize,
     capture: Vec<usize>,
+    /// What a draft on rank 0's GPU shares with this target (`DraftHost`): the capture buffer
+    /// (unused: captures come to the host), where its proposals land (read by `verify_greedy`),
+    /// and the sampled draft's rows.
+    draft_side: (SharedCapture, SharedTokens, SharedDraftRows),
 }
 
 impl CudaQwen3Tp {
@@ -126,7 +136,33 @@ impl CudaQwen3Tp {
             .zip(shards)
             .map(|(gpu, shard)| Rank::load(gpu.clone(), &cfg, source(&shard).as_ref(), shard, max_len, kv))
             .collect::<Result<Vec<_>>>()?;
-        Ok(CudaQwen3Tp { cfg, gpus, ranks, comm, len: 0, max_len, capture: Vec::new() })
+        let a = &ranks.first().ok_or_else(|| Error::Request("--tensor-parallel 0".into()))?.arena;
+        let draft_side = (
+            Arc::new(Mutex::new(Handoff { data: a.zeros::<f32>(1).map_err(drv)?, generation: 0 })),
+            Arc::new(Mutex::new(Handoff { data: a.zeros::<u32>(CHUNK).map_err(drv)?, generation: 0 })),
+            Arc::new(Mutex::new(None)),
+        );
+        Ok(CudaQwen3Tp { cfg, gpus, ranks, comm, len: 0, max_len, capture: Vec::new(), draft_side })
+    }
+
+    /// The side a draft on rank 0's GPU takes ([`DraftHost`]): that GPU, this target's config
+    /// and context, no heads (they are vocabulary shards: the draft loads its own), no GEMM
+    /// prefill (the draft appends the prompt's host captures on its small-M path).
+    pub fn draft_host(&self) -> Result<DraftHost> {
+        let r0 = self.ranks.first().ok_or_else(|| Error::Request("a split target without ranks".into()))?;
+        Ok(DraftHost {
+            gpu: r0.gpu.clone(),
+            cfg: self.cfg.clone(),
+            max_len: self.max_len,
+            kv_dtype: r0.caches.dtype(),
+            heads: None,
+            prefill_blas: None,
+            prefill_rows: 0,
+            prefill_capture: None,
+            capture: self.draft_side.0.clone(),
+            tokens: self.draft_side.1.clone(),
+            draft_rows: self.draft_side.2.clone(),
+        })
     }
 
     /// Ranks.
@@ -359,6 +395,28 @@ impl TargetModel for CudaQwen3Tp {
 
     fn prefill_chunk(&self) -> usize {
         CHUNK
+    }
+
+    /// A proposal a draft on rank 0's GPU left there ([`Deferred::OnDevice`]) comes to the host
+    /// (k tokens), then verifies as any host proposal.
+    fn verify_greedy(&mut self, anchor: u32, drafts: &Deferred, k: usize) -> Result<Greedy> {
+        let Deferred::OnDevice(d) = drafts else {
+            return verify_on_host(self, anchor, drafts, k);
+        };
+        let shared = self.draft_side.1.clone();
+        let mut tokens = vec![0u32; k];
+        {
+            let t = shared.lock().map_err(|_| Error::Request("draft token buffer poisoned".into()))?;
+            if (d.buffer, d.generation) != (handoff_id(&shared), t.generation) || k > d.len || k >= CHUNK {
+                return Err(Error::Request(
+                    "device draft tokens are stale, from another target, or more than the proposal holds".into(),
+                ));
+            }
+            let r0 = &self.ranks[0];
+            r0.gpu.stream.memcpy_dtoh(&t.data.slice(..k), &mut tokens).map_err(drv)?;
+        }
+        let proposal = Deferred::Ready(Proposal { tokens, ..Default::default() });
+        verify_on_host(self, anchor, &proposal, k)
     }
 
     /// Full logits, each rank's vocabulary rows gathered on the host; prompts in steps of
