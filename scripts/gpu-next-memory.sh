@@ -22,7 +22,7 @@ t() {  # name, limit in seconds, command...
 }
 t host_kernels 150 .gpu-bundle/gpu_kernels --test-threads=1 host_table fp8_gemm embedding
 t memory_plan 150 .gpu-bundle/gpu_model --test-threads=1 memory_plan
-t tp_one_gpu 150 .gpu-bundle/gpu_model --test-threads=1 split_targets
+t tp_one_gpu 200 .gpu-bundle/gpu_model --test-threads=1 split_targets cuda_drafts_run_on_split
 bench=".gpu-bundle/dspark bench --weights fp8 --kv-cache bf16 --contexts 8176 --iters 8 --prefill 4096 --prefill-iters 2 --no-projections"
 t bench_mem_default 130 $bench --json "$out/mem_default.json"
 t bench_mem_levers 130 $bench --embeddings host --prefill-chunk 256 --json "$out/mem_levers.json"
