@@ -5,6 +5,8 @@
 //                      (a rank's rows lo..hi of the vocabulary; the all-reduce over the ranks
 //                      then leaves every row its owner's values exactly: one term is not zero)
 //   add_f32:           x[i] += y[i]  (the residual add of an all-reduced partial)
+//   take_at_f32:       out[r] = x[r · stride + idx[r]]  (each row's value at its argmax, so the
+//                      ranks' candidates gather without their logits leaving the device)
 //
 // Layout: table [hi − lo, dim] in the checkpoint dtype, ids [rows], out [rows, dim] f32. Launch:
 // embedding_shard one block of 256 threads per row; add_f32 a grid-stride loop.
@@ -41,4 +43,11 @@ extern "C" __global__ void add_f32(float* x, const float* y, int n) {
     pdl_trigger();
     pdl_wait();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] += y[i];
+}
+
+extern "C" __global__ void take_at_f32(const float* x, const uint32_t* idx, float* out, int stride, int rows) {
+    pdl_trigger();
+    pdl_wait();
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x)
+        out[r] = x[(size_t)r * stride + idx[r]];
 }

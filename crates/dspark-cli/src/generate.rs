@@ -519,7 +519,7 @@ fn load_split(
     let gpus = (0..n)
         .map(|i| dspark_kernels::cuda::Gpu::new(i).map(std::sync::Arc::new))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let target = dspark_model::cuda::tp::CudaQwen3Tp::load(gpus, dir, max_context, kv_cache)?;
+    let mut target = dspark_model::cuda::tp::CudaQwen3Tp::load(gpus, dir, max_context, kv_cache)?;
     let draft = match draft_src {
         Some(src) => {
             let (dcfg, ck) = (src.draft_config()?, src.checkpoint()?);

@@ -540,6 +540,56 @@ fn host_table_embedding_equals_the_device_tables() {
     assert!(HostTable::from_bytes(&g.ctx, "fp8", &[0u8; 16]).is_err());
 }
 
+/// Tensor parallel's ops (`cuda/tp.rs`): a vocabulary shard's embedding (rows of ids inside the
+/// shard from its table, zeros outside, bit for bit, in every dtype), the residual add, and each
+/// row's value at an index, on poisoned outputs.
+#[test]
+fn tp_kernels_match_their_references() {
+    let g = gpu();
+    let mut rng = Rng(34);
+    for (vocab, dim, dtype, lo, hi) in [(40, 8, "bf16", 10, 25), (33, 24, "f16", 0, 11), (20, 300, "f32", 13, 20)] {
+        let (t, tf) = weight(&g, &rng.vec((hi - lo) * dim), dtype);
+        let ids: Vec<u32> = vec![lo as u32, (hi - 1) as u32, 0, (vocab - 1) as u32, hi as u32, rng.below(vocab) as u32];
+        let idd = g.stream.clone_htod(&ids).unwrap();
+        let mut out = poisoned(&g, ids.len() * dim);
+        g.embedding_shard(&t, dim, &idd.as_view(), ids.len(), lo..hi, &mut out.as_view_mut()).unwrap();
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| {
+                let i = i as usize;
+                if (lo..hi).contains(&i) {
+                    tf[(i - lo) * dim..][..dim].to_vec()
+                } else {
+                    vec![0.0; dim]
+                }
+            })
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&down(&g, &out)), bits(&want), "embedding_shard {dtype} rows {lo}..{hi}");
+    }
+    for n in [1usize, 255, 4096 * 8 + 3] {
+        let (a, b) = (rng.vec(n), rng.vec(n));
+        let mut x = up(&g, &a);
+        g.add_into(&mut x.as_view_mut(), &up(&g, &b).as_view()).unwrap();
+        let want: Vec<f32> = a.iter().zip(&b).map(|(p, q)| p + q).collect();
+        assert_eq!(down(&g, &x), want, "add_into of {n}");
+    }
+    let (rows, stride) = (7usize, 1000usize);
+    let x = rng.vec(rows * stride);
+    let idx: Vec<u32> = (0..rows).map(|_| rng.below(stride) as u32).collect();
+    let mut out = poisoned(&g, rows);
+    g.take_at(
+        &up(&g, &x).as_view(),
+        &g.stream.clone_htod(&idx).unwrap().as_view(),
+        stride,
+        rows,
+        &mut out.as_view_mut(),
+    )
+    .unwrap();
+    let want: Vec<f32> = idx.iter().enumerate().map(|(r, &i)| x[r * stride + i as usize]).collect();
+    assert_eq!(down(&g, &out), want);
+}
+
 #[test]
 fn rmsnorm_matches_reference() {
     let g = gpu();

@@ -192,6 +192,6 @@ pub const MODULES: &[PtxModule] = &[
         name: "tp",
         sm90: include_str!("../../ptx/tp.sm90.ptx"),
         sm80: include_str!("../../ptx/tp.sm80.ptx"),
-        functions: &["embedding_shard_bf16", "embedding_shard_f16", "embedding_shard_f32", "add_f32"],
+        functions: &["embedding_shard_bf16", "embedding_shard_f16", "embedding_shard_f32", "add_f32", "take_at_f32"],
     },
 ];

@@ -1,5 +1,5 @@
-//! Tensor parallelism's element-wise ops (kernels/tp.cu): a rank's shard of the embedding, and
-//! the residual add of an all-reduced partial. The collectives themselves are NCCL's
+//! Tensor parallelism's element-wise ops (kernels/tp.cu): a rank's shard of the embedding, the
+//! residual add of an all-reduced partial, and each row's value at its argmax. The collectives themselves are NCCL's
 //! (`dspark_model::cuda::tp`).
 
 use super::ops::{check, wptr, WeightBuf};
@@ -53,5 +53,26 @@ impl Gpu {
         }
         let blocks = n.div_ceil(256).clamp(1, 16 * self.sms.max(1)) as u32;
         self.launch_pdl("add_f32", (blocks, 1, 1), 256, &[dptr_mut(self, x), dptr(self, y), Arg::I32(ni)])
+    }
+
+    /// `out[r] = x[r · stride + idx[r]]` for `rows` rows (each index below `stride`, as an
+    /// argmax over the row leaves it).
+    pub fn take_at(
+        &self,
+        x: &CudaView<f32>,
+        idx: &CudaView<u32>,
+        stride: usize,
+        rows: usize,
+        out: &mut CudaViewMut<f32>,
+    ) -> CudaResult<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        check("take_at x", x.len(), rows * stride)?;
+        check("take_at idx", idx.len(), rows)?;
+        check("take_at out", out.len(), rows)?;
+        let args =
+            [dptr(self, x), dptr(self, idx), dptr_mut(self, out), Arg::I32(stride as i32), Arg::I32(rows as i32)];
+        self.launch_pdl("take_at_f32", (1, 1, 1), 256, &args)
     }
 }

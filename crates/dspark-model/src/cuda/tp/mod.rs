@@ -20,26 +20,28 @@
 //!
 //! Ranks on distinct GPUs all-reduce through NCCL; ranks sharing one GPU (the same `Gpu`, hence
 //! one stream) through [`collective::SameDevice`], how N > 1 runs before a multi-GPU machine is
-//! lent. Steps launch eagerly (no CUDA graphs yet), and logits and captures come to the host:
-//! `forward_greedy` takes the argmax there, through `TargetModel`'s default. A CUDA draft runs on
-//! rank 0's GPU ([`CudaQwen3Tp::draft_host`]) with its own heads; `verify_greedy` reads its
-//! proposal back from that GPU.
+//! lent. Steps launch eagerly (no CUDA graphs yet). `forward` gathers full logits on the host;
+//! `forward_greedy` takes each rank's argmax and its value on the device and gathers those two
+//! words a row (`tp::gather_argmax`), so no logits leave a GPU. A CUDA draft runs on rank 0's GPU
+//! ([`CudaQwen3Tp::draft_host`]) with its own heads, reads the captured layers there (rank 0's
+//! all-reduced rows, copied into the buffer it shares), and `verify_greedy` reads its proposal
+//! back from that GPU.
 
 pub mod collective;
 pub mod shard;
 
 use crate::backend::{
-    check_capture, check_forward, check_truncate, verify_on_host, Deferred, Forward, Greedy, LogitRows, Proposal,
-    TargetModel,
+    check_capture, check_forward, check_truncate, verify_on_host, Captured, Deferred, DeviceRows, Forward, Greedy,
+    LogitRows, Proposal, TargetModel,
 };
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::dspark::DraftHost;
-use crate::cuda::layers::{drv, gpu_err, kv_caches, GpuLayer, Scratch};
+use crate::cuda::layers::{capture_layer, drv, gpu_err, kv_caches, GpuLayer, Scratch};
 use crate::cuda::qwen3::{handoff_id, Handoff, SharedCapture, SharedDraftRows, SharedTokens, CHUNK};
 use crate::cuda::weights::WeightSource;
 use crate::error::{Error, Result};
-use crate::tp::TpShard;
+use crate::tp::{gather_argmax, TpShard};
 use collective::{AllReduce, Nccl, SameDevice};
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu::rope::inv_freq;
@@ -75,6 +77,9 @@ struct Rank {
     partial: CudaSlice<f32>,
     /// `[CHUNK, its vocabulary rows]`.
     logits: CudaSlice<f32>,
+    /// `[CHUNK]`: each row's argmax over this rank's vocabulary rows (local index), and its value.
+    ids: CudaSlice<u32>,
+    best: CudaSlice<f32>,
 }
 
 /// A Qwen3 target split over the GPUs of one host (see the module docs).
@@ -90,6 +95,9 @@ pub struct CudaQwen3Tp {
     /// (unused: captures come to the host), where its proposals land (read by `verify_greedy`),
     /// and the sampled draft's rows.
     draft_side: (SharedCapture, SharedTokens, SharedDraftRows),
+    /// Whether `forward_greedy` leaves its captures on rank 0's GPU: set when a CUDA draft
+    /// attaches through [`CudaQwen3Tp::draft_host`]; otherwise (a CPU draft) they come to the host.
+    device_captures: bool,
 }
 
 impl CudaQwen3Tp {
@@ -142,13 +150,24 @@ impl CudaQwen3Tp {
             Arc::new(Mutex::new(Handoff { data: a.zeros::<u32>(CHUNK).map_err(drv)?, generation: 0 })),
             Arc::new(Mutex::new(None)),
         );
-        Ok(CudaQwen3Tp { cfg, gpus, ranks, comm, len: 0, max_len, capture: Vec::new(), draft_side })
+        Ok(CudaQwen3Tp {
+            cfg,
+            gpus,
+            ranks,
+            comm,
+            len: 0,
+            max_len,
+            capture: Vec::new(),
+            draft_side,
+            device_captures: false,
+        })
     }
 
     /// The side a draft on rank 0's GPU takes ([`DraftHost`]): that GPU, this target's config
     /// and context, no heads (they are vocabulary shards: the draft loads its own), no GEMM
     /// prefill (the draft appends the prompt's host captures on its small-M path).
-    pub fn draft_host(&self) -> Result<DraftHost> {
+    pub fn draft_host(&mut self) -> Result<DraftHost> {
+        self.device_captures = true;
         let r0 = self.ranks.first().ok_or_else(|| Error::Request("a split target without ranks".into()))?;
         Ok(DraftHost {
             gpu: r0.gpu.clone(),
@@ -210,9 +229,10 @@ impl CudaQwen3Tp {
         Ok(())
     }
 
-    /// One step of `tokens` (at most [`CHUNK`]): logits of rows `from..` and the captured rows,
-    /// to the host.
-    fn step(&mut self, tokens: &[u32], from: usize) -> Result<Forward> {
+    /// One step of `tokens` (at most [`CHUNK`]) through every layer: the residual stream left
+    /// in each rank's `x`. The captured layers' rows go to the host (returned), or with
+    /// `on_device` into the capture buffer a draft on rank 0's GPU reads (returned empty).
+    fn layers(&mut self, tokens: &[u32], on_device: bool) -> Result<Vec<f32>> {
         let n = tokens.len();
         let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps as f32);
         let (first_pos, kv_len) = (self.len, self.len + n);
@@ -229,7 +249,10 @@ impl CudaQwen3Tp {
         }
         self.all_reduce(false, n * h)?;
         let t = self.capture.len();
-        let mut captured = vec![0f32; if t > 0 { n * t * h } else { 0 }];
+        let mut captured = vec![0f32; if t > 0 && !on_device { n * t * h } else { 0 }];
+        let shared = self.draft_side.0.clone();
+        let mut cap = shared.lock().map_err(|_| Error::Request("capture buffer poisoned".into()))?;
+        cap.generation += 1;
         for l in 0..self.cfg.num_hidden_layers {
             for r in &mut self.ranks {
                 r.attention_partial(l, n, (first_pos, kv_len), eps)?;
@@ -241,8 +264,10 @@ impl CudaQwen3Tp {
             }
             self.all_reduce(true, n * h)?;
             self.add_partials(n * h)?;
-            if let Some(slot) = self.capture.iter().position(|&c| c == l) {
-                let r0 = &self.ranks[0];
+            let r0 = &self.ranks[0];
+            if on_device {
+                capture_layer(&r0.gpu, &self.capture, l, &r0.x.slice(..n * h), (n, h), &mut cap.data)?;
+            } else if let Some(slot) = self.capture.iter().position(|&c| c == l) {
                 let mut host = vec![0f32; n * h];
                 r0.gpu.stream.memcpy_dtoh(&r0.x.slice(..n * h), &mut host).map_err(drv)?;
                 for (row, values) in host.chunks_exact(h).enumerate() {
@@ -250,9 +275,15 @@ impl CudaQwen3Tp {
                 }
             }
         }
-        // The final norm and each rank's vocabulary rows of the head, gathered on the host.
-        let (rows, v) = (n - from, self.cfg.vocab_size);
-        let mut logits = vec![0f32; rows * v];
+        self.len = kv_len;
+        Ok(captured)
+    }
+
+    /// Each rank's logits of rows `from..n` of the last step (the final norm, then its
+    /// vocabulary rows of the head) into its `logits`; returns the rows.
+    fn head(&mut self, from: usize, n: usize) -> Result<usize> {
+        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps as f32);
+        let rows = n - from;
         for r in &mut self.ranks {
             let (vr, s) = (r.shard.vocab.len(), &mut r.scratch);
             r.gpu
@@ -261,14 +292,55 @@ impl CudaQwen3Tp {
             r.gpu
                 .matvec(&r.head, &s.u.slice(..rows * h), &mut r.logits.slice_mut(..rows * vr), (rows, h, vr), false)
                 .map_err(gpu_err)?;
+        }
+        Ok(rows)
+    }
+
+    /// One step with its logits rows `from..` and captures on the host.
+    fn step(&mut self, tokens: &[u32], from: usize) -> Result<Forward> {
+        let captured = self.layers(tokens, false)?;
+        let rows = self.head(from, tokens.len())?;
+        let v = self.cfg.vocab_size;
+        let mut logits = vec![0f32; rows * v];
+        for r in &self.ranks {
+            let vr = r.shard.vocab.len();
             let mut host = vec![0f32; rows * vr];
             r.gpu.stream.memcpy_dtoh(&r.logits.slice(..rows * vr), &mut host).map_err(drv)?;
             for (row, values) in host.chunks_exact(vr).enumerate() {
                 logits[row * v + r.shard.vocab.start..][..vr].copy_from_slice(values);
             }
         }
-        self.len = kv_len;
         Ok(Forward { logits, rows, captured })
+    }
+
+    /// One step whose rows `from..` end as ids: each rank's argmax and its value on the device,
+    /// two words a row to the host, gathered there (`tp::gather_argmax`: the largest value, the
+    /// lowest index among equals — the whole row's argmax); the captures stay on rank 0's GPU
+    /// when a CUDA draft reads them there.
+    fn step_greedy(&mut self, tokens: &[u32], from: usize) -> Result<Greedy> {
+        let on_device = self.device_captures;
+        let host = self.layers(tokens, on_device)?;
+        let rows = self.head(from, tokens.len())?;
+        let mut candidates = Vec::with_capacity(self.ranks.len());
+        for r in &mut self.ranks {
+            let (vr, s) = (r.shard.vocab.len(), &mut r.scratch);
+            let logits = r.logits.slice(..rows * vr);
+            r.gpu.argmax_split(&logits, vr, vr, rows, &mut r.ids.slice_mut(..rows), &mut s.ops).map_err(gpu_err)?;
+            r.gpu.take_at(&logits, &r.ids.slice(..rows), vr, rows, &mut r.best.slice_mut(..rows)).map_err(gpu_err)?;
+            let (mut ids, mut best) = (vec![0u32; rows], vec![0f32; rows]);
+            r.gpu.stream.memcpy_dtoh(&r.ids.slice(..rows), &mut ids).map_err(drv)?;
+            r.gpu.stream.memcpy_dtoh(&r.best.slice(..rows), &mut best).map_err(drv)?;
+            candidates.push(best.into_iter().zip(ids).map(|(b, i)| (b, r.shard.vocab.start + i as usize)).collect());
+        }
+        let shared = self.draft_side.0.clone();
+        let generation = shared.lock().map_err(|_| Error::Request("capture buffer poisoned".into()))?.generation;
+        let n = tokens.len();
+        let captured = if on_device && !self.capture.is_empty() {
+            Captured::Device(DeviceRows { buffer: handoff_id(&shared), generation, first: 0, rows: n })
+        } else {
+            Captured::Host(host)
+        };
+        Ok(Greedy { ids: gather_argmax(&candidates), captured })
     }
 }
 
@@ -299,6 +371,8 @@ impl Rank {
             x: arena.zeros::<f32>(CHUNK * h).map_err(drv)?,
             partial: arena.zeros::<f32>(CHUNK * h).map_err(drv)?,
             logits: arena.zeros::<f32>(CHUNK * vr).map_err(drv)?,
+            ids: arena.zeros::<u32>(CHUNK).map_err(drv)?,
+            best: arena.zeros::<f32>(CHUNK).map_err(drv)?,
             gpu,
             shard,
             cfg,
@@ -390,11 +464,35 @@ impl TargetModel for CudaQwen3Tp {
     fn set_capture(&mut self, layers: &[usize]) -> Result<()> {
         check_capture(&self.cfg, layers)?;
         self.capture = layers.to_vec();
+        // The device capture buffer on rank 0: planned when a draft attaches, never in a step.
+        let need = CHUNK * layers.len() * self.cfg.hidden_size;
+        let mut cap = self.draft_side.0.lock().map_err(|_| Error::Request("capture buffer poisoned".into()))?;
+        if cap.data.len() < need {
+            cap.data = self.ranks[0].arena.zeros::<f32>(need).map_err(drv)?;
+        }
         Ok(())
     }
 
     fn prefill_chunk(&self) -> usize {
         CHUNK
+    }
+
+    /// Ids from each rank's candidates, gathered (see `step_greedy`), and the captures on rank
+    /// 0's GPU; a prompt of more than [`CHUNK`] tokens through `forward` (its captures on the
+    /// host, its ids the host argmax of the gathered logits — the same ids).
+    fn forward_greedy(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Greedy> {
+        check_forward(&self.cfg, self.len, self.max_len, tokens)?;
+        if tokens.len() > CHUNK {
+            let f = self.forward(tokens, rows)?;
+            let v = self.cfg.vocab_size;
+            let ids = (0..f.rows).map(|r| dspark_kernels::cpu::argmax::argmax(f.row(r, v)) as u32).collect();
+            return Ok(Greedy { ids, captured: Captured::Host(f.captured) });
+        }
+        let from = match rows {
+            LogitRows::All => 0,
+            LogitRows::Last => tokens.len() - 1,
+        };
+        self.step_greedy(tokens, from)
     }
 
     /// A proposal a draft on rank 0's GPU left there ([`Deferred::OnDevice`]) comes to the host
