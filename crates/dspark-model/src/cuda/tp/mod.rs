@@ -92,8 +92,8 @@ pub struct CudaQwen3Tp {
     max_len: usize,
     capture: Vec<usize>,
     /// What a draft on rank 0's GPU shares with this target (`DraftHost`): the capture buffer
-    /// (unused: captures come to the host), where its proposals land (read by `verify_greedy`),
-    /// and the sampled draft's rows.
+    /// (`forward_greedy`'s captures, once a CUDA draft attaches), where its proposals land (read
+    /// by `verify_greedy`), and the sampled draft's rows.
     draft_side: (SharedCapture, SharedTokens, SharedDraftRows),
     /// Whether `forward_greedy` leaves its captures on rank 0's GPU: set when a CUDA draft
     /// attaches through [`CudaQwen3Tp::draft_host`]; otherwise (a CPU draft) they come to the host.
@@ -165,7 +165,8 @@ impl CudaQwen3Tp {
 
     /// The side a draft on rank 0's GPU takes ([`DraftHost`]): that GPU, this target's config
     /// and context, no heads (they are vocabulary shards: the draft loads its own), no GEMM
-    /// prefill (the draft appends the prompt's host captures on its small-M path).
+    /// prefill (the draft appends a prompt's captures, a chunk at a time, on its small-M path).
+    /// From now on `forward_greedy` leaves its captures in the buffer the draft reads.
     pub fn draft_host(&mut self) -> Result<DraftHost> {
         self.device_captures = true;
         let r0 = self.ranks.first().ok_or_else(|| Error::Request("a split target without ranks".into()))?;
