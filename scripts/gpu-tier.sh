@@ -9,7 +9,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export DSPARK_ROOT="$PWD"
 out="${OUT:-$PWD/gpu-tier-logs}"
-logs=$(mktemp -d)
+logs="${GPU_TIER_LOGS:-$(mktemp -d)}"  # GPU_TIER_LOGS=$OUT/logs keeps them if the call is cut short
+mkdir -p "$logs"
 mkdir -p "$out"
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 summary=()
@@ -22,6 +23,7 @@ run() {  # name, limit in seconds, command...
     local res; res=$(grep -E '^test result:' "$logs/$name.log" | tail -1)
     local san; san=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$name.log" | tail -1)
     summary+=("$(printf '%-18s rc=%-3s %4ss  %s %s' "$name" "$rc" $((SECONDS - start)) "$res" "$san")")
+    echo "${summary[-1]}"
     [ "$rc" = 0 ] || fail=1
 }
 run gpu_kernels 240 .gpu-bundle/gpu_kernels --test-threads=1

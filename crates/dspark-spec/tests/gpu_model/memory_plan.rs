@@ -6,7 +6,8 @@
 //!   prompt, an eight-row verify-shaped step after a rollback, a decode step, a GEMM prefill —
 //!   on a bf16 and an FP8 target. The arena holds exactly the table's bytes less. A draft
 //!   sharing the table (its copy found equal, as `generate` finds it) reads it too:
-//!   speculative = greedy on the host table = greedy on the device table. A tied target refuses
+//!   speculative = greedy on the host table = greedy on the device table, and each round
+//!   accepts what the same draft on the device table accepts. A tied target refuses
 //!   the plan, naming the flag.
 //! * `--prefill-chunk`: a target planned for 48-row chunks prefills a 200-token prompt in five
 //!   GEMM chunks within the GEMM bound of the CPU (3e-2), the draft's prefill buffers follow the
@@ -75,14 +76,20 @@ fn host_embeddings_give_the_device_tables_bits() {
         let want = greedy(&mut dev, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
         let plain = greedy(&mut host, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
         assert_eq!(plain, want, "{name}: greedy on the host table != on the device table");
-        let (mut dr, shared) = shared_draft(ddir, tdir, &host);
-        assert!(shared.embed_tokens, "{name}: the fixture draft's embedding should equal the target's");
+        // The draft carries copies of the target's tables, as a published one does: found equal,
+        // it reads the host table, and proposes what the same draft on the device table does.
+        let own = super::tp::draft_with_heads(ddir, tdir, 300, 128);
+        let (mut dr, shared) = shared_draft(own.path(), tdir, &host);
+        assert!(shared.embed_tokens && shared.lm_head, "{name}: the draft's copies should equal the target's");
+        let (mut dr_dev, _) = shared_draft(own.path(), tdir, &dev);
         for k in [7, 1 + rng.below(7)] {
-            let out =
-                speculative(&mut host, &mut dr, &prompt, &opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(()))
-                    .unwrap()
-                    .tokens;
-            assert_eq!(out, want, "{name}: speculative (verify {k}) on the host table != greedy");
+            let run = |t: &mut CudaQwen3, d: &mut CudaDraft| {
+                speculative(t, d, &prompt, &opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(())).unwrap()
+            };
+            let (a, b) = (run(&mut dev, &mut dr_dev), run(&mut host, &mut dr));
+            assert_eq!(b.tokens, want, "{name}: speculative (verify {k}) on the host table != greedy");
+            let accepted = |g: &dspark_spec::stats::Generation| g.spec.as_ref().map(|s| s.accepted.clone());
+            assert_eq!(accepted(&b), accepted(&a), "{name}: verify {k}: the draft on the host table proposed otherwise");
         }
     }
 

@@ -20,17 +20,21 @@ fn same(a: &[f32], b: &[f32]) -> bool {
 
 #[test]
 fn paged_caches_equal_contiguous_ones_and_give_their_pages_back() {
-    // Rows of 4 KV heads of 128: 2 KiB in f32 (1,024 positions a 2 MiB page), 1 KiB in bf16.
-    const MAX_LEN: usize = 3072;
+    // Rows of 4 KV heads of 128: 2 KiB in f32 (1,024 positions a 2 MiB page), 1 KiB in bf16
+    // (2,048). The lengths drawn scale with the page, so both dtypes cross page boundaries.
+    const MAX_LEN: usize = 6144;
     let cfg = target_config(96, 128, 2, 8, 4, 128, MAX_LEN);
     let (_dir, tdir, _ddir) = write_pair(&cfg, 77, &two_layer_draft(4, MarkovKind::Vanilla, false), DType::BF16);
     for kv in [KvDtype::F32, KvDtype::Bf16] {
         let load = || CudaQwen3::load_kv(gpu(), &tdir, MAX_LEN, kv).unwrap();
         let mut plain = CudaBatch::new(load(), 3).unwrap();
-        let mut paged = CudaBatch::paged(load(), 3, 5000).unwrap();
+        let capacity = 5000 * 4 / kv.bytes();
+        let mut paged = CudaBatch::paged(load(), 3, capacity).unwrap();
         let budget = paged.kv_budget().unwrap();
         let (page, total) = (budget.page, budget.pages);
-        assert!(page >= 1024 && total * page >= 5000, "{kv:?}: {budget:?}");
+        assert!(page >= 1024 && total * page >= capacity, "{kv:?}: {budget:?}");
+        // Sequences of up to three pages; long items of a tenth of a page to most of one.
+        let cap = (3 * page).min(MAX_LEN);
         assert_eq!(paged.kv_pages_free(), Some(total));
         for b in [&mut plain, &mut paged] {
             b.set_capture(&[0, 1]).unwrap();
@@ -45,9 +49,9 @@ fn paged_caches_equal_contiguous_ones_and_give_their_pages_back() {
             for &id in &ids {
                 let len = paged.seq_len(id).unwrap();
                 let held: usize = ids.iter().map(|&i| paged.seq_len(i).unwrap().div_ceil(page)).sum();
-                let n = if rng.below(3) == 0 { 100 + rng.below(600) } else { 1 + rng.below(12) };
+                let n = if rng.below(3) == 0 { (100 + rng.below(600)) * page / 1024 } else { 1 + rng.below(12) };
                 let room = (total - held - planned + len.div_ceil(page)) * page;
-                if rng.below(5) == 0 || len + n > MAX_LEN.min(room) {
+                if rng.below(5) == 0 || len + n > cap.min(room) {
                     // Roll back to a random length (often across a page boundary).
                     let keep = rng.below(len + 1);
                     shrunk += usize::from(keep.div_ceil(page) < len.div_ceil(page));
@@ -79,7 +83,7 @@ fn paged_caches_equal_contiguous_ones_and_give_their_pages_back() {
         }
         assert!(
             items_run >= 40 && crossed >= 3 && shrunk >= 2,
-            "{items_run} items, {crossed} crossings, {shrunk} shrinks"
+            "{kv:?}: {items_run} items, {crossed} crossings, {shrunk} shrinks, {budget:?}"
         );
         // More rows than the free pages hold: an error naming the capacity, nothing run.
         let (id, len) = (ids[0], paged.seq_len(ids[0]).unwrap());

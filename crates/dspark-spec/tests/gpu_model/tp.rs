@@ -51,7 +51,7 @@ fn steps_agree(a: &mut dyn TargetModel, b: &mut dyn TargetModel, rng: &mut Rng, 
 
 #[test]
 fn split_targets_match_the_cpu_reference_and_stay_lossless() {
-    let cfg = target_config(300, 128, 3, 8, 4, 16, 512);
+    let cfg = target_config(300, 128, 3, 8, 4, 32, 512);
     let spec = two_layer_draft(7, MarkovKind::Vanilla, true);
     let (_dir, tdir, ddir) = write_pair(&cfg, 9500, &spec, DType::BF16);
     let w = CpuQwen3::load(&tdir).unwrap().weights().clone();
@@ -98,7 +98,7 @@ fn split_targets_match_the_cpu_reference_and_stay_lossless() {
 
 /// A copy of the draft folder `ddir` carrying the target's `embed_tokens` and `lm_head` as its
 /// own, as a published DSpark draft does: a split target lends none.
-fn draft_with_heads(ddir: &std::path::Path, tdir: &std::path::Path, v: usize, h: usize) -> tempfile::TempDir {
+pub(super) fn draft_with_heads(ddir: &std::path::Path, tdir: &std::path::Path, v: usize, h: usize) -> tempfile::TempDir {
     use dspark_model::checkpoint::safetensors::{serialize, Checkpoint};
     let out = tempfile::tempdir().unwrap();
     std::fs::copy(ddir.join("config.json"), out.path().join("config.json")).unwrap();
@@ -130,7 +130,7 @@ fn cuda_drafts_run_on_split_targets_losslessly() {
     use dspark_model::checkpoint::draft_config::DraftConfig;
     use dspark_model::checkpoint::safetensors::Checkpoint;
     use dspark_model::checkpoint::shared_heads::SharedHeads;
-    let cfg = target_config(300, 128, 3, 8, 4, 16, 512);
+    let cfg = target_config(300, 128, 3, 8, 4, 32, 512);
     let spec = two_layer_draft(7, MarkovKind::Vanilla, true);
     let (_dir, tdir, ddir) = write_pair(&cfg, 9700, &spec, DType::BF16);
     let own = draft_with_heads(&ddir, &tdir, 300, 128);
@@ -168,7 +168,7 @@ fn cuda_drafts_run_on_split_targets_losslessly() {
 #[test]
 #[ignore = "needs two GPUs and libnccl.so: scripts/gpu-tier.sh runs it where nvidia-smi lists two"]
 fn nccl_ranks_match_one_device() {
-    let cfg = target_config(300, 128, 3, 8, 4, 16, 512);
+    let cfg = target_config(300, 128, 3, 8, 4, 32, 512);
     let spec = two_layer_draft(7, MarkovKind::Vanilla, true);
     let (_dir, tdir, _ddir) = write_pair(&cfg, 9600, &spec, DType::BF16);
     let two = vec![gpu(), Arc::new(Gpu::new(1).expect("a second GPU"))];
