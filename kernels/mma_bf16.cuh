@@ -50,18 +50,6 @@ __device__ __forceinline__ void mma_chunk3(float (*acc)[4], const uint4& va, con
     mma_bf16(acc[2], va.z, vb.z, va.w, vb.w, lo[2], lo[3]);
 }
 
-// The same chunk's MMAs on x already split (split3 of its 8 values: h, md, lo hold the pairs),
-// in mma_chunk3's order: the tiles of matvec_tc_tiles share one split.
-__device__ __forceinline__ void mma_parts3(float (*acc)[4], const uint4& va, const uint4& vb, const uint32_t* h,
-                                           const uint32_t* md, const uint32_t* lo) {
-    mma_bf16(acc[0], va.x, vb.x, va.y, vb.y, h[0], h[1]);
-    mma_bf16(acc[1], va.x, vb.x, va.y, vb.y, md[0], md[1]);
-    mma_bf16(acc[2], va.x, vb.x, va.y, vb.y, lo[0], lo[1]);
-    mma_bf16(acc[0], va.z, vb.z, va.w, vb.w, h[2], h[3]);
-    mma_bf16(acc[1], va.z, vb.z, va.w, vb.w, md[2], md[3]);
-    mma_bf16(acc[2], va.z, vb.z, va.w, vb.w, lo[2], lo[3]);
-}
-
 __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, float* v) {
     const float* p = x + (size_t)row * in + k;
     float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);

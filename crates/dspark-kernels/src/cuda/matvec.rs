@@ -126,24 +126,6 @@ fn wide_twin(name: &str, rows: usize) -> Option<(&'static str, usize)> {
     Some((twin, if four { 32 } else { 16 }))
 }
 
-/// The several-tiles-a-warp twin of a wide launch of `rows` (16 or 32) rows (`matvec_tc_tiles`
-/// in kernels/matvec.cu) and its tiles a warp: four tiles for 16 rows, two for 32. Every 8-row
-/// bf16 shape but the argmax and tile-looping ones takes it, on 1/tiles of the 8-row grid.
-fn tiles_twin(name: &str, rows: usize) -> Option<(&'static str, usize)> {
-    let swiglu = match name {
-        "matvec_tc_bf16" | "matvec_tc_u4_bf16" | "matvec_tc_u4b1_bf16" | "matvec_tc_u4b1h_bf16" => false,
-        "matvec_tc_swiglu_bf16" => true,
-        _ => return None,
-    };
-    Some(match (rows, swiglu) {
-        (16, false) => ("matvec_tc_t4w2_bf16", 4),
-        (16, true) => ("matvec_tc_swiglu_t4w2_bf16", 4),
-        (32, false) => ("matvec_tc_t2w4_bf16", 2),
-        (32, true) => ("matvec_tc_swiglu_t2w4_bf16", 2),
-        _ => return None,
-    })
-}
-
 /// Whether `name` is one of the tile-looping kernels (grid of one wave, no K split, no norm fold).
 fn looping(name: &str) -> bool {
     name.starts_with("matvec_tc_loop")
@@ -458,22 +440,12 @@ impl Gpu {
                 }
                 _ => base.len(),
             };
-            // Several tiles a warp where the shape has the twin: the 8-row grid as its virtual
-            // blocks (one more argument), 1/tiles as many blocks.
-            let tiles = match wide {
-                Some((_, rows)) if self.wide_tiles => tiles_twin(name, rows),
-                _ => None,
+            let kernel = match wide {
+                Some((twin, _)) => twin,
+                None if fp8 && rows <= 4 => fp8_n1_twin(name),
+                None => name,
             };
-            let (kernel, blocks, n) = match (tiles, wide) {
-                (Some((twin, per_warp)), _) => {
-                    args[n] = Arg::I32(grid as i32);
-                    (twin, grid.div_ceil(per_warp), n + 1)
-                }
-                (None, Some((twin, _))) => (twin, grid, n),
-                (None, None) if fp8 && rows <= 4 => (fp8_n1_twin(name), grid, n),
-                (None, None) => (name, grid, n),
-            };
-            self.launch_pdl(kernel, (blocks as u32, 1, 1), 32 * TC_WARPS as u32, &args[..n])?;
+            self.launch_pdl(kernel, (grid as u32, 1, 1), 32 * TC_WARPS as u32, &args[..n])?;
             start += rows;
         }
         Ok(grid)
@@ -630,10 +602,6 @@ mod tests {
         assert_eq!(wide_twin("matvec_tc_u4b1h_bf16", 17), Some(("matvec_tc_u4_w4_bf16", 32)));
         assert_eq!(wide_twin("matvec_tc_swiglu_bf16", 64), Some(("matvec_tc_swiglu_w4_bf16", 32)));
         assert_eq!(wide_twin("matvec_tc_fp8", 32), None);
-        assert_eq!(super::tiles_twin("matvec_tc_u4b1h_bf16", 32), Some(("matvec_tc_t2w4_bf16", 2)));
-        assert_eq!(super::tiles_twin("matvec_tc_swiglu_bf16", 32), Some(("matvec_tc_swiglu_t2w4_bf16", 2)));
-        assert_eq!(super::tiles_twin("matvec_tc_bf16", 16), Some(("matvec_tc_t4w2_bf16", 4)));
-        assert_eq!(super::tiles_twin("matvec_tc_argmax_bf16", 32), None);
         assert_eq!(wide_twin("matvec_tc_argmax_bf16", 32), None);
     }
 

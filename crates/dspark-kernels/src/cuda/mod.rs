@@ -108,9 +108,6 @@ pub struct Gpu {
     /// Whether launches of more than 8 rows take the wide bf16 kernels, 16 or 32 rows a launch
     /// on one weight read (`matvec.rs` `wide_twin`; `DSPARK_NO_WIDE=1` turns it off for A/B runs).
     pub wide: bool,
-    /// Whether wide launches take the several-tiles-a-warp kernels (`matvec.rs` `tiles_twin`;
-    /// `DSPARK_NO_WIDE_TILES=1` keeps them on the one-tile wide kernels).
-    pub wide_tiles: bool,
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
@@ -188,7 +185,6 @@ impl Gpu {
             pdl,
             rope_fold: std::env::var_os("DSPARK_NO_ROPE_FOLD").is_none(),
             wide: std::env::var_os("DSPARK_NO_WIDE").is_none(),
-            wide_tiles: std::env::var_os("DSPARK_NO_WIDE_TILES").is_none(),
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
