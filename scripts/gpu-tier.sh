@@ -9,7 +9,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export DSPARK_ROOT="$PWD"
 out="${OUT:-$PWD/gpu-tier-logs}"
-logs=$(mktemp -d)
+logs="${GPU_TIER_LOGS:-$(mktemp -d)}"  # GPU_TIER_LOGS=$OUT/logs keeps them if the call is cut short
+mkdir -p "$logs"
 mkdir -p "$out"
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 summary=()
@@ -22,11 +23,23 @@ run() {  # name, limit in seconds, command...
     local res; res=$(grep -E '^test result:' "$logs/$name.log" | tail -1)
     local san; san=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$name.log" | tail -1)
     summary+=("$(printf '%-18s rc=%-3s %4ss  %s %s' "$name" "$rc" $((SECONDS - start)) "$res" "$san")")
+    echo "${summary[-1]}"
     [ "$rc" = 0 ] || fail=1
 }
 run gpu_kernels 240 .gpu-bundle/gpu_kernels --test-threads=1
 run gpu_model 300 .gpu-bundle/gpu_model --test-threads=1
 run gpu_upload 120 .gpu-bundle/gpu_upload --test-threads=1
+# Tensor parallel over NCCL needs two GPUs (and libnccl.so: torch's nvidia-nccl wheel ships
+# libnccl.so.2, linked here under the name cudarc loads); on one GPU it is reported as not run.
+gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
+if [ "$gpus" -ge 2 ]; then
+    nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null)
+    mkdir -p "$logs/nccl-lib"
+    [ -n "$nccl" ] && ln -sf "$nccl/libnccl.so.2" "$logs/nccl-lib/libnccl.so"
+    run nccl_tp 120 env LD_LIBRARY_PATH="$logs/nccl-lib:${LD_LIBRARY_PATH:-}" .gpu-bundle/gpu_model --test-threads=1 --ignored nccl_ranks
+else
+    summary+=("nccl_tp: one GPU here ($gpus): tensor parallel over NCCL NOT run")
+fi
 # The sm_80 PTX on this GPU (DSPARK_PTX=sm80: no PDL, FP8 widened in software): the kernels
 # whose code differs by architecture, and an FP8 model.
 run sm80_kernels 150 env DSPARK_PTX=sm80 .gpu-bundle/gpu_kernels --test-threads=1 fp8 matvec tensor_core norm_fold pdl_policy
@@ -36,7 +49,7 @@ if command -v compute-sanitizer >/dev/null; then
     san="compute-sanitizer --error-exitcode 9"
     run memcheck_kernels 120 $san --tool memcheck .gpu-bundle/gpu_kernels --test-threads=1
     run racecheck_kernels 150 $san --tool racecheck .gpu-bundle/gpu_kernels --test-threads=1
-    run memcheck_model 90 $san --tool memcheck .gpu-bundle/gpu_model --test-threads=1 draft_proposals_match_the_cpu_draft fixture_targets bf16_pairs graph_replays head_dim_128 kv_bf16 gemm_prefill_matches fp8_targets batched
+    run memcheck_model 120 $san --tool memcheck .gpu-bundle/gpu_model --test-threads=1 draft_proposals_match_the_cpu_draft fixture_targets bf16_pairs graph_replays head_dim_128 kv_bf16 gemm_prefill_matches fp8_targets batched paged split_targets
     run racecheck_model 60 $san --tool racecheck .gpu-bundle/gpu_model --test-threads=1 draft_proposals_match_the_cpu_draft
 else
     summary+=("compute-sanitizer not found: sanitizer runs NOT done")

@@ -26,6 +26,7 @@ use dspark_model::checkpoint::tokenizer::{eos_ids, eos_ids_from, Tokenizer};
 use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
 use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
 use dspark_model::cuda::dspark::CudaDraft;
+use dspark_model::cuda::plan::TargetPlan;
 use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::cuda::weights::CheckpointUpload;
@@ -102,6 +103,12 @@ pub struct GenerateArgs {
     /// small-M kernels, ~30× slower). Decoding is lossless either way.
     #[arg(long, default_value = "gemm", value_parser = parse_prefill)]
     prefill: PrefillMode,
+    #[command(flatten)]
+    memory: crate::memory::MemoryArgs,
+    /// Split the target over this many GPUs of the host (tensor parallel over NCCL; needs
+    /// --device cuda and --target; a draft runs on GPU 0 with its own embed_tokens / lm_head).
+    #[arg(long, default_value_t = 1, value_parser = parse_tensor_parallel)]
+    tensor_parallel: usize,
     /// Sampling temperature, finite and ≥ 0. 0 is greedy decoding, bit for bit; with
     /// `--sampling flags` (the default) decoding is greedy unless this is given and > 0.
     #[arg(long, value_name = "F", allow_negative_numbers = true)]
@@ -299,8 +306,18 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     let load_start = Instant::now();
     let cfg = target_src.target_config()?;
     check_context(prompt.len(), args.max_context, cfg.max_position_embeddings)?;
-    let (mut target, mut draft) =
-        load_typed(target_src, draft_src, cfg, device, args.max_context, args.kv_cache, args.prefill)?.boxed();
+    let (mut target, mut draft) = match args.tensor_parallel {
+        1 => load_typed(
+            target_src,
+            draft_src,
+            cfg,
+            device,
+            args.memory.plan(device, args.max_context, args.kv_cache)?,
+            args.prefill,
+        )?
+        .boxed(),
+        n => load_split(n, target_src, draft_src, device, args.max_context, args.kv_cache)?,
+    };
     let load = load_start.elapsed();
     let verify_len = match &draft {
         Some(d) => Some(parse_verify_len(args.verify_len.as_deref(), d.block_size(), target.as_mut())?),
@@ -416,10 +433,10 @@ pub(crate) fn load_typed(
     draft_src: Option<Source<'_>>,
     cfg: Qwen3Config,
     device: Device,
-    max_context: usize,
-    kv_cache: KvDtype,
+    plan: TargetPlan,
     prefill: PrefillMode,
 ) -> Result<Loaded> {
+    let kv_cache = plan.kv;
     Ok(match device {
         Device::Cpu => {
             // The target's checkpoint stays mapped until the draft is in: the draft's own
@@ -444,12 +461,13 @@ pub(crate) fn load_typed(
         Device::Cuda => {
             let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
             let tck = target_src.checkpoint()?;
-            // Weights through pinned staging buffers, after a check that they and the caches fit.
-            let reserve = CudaQwen3::planned_bytes(&cfg, max_context, kv_cache);
-            let up =
-                CheckpointUpload::new(&tck, &gpu.ctx, reserve)?.with_progress(crate::progress::load_bar(), "target");
+            // Weights through pinned staging buffers, after a check that those the device keeps
+            // and the plan's buffers fit (a host embedding is read straight from the file).
+            plan.check(&cfg)?;
+            let up = CheckpointUpload::new_without(&tck, &gpu.ctx, plan.device_bytes(&cfg), plan.host_tensors())?
+                .with_progress(crate::progress::load_bar(), "target");
             let (tied, shape) = (cfg.tie_word_embeddings, [cfg.vocab_size, cfg.hidden_size]);
-            let mut t = CudaQwen3::from_source_kv(gpu, cfg, &up, max_context, kv_cache)?;
+            let mut t = CudaQwen3::from_source_plan(gpu, cfg, &up, plan)?;
             up.finish()?;
             t.set_prefill(prefill);
             let d = match draft_src {
@@ -476,6 +494,43 @@ pub(crate) fn load_typed(
             Loaded::Cuda(t, d)
         }
     })
+}
+
+/// `--tensor-parallel N` (N ≥ 2): the target split over GPUs 0..N (`cuda::tp`), and the draft,
+/// when given, on GPU 0 with its own `embed_tokens` / `lm_head` (the target's are split).
+fn load_split(
+    n: usize,
+    target_src: Source<'_>,
+    draft_src: Option<Source<'_>>,
+    device: Device,
+    max_context: usize,
+    kv_cache: KvDtype,
+) -> Result<Models> {
+    let Source::Dir(dir) = target_src else {
+        bail!("--tensor-parallel {n}: give --target DIR (the embedded demo runs on one device)");
+    };
+    if device != Device::Cuda {
+        bail!("--tensor-parallel {n}: needs --device cuda");
+    }
+    let have = cudarc::driver::CudaContext::device_count().map_or(0, |c| c as usize);
+    if n > have {
+        bail!("--tensor-parallel {n}: this machine has {have} GPU(s)");
+    }
+    let gpus = (0..n)
+        .map(|i| dspark_kernels::cuda::Gpu::new(i).map(std::sync::Arc::new))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut target = dspark_model::cuda::tp::CudaQwen3Tp::load(gpus, dir, max_context, kv_cache)?;
+    let draft = match draft_src {
+        Some(src) => {
+            let (dcfg, ck) = (src.draft_config()?, src.checkpoint()?);
+            check_tensors(&dcfg, &ck)?;
+            let host = target.draft_host()?;
+            let d = CudaDraft::from_host(dcfg, &ck, &host, SharedHeads::default())?;
+            Some(Box::new(d) as Box<dyn Drafter>)
+        }
+        None => None,
+    };
+    Ok((Box::new(target), draft))
 }
 
 /// The prompt and at least one generated token must fit in the context: `--max-context` and the
@@ -549,6 +604,15 @@ fn stats_line(g: &Generation, load: Duration, device: &str, sampling: &Sampling,
         g.prefill.as_secs_f64() * 1e3,
         g.decode_tokens_per_second()
     )
+}
+
+/// `--tensor-parallel N`: at least 1.
+fn parse_tensor_parallel(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("at least 1 GPU".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("expected a number of GPUs, got {s:?} ({e})")),
+    }
 }
 
 /// `--prefill gemm|exact`.

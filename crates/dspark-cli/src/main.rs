@@ -9,6 +9,7 @@
 mod bench;
 mod demo;
 mod generate;
+mod memory;
 // `generate` hands `progress::load_bar()` to `CheckpointUpload::with_progress`.
 mod progress;
 mod serve;

@@ -64,14 +64,17 @@ pub struct ServeArgs {
     /// KV positions all requests hold together, planned at start-up in pages of 16 positions
     /// (target and draft): a request runs once its prompt + max_tokens fits beside the running
     /// ones', and waits in the queue until then. Also caps one request's context. Default: each
-    /// of --max-batch requests may hold --max-context. CPU only for now (the CUDA caches are not
-    /// paged yet).
+    /// of --max-batch requests may hold --max-context. On CUDA the pages are the driver's mapping
+    /// granularity (2 MiB of a layer's keys or values: 1,024 positions of Qwen3-8B in bf16), mapped
+    /// into each request's address range as it grows, for the draft's contexts as well.
     #[arg(long, value_parser = parse_kv_capacity)]
     kv_capacity: Option<usize>,
     /// Element type of the KV caches (`bf16` halves them: what transformers, vLLM and llama.cpp
     /// keep for a bf16 model; `f32` keeps the CPU reference's bits).
     #[arg(long, default_value = "f32", value_parser = crate::parse_kv_cache)]
     kv_cache: dspark_kernels::KvDtype,
+    #[command(flatten)]
+    memory: crate::memory::MemoryArgs,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -82,27 +85,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--max-batch {}: batched rounds need a draft (--draft DIR)", args.max_batch);
     }
     let device = crate::generate::resolve_device(args.device)?;
-    if let (Some(cap), crate::generate::Device::Cuda) = (args.kv_capacity, device) {
-        anyhow::bail!(
-            "--kv-capacity {cap}: the CUDA backend's K/V caches are not paged yet (each of the --max-batch \
-             sequences holds --max-context positions); bound them with --max-context, or serve with --device cpu"
-        );
-    }
+    // The memory flags are checked now, before the port is bound (the plan is made again, with
+    // the model's config, when it loads).
+    args.memory.plan(device, args.max_context, args.kv_cache)?;
     let model_name = match (&args.model_name, &args.target) {
         (Some(n), _) => n.clone(),
         (None, Some(t)) => t.file_name().map_or("dspark".into(), |n| n.to_string_lossy().into_owned()),
         (None, None) => "dspark-demo-coder".into(),
     };
+    // One request holds at most the whole capacity, so no cache (or address range) is longer.
+    let max_context = args.kv_capacity.map_or(args.max_context, |c| c.min(args.max_context));
     let opts = ServeOptions {
         model_name,
         api_key: args.api_key.clone(),
         max_queue: args.max_queue,
         strict_model: args.strict_model,
-        // One request holds at most the whole capacity.
-        max_context: args.kv_capacity.map_or(args.max_context, |c| c.min(args.max_context)),
+        max_context,
     };
-    let (target, draft, max_context, max_batch, kv_cache, kv_capacity) =
-        (args.target.clone(), args.draft.clone(), args.max_context, args.max_batch, args.kv_cache, args.kv_capacity);
+    let (target, draft, max_batch, kv_cache, kv_capacity) =
+        (args.target.clone(), args.draft.clone(), args.max_batch, args.kv_cache, args.kv_capacity);
+    let memory = args.memory;
     let load = Box::new(move || -> Result<Engine> {
         let (target_src, draft_src) = match &target {
             Some(dir) => (Source::Dir(dir), draft.as_deref().map(Source::Dir)),
@@ -120,20 +122,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if max_batch > 1 && draft_src.is_none() {
             anyhow::bail!("--max-batch {max_batch}: batched rounds need a draft (--draft)");
         }
-        let loaded = load_typed(
-            target_src,
-            draft_src,
-            cfg,
-            device,
-            max_context,
-            kv_cache,
-            dspark_model::cuda::prefill::PrefillMode::Gemm,
-        )?;
+        let plan = memory.plan(device, max_context, kv_cache)?;
+        let loaded =
+            load_typed(target_src, draft_src, cfg, device, plan, dspark_model::cuda::prefill::PrefillMode::Gemm)?;
         let loaded = match kv_capacity {
             Some(cap) => loaded.with_kv_capacity(cap)?,
             None => loaded,
         };
-        let (eos_token_ids, models, block, prefers_sampled) = match loaded.boxed_or_batched(max_batch)? {
+        let (eos_token_ids, models, block, prefers_sampled) = match loaded.boxed_or_batched(max_batch, kv_capacity)? {
             Built::Solo(target, draft) => {
                 let eos = target_src.eos_ids(&target.config().eos_token_ids)?;
                 let block = draft.as_ref().map(|d| d.block_size());
@@ -202,14 +198,16 @@ impl Loaded {
                 );
                 Ok(Loaded::Cpu(t, d))
             }
-            Loaded::Cuda(..) => anyhow::bail!("--kv-capacity: the CUDA backend's K/V caches are not paged yet"),
+            // The CUDA pages are planned with the batch (`boxed_or_batched`); one request at a
+            // time holds its --max-context cache, already capped at the capacity.
+            cuda => Ok(cuda),
         }
     }
 
     /// Boxed for the solo engine (`max_batch` 1), or holding `max_batch` sequences each: the CPU
     /// models through `Sequences`, the CUDA target as a `CudaBatch` and the draft as `CudaDrafts` (K/V caches for every
     /// sequence planned now) and the draft's contexts reserved.
-    fn boxed_or_batched(self, max_batch: usize) -> Result<Built> {
+    fn boxed_or_batched(self, max_batch: usize, kv_capacity: Option<usize>) -> Result<Built> {
         use dspark_model::Drafter;
         if max_batch <= 1 {
             let (t, d) = self.boxed();
@@ -222,9 +220,29 @@ impl Loaded {
             }
             Loaded::Cuda(t, Some(mut d)) => {
                 let sampled = d.prefers_sampled_block();
-                d.reserve_sequences(max_batch).context("--max-batch: the draft's context caches")?;
-                let t = dspark_model::cuda::qwen3::CudaBatch::new(t, max_batch)
-                    .context("--max-batch: K/V caches for every sequence")?;
+                let t = match kv_capacity {
+                    None => {
+                        d.reserve_sequences(max_batch).context("--max-batch: the draft's context caches")?;
+                        dspark_model::cuda::qwen3::CudaBatch::new(t, max_batch)
+                            .context("--max-batch: K/V caches for every sequence")?
+                    }
+                    Some(cap) => {
+                        let t = dspark_model::cuda::qwen3::CudaBatch::paged(t, max_batch, cap)
+                            .context("--kv-capacity: the target's K/V pages")?;
+                        let b = t.kv_budget().context("--kv-capacity: the target's pages")?;
+                        d.reserve_sequences_paged(max_batch, b).context("--kv-capacity: the draft's context pages")?;
+                        let gib = |x: usize| x as f64 / (1u64 << 30) as f64;
+                        eprintln!(
+                            "dspark serve: K/V cache of {} positions: {} pages of {} ({:.2} GiB; the draft's contexts {:.2} GiB)",
+                            b.pages * b.page,
+                            b.pages,
+                            b.page,
+                            gib(t.kv_page_bytes().unwrap_or(0)),
+                            gib(d.ctx_page_bytes().unwrap_or(0)),
+                        );
+                        t
+                    }
+                };
                 Built::Batched(Box::new(t), Box::new(dspark_model::cuda::dspark::CudaDrafts::new(d)), sampled)
             }
             Loaded::Cpu(_, None) | Loaded::Cuda(_, None) => anyhow::bail!("--max-batch needs a draft"),

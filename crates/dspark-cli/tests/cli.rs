@@ -428,6 +428,54 @@ fn generate_with_a_bf16_kv_cache_stays_lossless() {
     assert!(e.contains("--kv-cache") && e.contains("expected f32 or bf16"), "{e}");
 }
 
+/// `--embeddings` and `--prefill-chunk` (the CUDA memory plan): a bad value, or a flag the CPU
+/// backend has no use for, is a one-line error naming the flag and what it takes.
+#[test]
+fn memory_flags_are_checked_and_named() {
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["--embeddings", "disk"], &["--embeddings", "expected device or host"]),
+        (&["--prefill-chunk", "0"], &["--prefill-chunk 0: must be 1 to 2048 rows"]),
+        (&["--prefill-chunk", "4096"], &["--prefill-chunk 4096: must be 1 to 2048 rows"]),
+        (&["--embeddings", "host"], &["--embeddings host:", "--device cuda"]),
+        (&["--prefill-chunk", "256"], &["--prefill-chunk 256:", "--device cuda"]),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["generate", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cpu"];
+        args.extend(flags);
+        let out = dspark(&args);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.starts_with("error: "), "{flags:?}: {e}");
+        for w in want {
+            assert!(e.contains(w), "{flags:?}: {e}");
+        }
+    }
+    // The default plan on the CPU runs.
+    let out =
+        dspark(&["generate", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cpu", "--embeddings", "device"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `--tensor-parallel`: a bad count, the embedded demo and the CPU are refused in one line naming
+/// the flag (the split itself runs in the GPU tier, `gpu_model::tp`).
+#[test]
+fn tensor_parallel_flags_are_checked() {
+    let target = repo().join("fixtures/qwen3-tiny-f32");
+    let t = target.to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&["--tensor-parallel", "0"], "at least 1 GPU"),
+        (&["--tensor-parallel", "two"], "expected a number of GPUs"),
+        (&["--tensor-parallel", "2"], "--tensor-parallel 2: give --target DIR"),
+        (&["--tensor-parallel", "2", "--target", t], "--tensor-parallel 2: needs --device cuda"),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["generate", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cpu"];
+        args.extend(flags);
+        let out = dspark(&args);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.starts_with("error: ") && e.contains(want), "{flags:?}: {e}");
+    }
+}
+
 #[test]
 fn generate_with_a_mismatched_draft_fails_cleanly() {
     let target = fixture("qwen3-tiny-f32");

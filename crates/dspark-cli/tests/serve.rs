@@ -593,11 +593,13 @@ fn logprobs_on_chat_and_completions() {
 }
 
 #[test]
-fn bad_max_batch_flags_are_refused_before_serving() {
+fn bad_flags_are_refused_before_serving() {
     let exe = env!("CARGO_BIN_EXE_dspark");
     let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3-tiny-f32");
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["serve", "--device", "cpu", "--max-batch", "0"], "--max-batch: at least 1"),
+        (&["serve", "--device", "cpu", "--embeddings", "host"], "--embeddings host: the CPU backend"),
+        (&["serve", "--device", "cpu", "--prefill-chunk", "0"], "--prefill-chunk 0: must be 1 to 2048"),
         (&["serve", "--device", "cpu", "--kv-capacity", "0"], "at least 1 position"),
         (&["serve", "--device", "cpu", "--kv-capacity", "lots"], "--kv-capacity"),
         (&["serve", "--device", "cpu", "--max-batch", "2", "--target", target.to_str().unwrap()], "need a draft"),

@@ -497,6 +497,99 @@ fn embedding_and_gather_row() {
     }
 }
 
+/// The embedding from a table in mapped host memory (`HostTable`, `embedding_host_*`) equals the
+/// device table's rows exactly, in every dtype, for row widths of one 16-byte chunk, of a partial
+/// last pass (200 bf16 values: 25 chunks) and of more than one pass of the block (9,000 f32
+/// values: 2,250 chunks, past 256 threads × 4), with repeated, first and last ids. A row that is
+/// not whole 16-byte chunks is refused, not read out of line.
+#[test]
+fn host_table_embedding_equals_the_device_tables() {
+    use dspark_kernels::cuda::host_table::HostTable;
+    let g = gpu();
+    let mut rng = Rng(33);
+    let cases = [(40, 8, "bf16"), (64, 200, "bf16"), (33, 24, "f16"), (20, 9000, "f32"), (151936, 4096, "bf16")];
+    for (vocab, dim, dtype) in cases.into_iter().filter(|s| full_size() || s.0 < 1000) {
+        let (t, tf) = weight(&g, &rng.vec(vocab * dim), dtype);
+        let bytes: Vec<u8> = match &t {
+            WeightBuf::Bf16(s) | WeightBuf::F16(s) => {
+                g.stream.clone_dtoh(s).unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()
+            }
+            WeightBuf::F32(s) => g.stream.clone_dtoh(s).unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
+            WeightBuf::Fp8(_) => unreachable!(),
+        };
+        let host = HostTable::from_bytes(&g.ctx, dtype, &bytes).unwrap();
+        assert_eq!(host.bytes(), bytes.len());
+        let ids: Vec<u32> = vec![0, (vocab - 1) as u32, 7, 7, rng.below(vocab) as u32, 3];
+        let idd = g.stream.clone_htod(&ids).unwrap();
+        let mut out = poisoned(&g, ids.len() * dim);
+        g.embedding(&host, dim, &idd.as_view(), ids.len(), &mut out.as_view_mut()).unwrap();
+        let want: Vec<f32> = ids.iter().flat_map(|&i| tf[i as usize * dim..][..dim].to_vec()).collect();
+        let got = down(&g, &out);
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{dtype} {vocab}x{dim}"
+        );
+    }
+    // 50 bf16 values a row are 100 bytes: not whole chunks.
+    let host = HostTable::from_bytes(&g.ctx, "bf16", &vec![0u8; 2 * 50 * 4]).unwrap();
+    let idd = g.stream.clone_htod(&[1u32]).unwrap();
+    let mut out = poisoned(&g, 50);
+    let e = g.embedding(&host, 50, &idd.as_view(), 1, &mut out.as_view_mut()).unwrap_err();
+    assert!(e.to_string().contains("16-byte"), "{e}");
+    assert!(HostTable::from_bytes(&g.ctx, "fp8", &[0u8; 16]).is_err());
+}
+
+/// Tensor parallel's ops (`cuda/tp.rs`): a vocabulary shard's embedding (rows of ids inside the
+/// shard from its table, zeros outside, bit for bit, in every dtype), the residual add, and each
+/// row's value at an index, on poisoned outputs.
+#[test]
+fn tp_kernels_match_their_references() {
+    let g = gpu();
+    let mut rng = Rng(34);
+    for (vocab, dim, dtype, lo, hi) in [(40, 8, "bf16", 10, 25), (33, 24, "f16", 0, 11), (20, 300, "f32", 13, 20)] {
+        let (t, tf) = weight(&g, &rng.vec((hi - lo) * dim), dtype);
+        let ids: Vec<u32> = vec![lo as u32, (hi - 1) as u32, 0, (vocab - 1) as u32, hi as u32, rng.below(vocab) as u32];
+        let idd = g.stream.clone_htod(&ids).unwrap();
+        let mut out = poisoned(&g, ids.len() * dim);
+        g.embedding_shard(&t, dim, &idd.as_view(), ids.len(), lo..hi, &mut out.as_view_mut()).unwrap();
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| {
+                let i = i as usize;
+                if (lo..hi).contains(&i) {
+                    tf[(i - lo) * dim..][..dim].to_vec()
+                } else {
+                    vec![0.0; dim]
+                }
+            })
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&down(&g, &out)), bits(&want), "embedding_shard {dtype} rows {lo}..{hi}");
+    }
+    for n in [1usize, 255, 4096 * 8 + 3] {
+        let (a, b) = (rng.vec(n), rng.vec(n));
+        let mut x = up(&g, &a);
+        g.add_into(&mut x.as_view_mut(), &up(&g, &b).as_view()).unwrap();
+        let want: Vec<f32> = a.iter().zip(&b).map(|(p, q)| p + q).collect();
+        assert_eq!(down(&g, &x), want, "add_into of {n}");
+    }
+    let (rows, stride) = (7usize, 1000usize);
+    let x = rng.vec(rows * stride);
+    let idx: Vec<u32> = (0..rows).map(|_| rng.below(stride) as u32).collect();
+    let mut out = poisoned(&g, rows);
+    g.take_at(
+        &up(&g, &x).as_view(),
+        &g.stream.clone_htod(&idx).unwrap().as_view(),
+        stride,
+        rows,
+        &mut out.as_view_mut(),
+    )
+    .unwrap();
+    let want: Vec<f32> = idx.iter().enumerate().map(|(r, &i)| x[r * stride + i as usize]).collect();
+    assert_eq!(down(&g, &out), want);
+}
+
 #[test]
 fn rmsnorm_matches_reference() {
     let g = gpu();

@@ -17,6 +17,12 @@
 //! * a bf16 KV cache against the CPU reference rounded alike, and lossless on it (`kv_bf16.rs`).
 //! * FP8 targets in Qwen's block-scaled layout: logits against the CPU's dequantized reference,
 //!   the GEMM prefill, greedy = CPU greedy = speculative (`fp8.rs`).
+//! * the memory plan: the embedding in host memory gives the device table's logits bit for bit
+//!   and stays lossless; short prefill chunks plan fewer bytes and stay lossless
+//!   (`memory_plan.rs`).
+//!
+//! * tensor parallel: ranks on one GPU against the CPU reference at N = 1, 2, 4, lossless with a
+//!   CPU draft; NCCL over two GPUs where there are two (`tp.rs`).
 //!
 //! Compiled only with `--features gpu-tests` (`cargo xtask test --gpu`).
 #![cfg(feature = "gpu-tests")]
@@ -548,8 +554,17 @@ mod head_dim_128;
 #[path = "gpu_model/kv_bf16.rs"]
 mod kv_bf16;
 
+#[path = "gpu_model/memory_plan.rs"]
+mod memory_plan;
+
 #[path = "gpu_model/prefill.rs"]
 mod prefill;
 
 #[path = "gpu_model/sampled.rs"]
 mod sampled;
+
+#[path = "gpu_model/paged.rs"]
+mod paged;
+
+#[path = "gpu_model/tp.rs"]
+mod tp;

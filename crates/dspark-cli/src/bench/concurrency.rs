@@ -75,16 +75,26 @@ pub fn measure(
     gpu: &Gpu,
     mut target: CudaQwen3,
     mut draft: CudaDraft,
-    ctx: usize,
+    (ctx, paged): (usize, bool),
     levels: &[usize],
     iters: usize,
     token: &mut dyn FnMut() -> u32,
 ) -> Result<(Vec<ConcurrencyRow>, Vec<Profile>)> {
     let most = levels.iter().copied().max().unwrap_or(1);
     let block = draft.block_size();
-    draft.reserve_sequences(most)?;
     target.set_capture(draft.target_layer_ids())?;
-    let mut batch = CudaBatch::new(target, most)?;
+    let mut batch = if paged {
+        // Room for every request's context and a full verify past it, each rounded up to whole
+        // pages (a page holds at most 2,048 positions of Qwen3-8B's rows).
+        let b = CudaBatch::paged(target, most, most * (ctx + 2 * (block + 1) + 2048))?;
+        let budget = b.kv_budget().ok_or_else(|| anyhow::anyhow!("paged caches without a budget"))?;
+        draft.reserve_sequences_paged(most, budget)?;
+        eprintln!("bench: paged K/V, {} pages of {} positions", budget.pages, budget.page);
+        b
+    } else {
+        draft.reserve_sequences(most)?;
+        CudaBatch::new(target, most)?
+    };
     let mut drafts = CudaDrafts::new(draft);
     let mut seqs: Vec<(SeqId, SeqId, u32)> = Vec::with_capacity(most);
     eprintln!("bench: {most} requests of {ctx} positions");

@@ -33,6 +33,7 @@ mod projections;
 pub mod report;
 mod tp;
 
+use crate::generate::Device;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dspark_kernels::cuda::Gpu;
@@ -104,6 +105,18 @@ pub struct BenchArgs {
     /// Tuning: only the batched rounds of `--concurrency`, no other phase.
     #[arg(long)]
     pub concurrency_only: bool,
+    /// The batched rounds on paged K/V (`serve --kv-capacity`): pages for the largest level's
+    /// requests at each context (A/B against the contiguous caches: the kernels are the same).
+    #[arg(long)]
+    pub paged: bool,
+    /// Where the target's token embedding lives and how many rows a prefill chunk plans (as
+    /// `generate`): the memory line reports the device bytes this plan takes.
+    #[command(flatten)]
+    pub memory: crate::memory::MemoryArgs,
+    /// Also measure the target split over GPUs 0..N (`bench/tp.rs`: Qwen3-8B and 14B shapes,
+    /// each phase against the per-GPU floor plus the measured all-reduce), N ≥ 2.
+    #[arg(long, value_name = "N")]
+    pub tensor_parallel: Option<usize>,
 }
 
 /// A target weight format of the bench.
@@ -139,6 +152,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--contexts and --iters must be non-empty / positive");
     }
     let gpu = Arc::new(Gpu::new(0).context("dspark bench needs a CUDA GPU")?);
+    if let Some(n) = args.tensor_parallel {
+        // Checked before the other phases run, not after.
+        let have = cudarc::driver::CudaContext::device_count().map_or(0, |c| c as usize);
+        if n < 2 || n > have {
+            bail!("--tensor-parallel {n}: needs 2 to {have} GPUs (this machine has {have})");
+        }
+    }
     let device = device_name(&gpu);
     if args.projection_rows == 0 || args.projection_rows > 64 {
         bail!("--projection-rows must be 1..=64");
@@ -164,13 +184,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
         for &ctx in &args.contexts {
             eprintln!("bench: batched rounds at {ctx} positions, requests {:?}", args.concurrency);
             let weights = RandomWeights::new(gpu.clone(), args.seed, 0.02);
-            let target =
-                CudaQwen3::from_source_kv(gpu.clone(), configs::qwen3_8b()?, &weights, max_ctx, args.kv_cache)?;
+            let plan = args.memory.plan(Device::Cuda, max_ctx, args.kv_cache)?;
+            let target = CudaQwen3::from_source_plan(gpu.clone(), configs::qwen3_8b()?, &weights, plan)?;
             let dw = RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02);
             let draft = CudaDraft::from_source(configs::dspark_8b()?, &dw, &target)?;
             let mut token = tokens(args.seed, target.config().vocab_size);
-            let (rows, profiles) =
-                concurrency::measure(&gpu, target, draft, ctx, &args.concurrency, args.iters, &mut token)?;
+            let (rows, profiles) = concurrency::measure(
+                &gpu,
+                target,
+                draft,
+                (ctx, args.paged),
+                &args.concurrency,
+                args.iters,
+                &mut token,
+            )?;
             batched.extend(rows);
             measured.profiles.extend(profiles);
         }
@@ -254,6 +281,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .map_err(anyhow::Error::msg)?;
         print!("{}", tp::markdown(name, max_ctx, args.allreduce_us, &rows));
     }
+    if let Some(n) = args.tensor_parallel {
+        print!(
+            "{}",
+            tp::measure(n, args.contexts.iter().copied().max().unwrap_or(512), args.kv_cache, ceiling, args.iters)?
+        );
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -284,16 +317,20 @@ fn measure_model(
         bail!("--contexts: {max_ctx} positions exceed max_position_embeddings {}", tcfg.max_position_embeddings);
     }
     let weights = RandomWeights::new(gpu.clone(), args.seed, 0.02);
-    let mut target = CudaQwen3::from_source_kv(gpu.clone(), tcfg, &weights, max_ctx, args.kv_cache)?;
+    let plan = args.memory.plan(Device::Cuda, max_ctx, args.kv_cache)?;
+    let mut target = CudaQwen3::from_source_plan(gpu.clone(), tcfg, &weights, plan)?;
     let mut draft =
         CudaDraft::from_source(dcfg, &RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02), &target)?;
     target.set_capture(draft.target_layer_ids())?;
     gpu.stream.synchronize()?;
     out.notes.push(format!(
-        "{format:?}: target {:.2} GB + draft {:.2} GB of device memory (weights, {} KV caches for {max_ctx} positions, buffers; draft_shared_bytes {:.2} GB), {:.2} GB of target weights streamed per forward.",
+        "{format:?}: target {:.2} GB + draft {:.2} GB of device memory (weights, {} KV caches for {max_ctx} positions, buffers; --embeddings {} ({:.2} GB in host memory), prefill chunks of {} rows; draft_shared_bytes {:.2} GB), {:.2} GB of target weights streamed per forward.",
         target.arena.bytes() as f64 / 1e9,
         draft.arena.bytes() as f64 / 1e9,
         target.kv_dtype().name(),
+        plan.embeddings.name(),
+        target.host_bytes() as f64 / 1e9,
+        target.prefill_rows(),
         draft.shared_with_target() as f64 / 1e9,
         target.streamed_weight_bytes() as f64 / 1e9,
     ));

@@ -80,8 +80,9 @@ pub fn measure(
             super::report::median(&mut prefill.clone()),
         )?);
         gpu.set_profiling(false)?;
-        // The chunks the prefill runs (all but the last of MAX_PREFILL_ROWS rows).
-        let chunks: Vec<usize> = (0..len).step_by(MAX_PREFILL_ROWS).map(|s| (len - s).min(MAX_PREFILL_ROWS)).collect();
+        // The chunks the prefill runs (all but the last of the planned rows: `--prefill-chunk`).
+        let step = target.prefill_rows().max(1);
+        let chunks: Vec<usize> = (0..len).step_by(step).map(|s| (len - s).min(step)).collect();
         let mut gemm_micros = 0.0;
         for &m in &chunks {
             gemm_micros += roofline.layer_micros(gpu, m)? * cfg.num_hidden_layers as f64;

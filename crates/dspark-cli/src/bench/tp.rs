@@ -105,6 +105,75 @@ pub fn markdown(name: &str, ctx: usize, allreduce_us: f64, rows: &[TpFloor]) -> 
     s
 }
 
+/// `dspark bench --tensor-parallel N`: `CudaQwen3Tp` on GPUs 0..N with random bf16 weights of
+/// each rank's shapes, Qwen3-8B and Qwen3-14B, against the single-GPU target on GPU 0: the
+/// all-reduce's latency (one decode row, measured), then a decode step and an eight-row verify
+/// at `ctx` keys, each against the per-GPU floor with that latency: bytes / N at the ceiling
+/// plus (2·L + 1) collectives. The split target launches eagerly and gathers logits on the host
+/// (no CUDA graphs yet), which the ratios show.
+pub fn measure(
+    n: usize,
+    ctx: usize,
+    kv: dspark_kernels::KvDtype,
+    ceiling: f64,
+    iters: usize,
+) -> anyhow::Result<String> {
+    use dspark_kernels::cuda::Gpu;
+    use dspark_model::cuda::qwen3::CudaQwen3;
+    use dspark_model::cuda::tp::CudaQwen3Tp;
+    use dspark_model::cuda::weights::{RandomWeights, WeightSource};
+    use dspark_model::{LogitRows, TargetModel};
+    use std::sync::Arc;
+    let have =
+        cudarc::driver::CudaContext::device_count().map_err(|e| anyhow::anyhow!("CUDA devices: {e:?}"))? as usize;
+    if n < 2 || n > have {
+        anyhow::bail!("--tensor-parallel {n}: needs 2 to {have} GPUs (this machine has {have})");
+    }
+    let gpus = (0..n).map(|i| Gpu::new(i).map(Arc::new)).collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut out = format!(
+        "\n### Tensor parallel, measured: N = {n} ({}), {ctx} keys, {} KV\n\n| model | phase | N = 1 ms | N = {n} ms | × N = 1 | floor ms | × floor |\n|---|---|---:|---:|---:|---:|---:|\n",
+        "NCCL", kv.name()
+    );
+    let time = |t: &mut dyn TargetModel, rows: usize, token: &mut dyn FnMut() -> u32| -> anyhow::Result<f64> {
+        let base = t.len();
+        let mut v = Vec::new();
+        for it in 0..iters + 2 {
+            let step: Vec<u32> = (0..rows).map(|_| token()).collect();
+            let s = std::time::Instant::now();
+            t.forward(&step, if rows == 1 { LogitRows::Last } else { LogitRows::All })?;
+            if it >= 2 {
+                v.push(s.elapsed().as_secs_f64() * 1e3);
+            }
+            t.truncate(base)?;
+        }
+        Ok(crate::bench::report::median(&mut v))
+    };
+    for (name, cfg) in [("Qwen3-8B", crate::bench::configs::qwen3_8b()?), ("Qwen3-14B", qwen3_14b()?)] {
+        eprintln!("bench: tensor parallel {name}, N = {n}");
+        let mut token = super::tokens(7, cfg.vocab_size);
+        let prompt: Vec<u32> = (0..ctx).map(|_| token()).collect();
+        let one = {
+            let w = RandomWeights::new(gpus[0].clone(), 1, 0.02);
+            let mut t = CudaQwen3::from_source_kv(gpus[0].clone(), cfg.clone(), &w, ctx + 16, kv)?;
+            t.forward_greedy(&prompt, LogitRows::Last)?;
+            (time(&mut t, 1, &mut token)?, time(&mut t, 8, &mut token)?)
+        };
+        let mut t = CudaQwen3Tp::from_sources(gpus.clone(), cfg.clone(), ctx + 16, kv, |s| {
+            Box::new(RandomWeights::new(gpus[s.rank].clone(), 1 + s.rank as u64, 0.02)) as Box<dyn WeightSource>
+        })?;
+        let ar = t.time_all_reduce(1, 200)?;
+        t.forward(&prompt, LogitRows::Last)?;
+        let split = (time(&mut t, 1, &mut token)?, time(&mut t, 8, &mut token)?);
+        let floor = tp_floors(&cfg, ctx, kv.bytes(), ceiling, ar, &[n]).map_err(anyhow::Error::msg)?[0].floor_us / 1e3;
+        out += &format!("| {name} | all-reduce of one row | — | {:.1} µs | — | — | — |\n", ar);
+        for (phase, a, b) in [("decode", one.0, split.0), ("verify of 8", one.1, split.1)] {
+            out +=
+                &format!("| {name} | {phase} | {a:.2} | {b:.2} | {:.2}× | {floor:.2} | {:.2}× |\n", a / b, b / floor);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

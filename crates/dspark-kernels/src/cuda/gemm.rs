@@ -25,7 +25,11 @@
 //! bytes directly, but take one scale per tensor (or per row) on sm_90, not Qwen's 128 × 128
 //! blocks; the widening streams 3 bytes per weight (read 1, write 2) for a GEMM whose chunk of
 //! 2,048 rows does 2 × 2,048 FLOPs per weight, so it costs a few percent of a chunk
-//! (`docs/perf.md`).
+//! (`docs/perf.md`). The scratch need not hold a whole matrix: a weight larger than it is widened
+//! and multiplied in tiles of whole 128-row scale blocks ([`dequant_tile_rows`]), each GEMM
+//! writing its columns of y, so a model plans [`DEQUANT_SCRATCH`] values (32 MB) instead of its
+//! largest projection (gate|up: 201 MB for Qwen3-8B). The tiles' products are the same; only
+//! cuBLAS's choice of kernel per shape can change the order of a sum's f32 additions.
 
 use super::ops::{check, Fp8Buf, WeightBuf};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
@@ -36,6 +40,10 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 
 /// Bytes of cuBLAS workspace planned per model (NVIDIA recommends 32 MiB on Hopper).
 pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// bf16 values of the dequant scratch a model plans for its FP8 GEMMs (at most: a model whose
+/// largest FP8 matrix is smaller plans that): 32 MB, 4,096 rows of 4,096 columns.
+pub const DEQUANT_SCRATCH: usize = 16 << 20;
 
 /// A cuBLAS handle on the GPU's op stream, with its workspace.
 pub struct Blas {
@@ -60,8 +68,9 @@ impl Blas {
         Ok(Blas { blas, _workspace: workspace, dequant: None })
     }
 
-    /// The handle with `scratch` as the bf16 image of FP8 weights: it must hold the largest FP8
-    /// matrix the handle multiplies (from the caller's arena, like the workspace).
+    /// The handle with `scratch` as the bf16 image of FP8 weights (from the caller's arena, like
+    /// the workspace): at least one row of the widest FP8 matrix it multiplies; larger matrices
+    /// go in tiles.
     pub fn with_dequant(mut self, scratch: CudaSlice<u16>) -> Blas {
         self.dequant = Some(scratch);
         self
@@ -118,6 +127,66 @@ impl GemmIn<'_> {
     }
 }
 
+/// Rows of an FP8 weight `[n, k]` widened per GEMM call with a dequant scratch of `scratch`
+/// bf16 values: all `n` when they fit, else the most whole 128-row scale blocks that do (or the
+/// most rows, below one block), `None` when not one row fits.
+pub fn dequant_tile_rows(scratch: usize, n: usize, k: usize) -> Option<usize> {
+    let fit = scratch / k.max(1);
+    match fit {
+        0 => None,
+        f if f >= n => Some(n.max(1)),
+        f if f >= 128 => Some(f / 128 * 128),
+        f => Some(f),
+    }
+}
+
+/// One `cublasGemmEx` call: `y[:, n columns at y_ptr] = x · Wᵀ` (+ y when beta is 1), W `[n, k]`
+/// at `w_ptr` (lda k), x `[m, k]` (ldb k), y rows of `ldc` values.
+struct GemmExt {
+    w_ptr: u64,
+    w_type: cublas::cudaDataType,
+    x_ptr: u64,
+    y_ptr: u64,
+    m: i32,
+    k: i32,
+    n: i32,
+    ldc: i32,
+}
+
+impl GemmExt {
+    fn run(&self, blas: &Blas, beta: f32) -> CudaResult<()> {
+        let alpha = 1f32;
+        // SAFETY: the caller checked the buffers' lengths for column-major op(A) = Wᵀ (k × n, lda
+        // k), B = xᵀ (k × m, ldb k), C = yᵀ (n × m within ldc ≥ n); the activations are in the
+        // weights' dtype (x_type = w_type) except for f32, which both are; alpha and beta are host
+        // f32 scalars, as CUBLAS_COMPUTE_32F with the default host pointer mode expects.
+        let status = unsafe {
+            cublas::cublasGemmEx(
+                *blas.blas.handle(),
+                cublas::cublasOperation_t::CUBLAS_OP_T,
+                cublas::cublasOperation_t::CUBLAS_OP_N,
+                self.n,
+                self.m,
+                self.k,
+                &alpha as *const f32 as *const _,
+                self.w_ptr as *const _,
+                self.w_type,
+                self.k,
+                self.x_ptr as *const _,
+                self.w_type,
+                self.k,
+                &beta as *const f32 as *const _,
+                self.y_ptr as *mut _,
+                cublas::cudaDataType::CUDA_R_32F,
+                self.ldc,
+                cublas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        status_ok("cublasGemmEx", status)
+    }
+}
+
 impl Gpu {
     /// `y[m, n] = x[m, k] · W[n, k]ᵀ`, or `y += …` when `accumulate`, on the tensor cores.
     /// `x` must be in `w`'s dtype (f32 for f32 weights, the 16 bits of bf16/f16 otherwise).
@@ -141,38 +210,9 @@ impl Gpu {
             return Err(CudaError::Shape(format!("gemm: shape {m} × {k} → {n} is past cuBLAS's 32-bit sizes")));
         };
         use cublas::cudaDataType::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
-        if let WeightBuf::Fp8(f) = w {
-            self.dequant_fp8(blas, f, n, k)?;
-        }
-        let dequant = blas.dequant.as_ref();
-        let (w_ptr, w_type, _wg) = match (w, dequant) {
-            (WeightBuf::Bf16(s), _) => {
-                let (p, g) = s.device_ptr(&self.stream);
-                (p, CUDA_R_16BF, g)
-            }
-            (WeightBuf::F16(s), _) => {
-                let (p, g) = s.device_ptr(&self.stream);
-                (p, CUDA_R_16F, g)
-            }
-            (WeightBuf::F32(s), _) => {
-                let (p, g) = s.device_ptr(&self.stream);
-                (p, CUDA_R_32F, g)
-            }
-            (WeightBuf::Fp8(_), Some(s)) => {
-                let (p, g) = s.device_ptr(&self.stream);
-                (p, CUDA_R_16BF, g)
-            }
-            (WeightBuf::Fp8(_), None) => unreachable!("dequant_fp8 checked the scratch"),
-        };
-        let (x_ptr, x_type, _xg) = match (x, w) {
-            (GemmIn::F32(v), WeightBuf::F32(_)) => {
-                let (p, g) = v.device_ptr(&self.stream);
-                (p, CUDA_R_32F, g)
-            }
-            (GemmIn::Half(v), WeightBuf::Bf16(_) | WeightBuf::F16(_) | WeightBuf::Fp8(_)) => {
-                let (p, g) = v.device_ptr(&self.stream);
-                (p, w_type, g)
-            }
+        let (x_ptr, _xg) = match (x, w) {
+            (GemmIn::F32(v), WeightBuf::F32(_)) => v.device_ptr(&self.stream),
+            (GemmIn::Half(v), WeightBuf::Bf16(_) | WeightBuf::F16(_) | WeightBuf::Fp8(_)) => v.device_ptr(&self.stream),
             _ => {
                 return Err(CudaError::Shape(format!(
                     "gemm: activations must be in the weights' dtype ({})",
@@ -181,68 +221,69 @@ impl Gpu {
             }
         };
         let (y_ptr, _yg) = y.device_ptr_mut(&self.stream);
-        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
+        let beta = if accumulate { 1f32 } else { 0f32 };
         let name = format!("gemm_{}", w.suffix());
-        self.timed(&name, || {
-            // SAFETY: the pointers are live device buffers whose lengths were checked above for
-            // column-major op(A) = Wᵀ (k × n, lda k), B = xᵀ (k × m, ldb k), C = yᵀ (n × m, ldc n);
-            // alpha and beta are host f32 scalars, as CUBLAS_COMPUTE_32F with the default host
-            // pointer mode expects.
-            let status = unsafe {
-                cublas::cublasGemmEx(
-                    *blas.blas.handle(),
-                    cublas::cublasOperation_t::CUBLAS_OP_T,
-                    cublas::cublasOperation_t::CUBLAS_OP_N,
-                    ni,
-                    mi,
-                    ki,
-                    &alpha as *const f32 as *const _,
-                    w_ptr as *const _,
-                    w_type,
-                    ki,
-                    x_ptr as *const _,
-                    x_type,
-                    ki,
-                    &beta as *const f32 as *const _,
-                    y_ptr as *mut _,
-                    CUDA_R_32F,
-                    ni,
-                    cublas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            };
-            status_ok("cublasGemmEx", status)
-        })
+        let call = |w_ptr: u64, w_type, (n0, nt): (usize, usize)| {
+            let ext =
+                GemmExt { w_ptr, w_type, x_ptr, y_ptr: y_ptr + (4 * n0) as u64, m: mi, k: ki, n: nt as i32, ldc: ni };
+            self.timed(&name, || ext.run(blas, beta))
+        };
+        match w {
+            WeightBuf::Bf16(s) => {
+                let (p, _g) = s.device_ptr(&self.stream);
+                call(p, CUDA_R_16BF, (0, n))
+            }
+            WeightBuf::F16(s) => {
+                let (p, _g) = s.device_ptr(&self.stream);
+                call(p, CUDA_R_16F, (0, n))
+            }
+            WeightBuf::F32(s) => {
+                let (p, _g) = s.device_ptr(&self.stream);
+                call(p, CUDA_R_32F, (0, n))
+            }
+            // Widened in tiles of whole rows as large as the scratch holds, each multiplied into
+            // its columns of y (ldc stays n), so the scratch need not hold the whole matrix.
+            WeightBuf::Fp8(f) => {
+                let scratch = blas.dequant.as_ref().ok_or_else(|| {
+                    CudaError::Shape(
+                        "gemm: an FP8 weight needs the handle's dequant scratch (Blas::with_dequant)".into(),
+                    )
+                })?;
+                let nt = dequant_tile_rows(scratch.len(), n, k).ok_or_else(|| {
+                    CudaError::Shape(format!("gemm: an FP8 weight of {n} × {k} past a scratch of {}", scratch.len()))
+                })?;
+                let s_ptr = device_addr(self, scratch);
+                for n0 in (0..n).step_by(nt) {
+                    let rows = nt.min(n - n0);
+                    self.dequant_fp8(f, s_ptr, (n0, rows), k)?;
+                    call(s_ptr, CUDA_R_16BF, (n0, rows))?;
+                }
+                Ok(())
+            }
+        }
     }
 
-    /// The bf16 image of FP8 weight `w` `[n, k]` in `blas`'s scratch: `dequant_fp8_bf16`.
-    fn dequant_fp8(&self, blas: &Blas, w: &Fp8Buf, n: usize, k: usize) -> CudaResult<()> {
-        let Some(scratch) = blas.dequant.as_ref() else {
-            return Err(CudaError::Shape(
-                "gemm: an FP8 weight needs the handle's dequant scratch (Blas::with_dequant)".into(),
-            ));
-        };
-        if scratch.len() < n * k {
-            return Err(CudaError::Shape(format!(
-                "gemm: an FP8 weight of {n} × {k} past a scratch of {}",
-                scratch.len()
-            )));
-        }
-        check("gemm fp8 rows", w.srow.len(), n)?;
-        // dequant_fp8_bf16(w, scale, srow, out, rows, in, scale_cols, kb): the scratch is written
-        // through its address (the handle is shared, its scratch is the stream's alone).
+    /// The bf16 image of rows `n0..n0 + rows` of FP8 weight `w` (`k` columns) at device address
+    /// `scratch` (a handle's dequant scratch, checked by the caller to hold them):
+    /// `dequant_fp8_bf16`.
+    fn dequant_fp8(&self, w: &Fp8Buf, scratch: u64, (n0, rows): (usize, usize), k: usize) -> CudaResult<()> {
+        check("gemm fp8 rows", w.srow.len().max(n0 + rows), w.srow.len())?;
+        check("gemm fp8 bytes", w.q.len(), w.srow.len() * k)?;
+        // dequant_fp8_bf16(w, scale, srow, out, rows, in, scale_cols, kb) on the tile's rows: its
+        // bytes and scale-row map start n0 rows in (the handle is shared, its scratch is the
+        // stream's alone).
         let args = [
-            dptr(self, &w.q),
+            Arg::Ptr(device_addr(self, &w.q) + (n0 * k) as u64),
             dptr(self, &w.scale),
-            dptr(self, &w.srow),
-            Arg::Ptr(device_addr(self, scratch)),
-            Arg::I32(n as i32),
+            Arg::Ptr(device_addr(self, &w.srow) + (4 * n0) as u64),
+            Arg::Ptr(scratch),
+            Arg::I32(rows as i32),
             Arg::I32(k as i32),
             Arg::I32(w.scale_cols as i32),
             Arg::I32(w.block_k as i32),
         ];
         // A row per block at a time (kernels/fp8.cu).
-        self.launch_pdl("dequant_fp8_bf16", (n.clamp(1, 16 * self.sms.max(1)) as u32, 1, 1), 256, &args)
+        self.launch_pdl("dequant_fp8_bf16", (rows.clamp(1, 16 * self.sms.max(1)) as u32, 1, 1), 256, &args)
     }
 
     /// `out[r] = round(rmsnorm(x[r]) · w)` into `half` bits, for `rows` rows of `dim` values.

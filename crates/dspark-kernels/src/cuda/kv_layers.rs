@@ -62,6 +62,12 @@ impl LayerCaches {
         Ok(LayerCaches { caches, k_ptrs, v_ptrs, recorded, row_len, len })
     }
 
+    /// The caches themselves, the address buffers dropped (memory the caches do not own — a
+    /// paged range — goes back to its owner this way).
+    pub fn into_caches(self) -> KvCaches {
+        self.caches
+    }
+
     /// The K and V caches, for the layer steps that read and write them.
     pub fn caches_mut(&mut self) -> LayersKv<'_> {
         self.caches.layers_mut()

@@ -13,6 +13,7 @@ mod argmax;
 mod attention_prefill;
 pub mod attention_seg;
 pub mod gemm;
+pub mod host_table;
 pub mod kv;
 pub mod kv_layers;
 mod markov;
@@ -23,6 +24,7 @@ mod pdl;
 pub mod ptx;
 pub mod rope_fold;
 pub mod sample;
+pub mod tp;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError};
 use std::collections::HashMap;

@@ -302,23 +302,6 @@ pub(crate) fn wptr(gpu: &Gpu, view: &WeightView<'_>) -> Arg {
 }
 
 impl Gpu {
-    /// `out[r, :] = table[ids[r], :]`; table `[vocab, dim]`.
-    pub fn embedding(
-        &self,
-        table: &WeightBuf,
-        dim: usize,
-        ids: &CudaView<u32>,
-        rows: usize,
-        out: &mut CudaViewMut<f32>,
-    ) -> CudaResult<()> {
-        check("embedding ids", ids.len(), rows)?;
-        check("embedding out", out.len(), rows * dim)?;
-        // embedding_*(table, ids, out, dim)
-        let args =
-            [wptr(self, &table.view(0..table.len())), dptr(self, ids), dptr_mut(self, out), Arg::I32(dim as i32)];
-        self.launch_pdl(&format!("embedding_{}", table.suffix()), (rows as u32, 1, 1), 256, &args)
-    }
-
     /// Fills `out` with bf16 values uniform in `[−scale, scale)` from a counter hash of `seed`
     /// (benchmark weights made on the device).
     pub fn fill_uniform_bf16(&self, out: &mut CudaSlice<u16>, seed: u64, scale: f32) -> CudaResult<()> {

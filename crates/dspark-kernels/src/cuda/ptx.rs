@@ -65,7 +65,15 @@ pub const MODULES: &[PtxModule] = &[
         name: "embedding",
         sm90: include_str!("../../ptx/embedding.sm90.ptx"),
         sm80: include_str!("../../ptx/embedding.sm80.ptx"),
-        functions: &["embedding_bf16", "embedding_f16", "embedding_f32", "copy_rows_f32"],
+        functions: &[
+            "embedding_bf16",
+            "embedding_f16",
+            "embedding_f32",
+            "copy_rows_f32",
+            "embedding_host_bf16",
+            "embedding_host_f16",
+            "embedding_host_f32",
+        ],
     },
     PtxModule {
         name: "fp8",
@@ -175,5 +183,11 @@ pub const MODULES: &[PtxModule] = &[
         sm90: include_str!("../../ptx/sample_topk.sm90.ptx"),
         sm80: include_str!("../../ptx/sample_topk.sm80.ptx"),
         functions: &["sample_topk_f32"],
+    },
+    PtxModule {
+        name: "tp",
+        sm90: include_str!("../../ptx/tp.sm90.ptx"),
+        sm80: include_str!("../../ptx/tp.sm80.ptx"),
+        functions: &["embedding_shard_bf16", "embedding_shard_f16", "embedding_shard_f32", "add_f32", "take_at_f32"],
     },
 ];

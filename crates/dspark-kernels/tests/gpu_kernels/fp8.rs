@@ -16,6 +16,8 @@
 //!   products are exact in f32; only the order of the f32 sums differs, and K reaches 12,288:
 //!   1.3e-5 measured there).
 //! * Qwen3-8B's gate|up and down shapes at a prefill chunk of 512 rows, and the accumulate mode.
+//! * A scratch smaller than the weight: tiles of whole scale blocks, tiles of fewer rows than a
+//!   block, and a scratch of less than a row refused.
 
 use super::*;
 use dspark_kernels::cuda::gemm::{Blas, GemmIn, WORKSPACE_BYTES};
@@ -130,6 +132,36 @@ fn fp8_gemm_matches_the_rounded_reference() {
         let e = rel_err(&down(&g, &y), &want_acc);
         assert!(e <= 3e-5, "fp8 gemm accumulate {m}x{k}->{n}: rel err {e}");
     }
+    // A scratch smaller than the weight: widened and multiplied in tiles of whole 128-row scale
+    // blocks (5 × 128 + 40 rows here), one of fewer rows than a block (100-row scratch: tiles
+    // of 100, whose scale rows straddle blocks), or refused when it holds less than a row.
+    let (m, k, n) = (64usize, 256usize, 680usize);
+    let (w, wf) = weight_cols(&g, &rng.vec(n * k), k, "fp8");
+    let x = rng.vec(m * k);
+    let xd = g.stream.clone_htod(&bf16_bits(&x)).unwrap();
+    let want = cpu::matmul::linear(&rounded(&x), &rounded(&wf), m, k, n);
+    let base = rng.vec(m * n);
+    let want_acc: Vec<f32> = want.iter().zip(&base).map(|(a, b)| a + b).collect();
+    for rows in [128 * 2 + 7, 100] {
+        assert_eq!(
+            dspark_kernels::cuda::gemm::dequant_tile_rows(rows * k, n, k),
+            Some(if rows > 128 { 256 } else { 100 })
+        );
+        let b = blas(&g, rows * k);
+        let mut y = poisoned(&g, m * n);
+        g.gemm(&b, &w, &GemmIn::Half(xd.slice(..)), &mut y.as_view_mut(), (m, k, n), false).unwrap();
+        let e = rel_err(&down(&g, &y), &want);
+        assert!(e <= 3e-5, "fp8 gemm in tiles of a {rows}-row scratch: rel err {e}");
+        let mut y = up(&g, &base);
+        g.gemm(&b, &w, &GemmIn::Half(xd.slice(..)), &mut y.as_view_mut(), (m, k, n), true).unwrap();
+        let e = rel_err(&down(&g, &y), &want_acc);
+        assert!(e <= 3e-5, "fp8 gemm accumulate in tiles of a {rows}-row scratch: rel err {e}");
+    }
+    let tiny = blas(&g, k - 1);
+    let mut y = poisoned(&g, m * n);
+    let e = g.gemm(&tiny, &w, &GemmIn::Half(xd.slice(..)), &mut y.as_view_mut(), (m, k, n), false).unwrap_err();
+    assert!(e.to_string().contains("scratch"), "{e}");
+
     // A handle without the scratch refuses an FP8 weight with an error, not a fault.
     let (w, _) = weight_cols(&g, &rng.vec(32 * 64), 64, "fp8");
     let plain = Blas::new(&g, g.stream.alloc_zeros::<u8>(WORKSPACE_BYTES).unwrap()).unwrap();

@@ -11,7 +11,6 @@
 use crate::backend::{
     Captured, Deferred, DeviceSampled, DeviceTokens, Drafter, Filters, Proposal, SampleRow, SampledProposal,
 };
-use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::draft_config::{DraftConfig, MarkovKind};
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::checkpoint::shared_heads::SharedHeads;
@@ -22,6 +21,8 @@ use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch
 use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
 
 mod batch;
+mod host;
+mod paged;
 mod prefill;
 mod sequences;
 use crate::cuda::qwen3::{
@@ -32,11 +33,13 @@ use crate::error::{Error, Result};
 pub use batch::CudaDrafts;
 use cudarc::driver::{CudaSlice, CudaView};
 use dspark_kernels::cpu::rope::inv_freq;
+use dspark_kernels::cuda::host_table::Table;
 use dspark_kernels::cuda::kv_layers::LayerCaches;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleShape, CFG_WORDS, ROW_WORDS};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
+pub use host::DraftHost;
 pub use sequences::DraftSeq;
 use std::path::Path;
 use std::sync::Arc;
@@ -85,7 +88,7 @@ pub struct CudaDraft {
     pub arena: Arena,
     cfg: DraftConfig,
     max_len: usize,
-    embed_tokens: Arc<WeightBuf>,
+    embed_tokens: Arc<Table>,
     lm_head: Arc<WeightBuf>,
     /// Bytes of the draft's own copies left on the host because the target's equal them.
     shared_bytes: usize,
@@ -97,9 +100,11 @@ pub struct CudaDraft {
     confidence: Option<Confidence>,
     inv_freq: CudaSlice<f32>,
     /// Every layer's K/V cache, with the addresses the one-launch context append reads.
-    caches: LayerCaches,
+    caches: paged::CtxCaches,
     /// Context caches planned for more sequences (`sequences.rs`), not in use.
-    seq_pool: Vec<LayerCaches>,
+    seq_pool: Vec<paged::CtxCaches>,
+    /// The pages of paged contexts (`paged.rs`, `--kv-capacity`).
+    ctx_pages: Option<crate::cuda::kv_vmm::KvPages>,
     /// The buffers of block passes over several sequences (`batch.rs`), planned with them.
     block_batch: Option<batch::BlockBatch>,
     /// Every layer's k_proj|v_proj rows stacked `[layers · 2·kv, H]` (a device copy of the rows
@@ -174,10 +179,20 @@ impl CudaDraft {
         target: &CudaQwen3,
         shared: SharedHeads,
     ) -> Result<CudaDraft> {
-        use crate::backend::TargetModel;
-        let tcfg: &Qwen3Config = target.config();
-        cfg.validate_against(tcfg)?;
-        let gpu = target.gpu.clone();
+        Self::from_host(cfg, ck, &DraftHost::of(target), shared)
+    }
+
+    /// The draft for the target side `host` (a single-GPU target's, or rank 0 of a split one's,
+    /// `host.rs`): the draft's own `embed_tokens` / `lm_head` unless `shared` found them equal to
+    /// the host's whole ones, or it has none and the host lends its.
+    pub fn from_host(
+        cfg: DraftConfig,
+        ck: &dyn WeightSource,
+        host: &DraftHost,
+        shared: SharedHeads,
+    ) -> Result<CudaDraft> {
+        cfg.validate_against(&host.cfg)?;
+        let gpu = host.gpu.clone();
         let arena = Arena::new(gpu.stream.clone());
         let l = &cfg.layer;
         let (h, v, r, b) = (l.hidden_size, l.vocab_size, cfg.markov_rank, cfg.block_size);
@@ -195,14 +210,24 @@ impl CudaDraft {
                 Ok(None)
             }
         };
-        let embed_tokens =
-            own("embed_tokens.weight", shared.embed_tokens)?.unwrap_or_else(|| target.embed_tokens.clone());
-        let lm_head = match own("lm_head.weight", shared.lm_head)? {
-            Some(w) => w,
-            None => target.lm_head.clone().unwrap_or_else(|| target.embed_tokens.clone()),
+        // The draft's own tables (when not the target's) stay on the device; a split target's
+        // heads are vocabulary shards, so such a draft must carry its own.
+        let lent = host.heads.is_some();
+        let none = |name: &str| {
+            Error::Request(format!(
+                "{name}: the draft carries none, and its target's is split over GPUs (--tensor-parallel)"
+            ))
         };
-        let shared_bytes =
-            usize::from(shared.embed_tokens) * embed_tokens.bytes() + usize::from(shared.lm_head) * lm_head.bytes();
+        let embed_tokens = match own("embed_tokens.weight", shared.embed_tokens && lent)? {
+            Some(w) => Arc::new(Table::Device(w)),
+            None => host.heads.as_ref().map(|(e, _)| e.clone()).ok_or_else(|| none("embed_tokens.weight"))?,
+        };
+        let lm_head = match own("lm_head.weight", shared.lm_head && lent)? {
+            Some(w) => w,
+            None => host.heads.as_ref().map(|(_, h)| h.clone()).ok_or_else(|| none("lm_head.weight"))?,
+        };
+        let shared_bytes = usize::from(shared.embed_tokens && lent) * embed_tokens.bytes()
+            + usize::from(shared.lm_head && lent) * lm_head.bytes();
         let markov = if r > 0 {
             let variant = match cfg.markov_kind {
                 MarkovKind::Vanilla => Variant::Vanilla,
@@ -240,7 +265,7 @@ impl CudaDraft {
         } else {
             None
         };
-        let max_len = target.max_len();
+        let max_len = host.max_len;
         let kv = l.kv_dim();
         let t = cfg.num_taps();
         let rows = CHUNK.max(b);
@@ -257,45 +282,47 @@ impl CudaDraft {
         }
         // The draft's caches take the target's element type (`--kv-cache`).
         let cache_len = (max_len + b) * kv;
-        let caches = kv_caches(&arena, target.kv_dtype(), n_layers, cache_len)?;
+        let caches = kv_caches(&arena, host.kv_dtype, n_layers, cache_len)?;
         let ptrs = (arena.zeros::<u64>(n_layers).map_err(drv)?, arena.zeros::<u64>(n_layers).map_err(drv)?);
         let caches = LayerCaches::new(&gpu, caches, ptrs, kv).map_err(gpu_err)?;
         let fc = ck.matrix(&arena, "fc.weight", &[h, t * h])?;
-        let prefill = match target.prefill_blas() {
+        let prefill = match host.prefill_blas.clone() {
             Some(blas) if max_len > CHUNK => {
-                let rows = max_len.min(MAX_DRAFT_PREFILL_ROWS);
+                // No more rows than the target's chunks hand over (`--prefill-chunk`).
+                let rows = max_len.min(MAX_DRAFT_PREFILL_ROWS).min(host.prefill_rows.max(1));
                 Some(DraftPrefill::new(&arena, blas, rows, (t, h, n_layers * 2 * kv), &fc, &ctx_kv)?)
             }
             _ => None,
         };
         Ok(CudaDraft {
-            prefill_capture: prefill.as_ref().and(target.shared_prefill_capture()),
+            prefill_capture: prefill.as_ref().and(host.prefill_capture.clone()),
             prefill,
             fc,
             hidden_norm: ck.vector(&arena, "hidden_norm.weight", &[h])?,
             layers,
             norm: ck.vector(&arena, "norm.weight", &[h])?,
             inv_freq: arena.upload(&inv_freq(l.rope_theta as f32, l.head_dim)).map_err(drv)?,
-            caches,
+            caches: paged::CtxCaches::owned(caches),
             seq_pool: Vec::new(),
+            ctx_pages: None,
             block_batch: None,
             ctx_kv,
             ctx_k_norm,
             ctx_out: z(CHUNK * n_layers * 2 * kv)?,
             scratch: Scratch::new(&arena, l, rows)?,
             features: Some(z(CHUNK * t * h)?),
-            capture: target.shared_capture(),
+            capture: host.capture.clone(),
             c: z(CHUNK * h)?,
             x: z(rows * h)?,
             hidden: z(b * h)?,
-            rows: install_rows(&arena, target, b * v, b * ROW_WORDS)?,
+            rows: install_rows(&arena, host, b * v, b * ROW_WORDS)?,
             step_in: arena.zeros::<u32>(cfg_at(b) + b * CFG_WORDS).map_err(drv)?,
             sample: plan_sample(&arena, 1, v)?,
             slot_out: arena.zeros::<u32>(4 * b).map_err(drv)?,
             graphs: StepGraphs::new(),
             device_sampling: true,
             device_blocks: 0,
-            tokens: target.shared_tokens(),
+            tokens: host.tokens.clone(),
             e: z((b * r).max(1))?,
             u: z(r.max(1))?,
             conf_logits: z(b)?,
@@ -430,7 +457,7 @@ impl CudaDraft {
         let gpu = self.gpu.clone();
         let lens = StepLens { dev: self.step_in.slice(..2), first_pos: p, kv_cap };
         let ids = self.step_in.slice(2..2 + b);
-        gpu.embedding(&self.embed_tokens, h, &ids, b, &mut self.x.slice_mut(..b * h)).map_err(gpu_err)?;
+        gpu.embedding(&*self.embed_tokens, h, &ids, b, &mut self.x.slice_mut(..b * h)).map_err(gpu_err)?;
         // The final norm runs on its own: the Markov chain and the confidence head read the
         // normalised rows too.
         let seg = Segment { start: 0, rows: b, lens, caches: self.caches.caches_mut() };
@@ -636,7 +663,9 @@ impl CudaDraft {
         self.device_blocks
     }
 
-    fn check_room(&self, n: usize) -> Result<()> {
+    /// Refuses a context past `max_len`; on paged contexts, maps the pages `n` more rows and
+    /// the block after them take (`paged.rs`).
+    fn check_room(&mut self, n: usize) -> Result<()> {
         if self.ctx_len + n > self.max_len {
             return Err(Error::Request(format!(
                 "draft context of {} positions exceeds {}",
@@ -644,7 +673,8 @@ impl CudaDraft {
                 self.max_len
             )));
         }
-        Ok(())
+        let positions = self.ctx_len + n + self.cfg.block_size;
+        Self::cover_ctx(&mut self.ctx_pages, &mut self.caches, positions)
     }
 }
 
@@ -841,8 +871,8 @@ fn cfg_at(block: usize) -> usize {
 /// The draft rows' slot of `target`, with buffers of at least `logits` and `state` elements
 /// installed (a draft loaded before with a smaller block gets larger ones; graphs key on their
 /// address, so none replays a freed buffer).
-fn install_rows(arena: &Arena, target: &CudaQwen3, logits: usize, state: usize) -> Result<SharedDraftRows> {
-    let shared = target.shared_draft_rows();
+fn install_rows(arena: &Arena, host: &DraftHost, logits: usize, state: usize) -> Result<SharedDraftRows> {
+    let shared = host.draft_rows.clone();
     {
         let mut slot = shared.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
         if slot.as_ref().is_none_or(|r| r.logits.len() < logits || r.state.len() < state) {

@@ -19,6 +19,7 @@ use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::graphs::StepGraphs;
 use crate::cuda::layers::{capture_layer, drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch, Segment};
+use crate::cuda::plan::{Embeddings, TargetPlan};
 use crate::cuda::prefill::{Prefill, PrefillMode, MAX_PREFILL_ROWS};
 
 mod batch;
@@ -29,6 +30,7 @@ use crate::error::Result;
 pub use batch::CudaBatch;
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cpu::rope::inv_freq;
+use dspark_kernels::cuda::host_table::Table;
 use dspark_kernels::cuda::kv::{KvCaches, KvDtype};
 use dspark_kernels::cuda::norm_fold::Normed;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
@@ -88,9 +90,10 @@ pub struct CudaQwen3 {
     pub arena: Arena,
     cfg: Qwen3Config,
     max_len: usize,
-    pub(crate) embed_tokens: Arc<WeightBuf>,
-    /// `None` when tied to `embed_tokens`.
-    pub(crate) lm_head: Option<Arc<WeightBuf>>,
+    /// On the device, or in mapped host memory ([`Embeddings`]).
+    pub(crate) embed_tokens: Arc<Table>,
+    /// The output head: `embed_tokens`' buffer when tied.
+    pub(crate) lm_head: Arc<WeightBuf>,
     layers: Vec<GpuLayer>,
     norm: CudaSlice<f32>,
     inv_freq: CudaSlice<f32>,
@@ -138,10 +141,17 @@ impl CudaQwen3 {
 
     /// [`CudaQwen3::load`] with the KV caches' element type chosen (`--kv-cache`).
     pub fn load_kv(gpu: Arc<Gpu>, dir: &Path, max_len: usize, kv: KvDtype) -> Result<CudaQwen3> {
+        Self::load_plan(gpu, dir, TargetPlan::new(max_len, kv))
+    }
+
+    /// [`CudaQwen3::load`] laid out as `plan` says (`--embeddings`, `--prefill-chunk`), after a
+    /// check that the device-resident weights and the plan's buffers fit.
+    pub fn load_plan(gpu: Arc<Gpu>, dir: &Path, plan: TargetPlan) -> Result<CudaQwen3> {
         let cfg = Qwen3Config::from_dir(dir)?;
+        plan.check(&cfg)?;
         let ck = Checkpoint::open_dir(dir)?;
-        let up = CheckpointUpload::new(&ck, &gpu.ctx, Self::planned_bytes(&cfg, max_len, kv))?;
-        let t = Self::from_source_kv(gpu, cfg, &up, max_len, kv)?;
+        let up = CheckpointUpload::new_without(&ck, &gpu.ctx, plan.device_bytes(&cfg), plan.host_tensors())?;
+        let t = Self::from_source_plan(gpu, cfg, &up, plan)?;
         up.finish()?;
         Ok(t)
     }
@@ -159,15 +169,36 @@ impl CudaQwen3 {
         max_len: usize,
         kv_dtype: KvDtype,
     ) -> Result<CudaQwen3> {
+        Self::from_source_plan(gpu, cfg, ck, TargetPlan::new(max_len, kv_dtype))
+    }
+
+    /// [`CudaQwen3::from_source`] laid out as `plan` says.
+    pub fn from_source_plan(
+        gpu: Arc<Gpu>,
+        cfg: Qwen3Config,
+        ck: &dyn WeightSource,
+        plan: TargetPlan,
+    ) -> Result<CudaQwen3> {
+        plan.check(&cfg)?;
         let arena = Arena::new(gpu.stream.clone());
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let max_len = max_len.min(cfg.max_position_embeddings).max(1);
-        let embed_tokens = Arc::new(ck.matrix(&arena, "model.embed_tokens.weight", &[v, h])?);
+        let (max_len, kv_dtype) = (plan.context(&cfg), plan.kv);
         crate::checkpoint::config::check_tied_head(&cfg, ck.contains("lm_head.weight"))?;
-        let lm_head = if cfg.tie_word_embeddings {
-            None
-        } else {
-            Some(Arc::new(ck.matrix(&arena, "lm_head.weight", &[v, h])?))
+        let embed_name = "model.embed_tokens.weight";
+        let (embed_tokens, lm_head) = match plan.embeddings {
+            Embeddings::Host => {
+                let table = Table::Host(ck.host_table(&gpu.ctx, embed_name, &[v, h])?);
+                (Arc::new(table), Arc::new(ck.matrix(&arena, "lm_head.weight", &[v, h])?))
+            }
+            Embeddings::Device => {
+                let e = Arc::new(ck.matrix(&arena, embed_name, &[v, h])?);
+                let head = if cfg.tie_word_embeddings {
+                    e.clone()
+                } else {
+                    Arc::new(ck.matrix(&arena, "lm_head.weight", &[v, h])?)
+                };
+                (Arc::new(Table::Device(e)), head)
+            }
         };
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| GpuLayer::load(&arena, &cfg, ck, &format!("model.layers.{l}.")))
@@ -184,8 +215,8 @@ impl CudaQwen3 {
         let captured = Arc::new(Mutex::new(Handoff { data: arena.zeros::<f32>(1).map_err(drv)?, generation: 0 }));
         let next_ids = arena.zeros::<u32>(CHUNK).map_err(drv)?;
         let drafted = Arc::new(Mutex::new(Handoff { data: arena.zeros::<u32>(CHUNK).map_err(drv)?, generation: 0 }));
-        let prefill = if max_len > CHUNK {
-            let mut p = Prefill::new(&gpu, &arena, &cfg, &layers, max_len.min(MAX_PREFILL_ROWS))?;
+        let prefill = if plan.gemm_rows(&cfg) > 0 {
+            let mut p = Prefill::new(&gpu, &arena, &cfg, &layers, plan.gemm_rows(&cfg))?;
             if let Some(first) = layers.first() {
                 p.warm_up(&gpu, &cfg, first)?;
             }
@@ -234,10 +265,14 @@ impl CudaQwen3 {
         self.caches.dtype()
     }
 
+    /// Bytes of weights held in mapped host memory (`--embeddings host`), outside the arena.
+    pub fn host_bytes(&self) -> usize {
+        self.embed_tokens.bytes() - self.embed_tokens.device_bytes()
+    }
+
     /// Bytes of weights a forward streams (every matrix once; the embedding is gathered).
     pub fn streamed_weight_bytes(&self) -> usize {
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).bytes();
-        head + self.layers.iter().map(GpuLayer::matrix_bytes).sum::<usize>()
+        self.lm_head.bytes() + self.layers.iter().map(GpuLayer::matrix_bytes).sum::<usize>()
     }
 
     /// Turns the device sampler on or off for later sampled verifies (tests compare both paths).
@@ -353,7 +388,7 @@ impl CudaQwen3 {
         let (h, v) = (c.hidden_size, c.vocab_size);
         let gpu = self.gpu.clone();
         let lens = StepLens { dev: self.step_in.slice(..2), first_pos, kv_cap };
-        gpu.embedding(&self.embed_tokens, h, &self.step_in.slice(2..2 + n), n, &mut self.x.slice_mut(..n * h))
+        gpu.embedding(&*self.embed_tokens, h, &self.step_in.slice(2..2 + n), n, &mut self.x.slice_mut(..n * h))
             .map_err(gpu_err)?;
         let shared = self.captured.clone();
         let mut cap = shared.lock().map_err(|_| crate::error::Error::Request("capture buffer poisoned".into()))?;
@@ -406,11 +441,10 @@ impl CudaQwen3 {
         let rows = n - from;
         let normed = normed.unwrap_or(Normed::Done);
         let parts = normed.parts();
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         let s = &mut self.scratch;
         self.gpu
             .matvec_normed(
-                head,
+                &self.lm_head,
                 &mut s.u.slice_mut(from * h..n * h),
                 normed,
                 &s.ss.slice(from * parts..n * parts),

@@ -421,8 +421,14 @@ pub fn fits(dir: &Path, weights: usize, reserve: usize, free: usize) -> Result<(
     } else {
         format!("{weights} for the weights + {reserve} for the KV cache and buffers")
     };
+    // A target's load (it plans caches and buffers) can ask for less; say how.
+    let hint = if reserve == 0 {
+        ""
+    } else {
+        "; to plan less: --max-context N, --kv-cache bf16, --embeddings host, --prefill-chunk ROWS"
+    };
     Err(Error::Request(format!(
-        "checkpoint {} needs {need} bytes ({:.2} GiB) of GPU memory ({what}), the GPU has {free} ({:.2} GiB) free",
+        "checkpoint {} needs {need} bytes ({:.2} GiB) of GPU memory ({what}), the GPU has {free} ({:.2} GiB) free{hint}",
         dir.display(),
         gib(need),
         gib(free)
@@ -569,6 +575,7 @@ mod tests {
         );
         let e = fits(Path::new("d"), 100, 50, 120).unwrap_err().to_string();
         assert!(e.contains("needs 150 bytes") && e.contains("100 for the weights + 50 for the KV cache"), "{e}");
+        assert!(e.contains("--embeddings host, --prefill-chunk ROWS"), "a target's load names the levers: {e}");
     }
 
     #[test]

@@ -25,12 +25,13 @@
 use crate::checkpoint::fp8::Fp8Quant;
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::fp8::{self, RowOrder};
-use crate::cuda::layers::drv;
+use crate::cuda::layers::{drv, gpu_err};
 use crate::cuda::upload::{
     check_fits, checkpoint_dir, device_bytes, device_bytes_without, Image, LoadProgress, UploadOptions, Uploader,
 };
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaSlice};
+use dspark_kernels::cuda::host_table::HostTable;
 use dspark_kernels::cuda::ops::WeightBuf;
 use dspark_kernels::cuda::{CudaError, Gpu};
 use dspark_tensor::arena::Arena;
@@ -38,6 +39,18 @@ use dspark_tensor::DType;
 use dspark_testkit::Rng;
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
+
+/// Two matrices of `rows` rows each (equal byte lengths) with their rows interleaved: a_0, b_0,
+/// a_1, b_1, … (the gate|up layout).
+pub(crate) fn interleave_rows(a: &[u8], b: &[u8], rows: usize) -> Vec<u8> {
+    let row = a.len() / rows.max(1);
+    let mut bytes = Vec::with_capacity(2 * a.len());
+    for r in 0..rows {
+        bytes.extend_from_slice(&a[r * row..(r + 1) * row]);
+        bytes.extend_from_slice(&b[r * row..(r + 1) * row]);
+    }
+    bytes
+}
 
 /// A provider of named tensors for the device backends.
 pub trait WeightSource {
@@ -48,6 +61,9 @@ pub trait WeightSource {
     /// Two matrices of one shape `[rows, cols]` with their rows interleaved: a_0, b_0, a_1, b_1, …
     /// (gate|up, so every 16-row tile of the fused projection holds whole gate/up pairs).
     fn interleaved(&self, arena: &Arena, a: &str, b: &str, shape: &[usize]) -> Result<WeightBuf>;
+    /// A gather-only matrix `shape` in mapped host memory, in the source's dtype (the token
+    /// embedding under `--embeddings host`: `dspark_kernels::cuda::host_table`).
+    fn host_table(&self, ctx: &Arc<CudaContext>, name: &str, shape: &[usize]) -> Result<HostTable>;
     /// A small tensor as f32.
     fn vector(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>>;
     /// A small tensor's values on the host.
@@ -95,13 +111,7 @@ impl WeightSource for Checkpoint {
         let (db, bb) = self.raw(b, shape)?;
         let rows = shape[0];
         if da == db {
-            let row = ba.len() / rows;
-            let mut bytes = Vec::with_capacity(2 * ba.len());
-            for r in 0..rows {
-                bytes.extend_from_slice(&ba[r * row..(r + 1) * row]);
-                bytes.extend_from_slice(&bb[r * row..(r + 1) * row]);
-            }
-            arena.weight(da, &bytes).map_err(drv)
+            arena.weight(da, &interleave_rows(ba, bb, rows)).map_err(drv)
         } else {
             let (fa, fb) = (self.f32(a, shape)?, self.f32(b, shape)?);
             let row = fa.len() / rows;
@@ -113,6 +123,16 @@ impl WeightSource for Checkpoint {
             }
             arena.weight(DType::F32, &bytes).map_err(drv)
         }
+    }
+
+    fn host_table(&self, ctx: &Arc<CudaContext>, name: &str, shape: &[usize]) -> Result<HostTable> {
+        let (dtype, bytes) = self.raw(name, shape)?;
+        let suffix = match dtype {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+        };
+        HostTable::from_bytes(ctx, suffix, bytes).map_err(gpu_err)
     }
 
     fn vector(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {
@@ -275,6 +295,11 @@ impl WeightSource for CheckpointUpload<'_> {
         }
     }
 
+    fn host_table(&self, ctx: &Arc<CudaContext>, name: &str, shape: &[usize]) -> Result<HostTable> {
+        // Straight from the mapped file into the table: nothing goes through the staging ring.
+        self.ck.host_table(ctx, name, shape)
+    }
+
     fn vector(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {
         let v = self.ck.f32(name, shape)?;
         match &self.up {
@@ -360,6 +385,19 @@ impl WeightSource for RandomWeights {
 
     fn interleaved(&self, arena: &Arena, _a: &str, _b: &str, shape: &[usize]) -> Result<WeightBuf> {
         self.bf16(arena, 2 * shape.iter().product::<usize>())
+    }
+
+    /// Made on the device like a matrix, then copied into the table.
+    fn host_table(&self, ctx: &Arc<CudaContext>, _name: &str, shape: &[usize]) -> Result<HostTable> {
+        let n: usize = shape.iter().product();
+        let mut dev = self.gpu.stream.alloc_zeros::<u16>(n.max(1)).map_err(drv)?;
+        self.gpu.fill_uniform_bf16(&mut dev, self.next_seed(), self.scale).map_err(gpu_err)?;
+        let values = self.gpu.stream.clone_dtoh(&dev).map_err(drv)?;
+        let mut t = HostTable::zeroed(ctx, "bf16", 2 * values.len()).map_err(gpu_err)?;
+        for (d, v) in t.host_mut().map_err(gpu_err)?.chunks_exact_mut(2).zip(&values) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+        Ok(t)
     }
 
     fn vector(&self, arena: &Arena, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {

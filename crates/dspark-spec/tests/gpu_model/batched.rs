@@ -145,14 +145,37 @@ fn batched_rounds_equal_solo_runs_on_the_gpu() {
         };
         let target = CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap();
         let mut draft = CudaDraft::load(&ddir, &target).unwrap();
-        draft.reserve_sequences(max_batch).unwrap();
-        let mut target = CudaBatch::new(target, max_batch).unwrap();
+        // Every third seed on paged caches (`--kv-capacity`), the draft's contexts too: one
+        // 2 MiB page holds 8,192 of these rows, so the budget is one page and the requests run
+        // one at a time.
+        let mut target = match seed % 3 {
+            2 => {
+                let t = CudaBatch::paged(target, max_batch, MAX_LEN).unwrap();
+                draft.reserve_sequences_paged(max_batch, t.kv_budget().unwrap()).unwrap();
+                assert_eq!(draft.ctx_pages_free(), Some(1 + 2 * max_batch), "seed {seed}: the draft's pages");
+                t
+            }
+            _ => {
+                draft.reserve_sequences(max_batch).unwrap();
+                CudaBatch::new(target, max_batch).unwrap()
+            }
+        };
         // The draft's blocks one sequence at a time, or in batched passes (`CudaDrafts`).
         let mut draft: Box<dyn BatchDrafter> =
             if seed % 2 == 0 { Box::new(Sequences::new(draft)) } else { Box::new(CudaDrafts::new(draft)) };
         let law = if seed % 2 == 0 { DraftLaw::Greedy } else { DraftLaw::Sampled };
         let limits = BatchLimits { max_batch, kv_capacity: None, prefill_chunk: None, law };
         let out = batched(&mut target, draft.as_mut(), &requests, &verify, limits).unwrap();
+        if let Some(b) = target.kv_budget() {
+            assert_eq!(b.pages, 1, "seed {seed}: {b:?}");
+            assert_eq!(target.kv_pages_free(), Some(1), "seed {seed}: the page back");
+            // One page: no two requests' rounds overlap.
+            for (i, a) in out.iter().enumerate() {
+                for c in &out[i + 1..] {
+                    assert!(a.rounds.1 < c.rounds.0 || c.rounds.1 < a.rounds.0, "seed {seed}: {out:?}");
+                }
+            }
+        }
 
         let mut alone = CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap();
         let mut alone_draft = CudaDraft::load(&ddir, &alone).unwrap();

@@ -20,7 +20,7 @@ use dspark_model::testing::write_fp8_target_dir;
 
 /// A random FP8 target of `cfg` in `block` blocks and a bf16 draft of `spec` for it, as HF
 /// folders.
-fn write_fp8_pair(
+pub(super) fn write_fp8_pair(
     cfg: &dspark_model::checkpoint::config::Qwen3Config,
     seed: u64,
     block: [usize; 2],

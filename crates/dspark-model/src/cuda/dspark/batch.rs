@@ -128,7 +128,7 @@ impl CudaDraft {
         up.extend(group.iter().map(|(_, anchor)| *anchor));
         gpu.stream.memcpy_htod(&up, &mut bb.step_in.slice_mut(..up.len())).map_err(drv)?;
         let ids_at = 2 * count;
-        gpu.embedding(&self.embed_tokens, h, &bb.step_in.slice(ids_at..ids_at + n), n, &mut self.x.slice_mut(..n * h))
+        gpu.embedding(&*self.embed_tokens, h, &bb.step_in.slice(ids_at..ids_at + n), n, &mut self.x.slice_mut(..n * h))
             .map_err(gpu_err)?;
         {
             let mut segments: Vec<Segment<'_>> = Vec::with_capacity(count);

@@ -7,6 +7,7 @@
 //! the pool when its sequence closes. CUDA graphs key on the caches' address
 //! (`DraftStep`), so each sequence's graphs write its own caches.
 
+use super::paged::CtxCaches;
 use super::CudaDraft;
 use crate::batch::SeqState;
 use crate::cuda::layers::{drv, gpu_err, kv_caches};
@@ -15,7 +16,7 @@ use dspark_kernels::cuda::kv_layers::LayerCaches;
 
 /// One sequence's draft context: every layer's K/V cache and the positions it holds.
 pub struct DraftSeq {
-    pub(super) caches: LayerCaches,
+    pub(super) caches: CtxCaches,
     pub(super) ctx_len: usize,
 }
 
@@ -28,7 +29,7 @@ impl CudaDraft {
         for _ in 0..n {
             let caches = kv_caches(&self.arena, self.caches.dtype(), layers, cache_len)?;
             let ptrs = (self.arena.zeros::<u64>(layers).map_err(drv)?, self.arena.zeros::<u64>(layers).map_err(drv)?);
-            self.seq_pool.push(LayerCaches::new(&self.gpu, caches, ptrs, kv).map_err(gpu_err)?);
+            self.seq_pool.push(CtxCaches::owned(LayerCaches::new(&self.gpu, caches, ptrs, kv).map_err(gpu_err)?));
         }
         self.plan_block_batch()
     }
@@ -38,9 +39,15 @@ impl SeqState for CudaDraft {
     type State = DraftSeq;
 
     fn new_state(&mut self) -> Result<DraftSeq> {
-        let caches = self.seq_pool.pop().ok_or_else(|| {
+        let mut caches = self.seq_pool.pop().ok_or_else(|| {
             Error::Request("every planned draft context is in use (CudaDraft::reserve_sequences)".into())
         })?;
+        // A paged context starts with room for one block (`paged.rs`).
+        let block = self.cfg.block_size;
+        if let Err(e) = Self::cover_ctx(&mut self.ctx_pages, &mut caches, block) {
+            self.seq_pool.push(caches);
+            return Err(e);
+        }
         Ok(DraftSeq { caches, ctx_len: 0 })
     }
 
@@ -49,7 +56,12 @@ impl SeqState for CudaDraft {
         std::mem::swap(&mut self.ctx_len, &mut state.ctx_len);
     }
 
-    fn release_state(&mut self, state: DraftSeq) {
-        self.seq_pool.push(state.caches);
+    fn release_state(&mut self, mut state: DraftSeq) {
+        // A paged context's pages go back; a driver error unmapping them is reported, and the
+        // context is kept out of the pool (its range may still be mapped).
+        match self.release_ctx(&mut state) {
+            Ok(()) => self.seq_pool.push(state.caches),
+            Err(e) => eprintln!("dspark: releasing a draft context's pages: {e}"),
+        }
     }
 }

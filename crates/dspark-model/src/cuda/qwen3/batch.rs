@@ -24,23 +24,42 @@
 //!
 //! Items longer than [`CHUNK`] rows (prompts) run alone through the model's own forward (the
 //! GEMM prefill), their sequence's caches swapped in: as solo. Each sequence's K/V caches come
-//! from a pool planned when the batch is made (`max_seqs` caches of the model's `max_len`
-//! positions: contiguous, not paged — a sequence may grow to `max_len`), so opening a sequence
-//! allocates nothing. Batched steps launch eagerly; CUDA graphs stay with single-sequence steps.
+//! from a pool planned when the batch is made, so opening a sequence allocates nothing: either
+//! `max_seqs` contiguous caches of the model's `max_len` positions ([`CudaBatch::new`]), or
+//! ([`CudaBatch::paged`], `--kv-capacity`) `max_seqs` address ranges of `max_len` positions
+//! into which pages of one pool planned for the capacity are mapped as each sequence grows and
+//! unmapped as it is rolled back or closed (`cuda::kv_vmm`: the kernels see the same contiguous
+//! caches). Batched steps launch eagerly; CUDA graphs stay with single-sequence steps.
 
 use super::{handoff_id, CudaQwen3, CHUNK};
 use crate::backend::{check_forward, check_truncate, Captured, DeviceRows, Greedy, LogitRows, TargetModel};
 use crate::batch::{check_logit_flags, close_slot, greedy_of, open_slot, slot_mut, slots_mut, BatchTarget, SeqId};
 use crate::checkpoint::config::Qwen3Config;
+use crate::cuda::kv_vmm::{KvPages, VirtualKv};
 use crate::cuda::layers::{capture_layer, drv, gpu_err, kv_caches, run_layers, Segment};
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cuda::kv::KvCaches;
 use dspark_kernels::cuda::ops::StepLens;
 
+/// One sequence's K/V caches: contiguous, or an address range with pages mapped into it.
+enum SeqCaches {
+    Plain(KvCaches),
+    Paged(VirtualKv),
+}
+
+impl SeqCaches {
+    fn caches(&mut self) -> &mut KvCaches {
+        match self {
+            SeqCaches::Plain(c) => c,
+            SeqCaches::Paged(v) => v.caches_mut(),
+        }
+    }
+}
+
 /// One sequence's target state: its K/V caches and the positions they hold.
 struct SeqKv {
-    caches: KvCaches,
+    caches: SeqCaches,
     len: usize,
 }
 
@@ -50,7 +69,9 @@ pub struct CudaBatch {
     /// Index = [`SeqId`]; `None` for a free id.
     seqs: Vec<Option<SeqKv>>,
     /// Caches not in use.
-    pool: Vec<KvCaches>,
+    pool: Vec<SeqCaches>,
+    /// The pages mapped into paged sequences' ranges ([`CudaBatch::paged`]).
+    pages: Option<KvPages>,
     max_seqs: usize,
     /// `[first_pos, kv_len]` of each item of a step, then the step's token ids.
     step_in: CudaSlice<u32>,
@@ -66,19 +87,73 @@ impl CudaBatch {
         let (layers, kv) = (model.cfg.num_hidden_layers, model.cfg.kv_dim());
         let dtype = model.kv_dtype();
         let own = std::mem::replace(&mut model.caches, KvCaches::F32 { k: Vec::new(), v: Vec::new() });
-        let mut pool = vec![own];
+        let mut pool = vec![SeqCaches::Plain(own)];
         for _ in 1..max_seqs {
             let caches = kv_caches(&model.arena, dtype, layers, model.max_len * kv).map_err(|e| {
                 Error::Request(format!("K/V caches for {max_seqs} sequences of {} positions: {e}", model.max_len))
             })?;
-            pool.push(caches);
+            pool.push(SeqCaches::Plain(caches));
         }
+        Self::with_pool(model, max_seqs, pool, None)
+    }
+
+    /// Plans paged K/V for `max_seqs` sequences sharing `capacity` positions (`--kv-capacity`;
+    /// see the module docs): the pages now, for `capacity` positions rounded up to whole pages,
+    /// and an address range of `max_len` positions for each sequence. The model's own
+    /// contiguous caches are freed.
+    pub fn paged(mut model: CudaQwen3, max_seqs: usize, capacity: usize) -> Result<CudaBatch> {
+        if max_seqs == 0 {
+            return Err(Error::Request("a batch of 0 sequences".into()));
+        }
+        let (layers, kv) = (model.cfg.num_hidden_layers, model.cfg.kv_dim());
+        let shape = (layers, kv, model.max_len);
+        let pages = KvPages::new(model.gpu.clone(), model.kv_dtype(), shape, (capacity, 0))?;
+        drop(std::mem::replace(&mut model.caches, KvCaches::F32 { k: Vec::new(), v: Vec::new() }));
+        let pool = (0..max_seqs).map(|_| pages.reserve().map(SeqCaches::Paged)).collect::<Result<Vec<_>>>()?;
+        Self::with_pool(model, max_seqs, pool, Some(pages))
+    }
+
+    fn with_pool(
+        mut model: CudaQwen3,
+        max_seqs: usize,
+        pool: Vec<SeqCaches>,
+        pages: Option<KvPages>,
+    ) -> Result<CudaBatch> {
+        let layers = model.cfg.num_hidden_layers;
         let step_in = model.arena.zeros::<u32>(3 * CHUNK).map_err(drv)?;
         // A step's sequences attend in one launch per kernel (layers::step_segments).
         let m = &mut model;
         m.scratch.reserve_segments(&m.arena, &m.gpu, &m.cfg, layers, max_seqs.min(CHUNK))?;
         model.len = 0;
-        Ok(CudaBatch { model, seqs: Vec::new(), pool, max_seqs, step_in })
+        Ok(CudaBatch { model, seqs: Vec::new(), pool, pages, max_seqs, step_in })
+    }
+
+    /// Bytes of device memory the pages take (`None`: contiguous caches).
+    pub fn kv_page_bytes(&self) -> Option<usize> {
+        self.pages.as_ref().map(KvPages::bytes)
+    }
+
+    /// Pages free now (`None`: contiguous caches).
+    pub fn kv_pages_free(&self) -> Option<usize> {
+        self.pages.as_ref().map(KvPages::free)
+    }
+
+    /// Maps pages into sequence `id` until it holds `positions` (paged caches only).
+    fn cover(&mut self, id: SeqId, positions: usize) -> Result<()> {
+        let seq = slot_mut(&mut self.seqs, id)?;
+        match (&mut self.pages, &mut seq.caches) {
+            (Some(p), SeqCaches::Paged(v)) => p.cover(v, positions),
+            _ => Ok(()),
+        }
+    }
+
+    /// Unmaps sequence `id`'s pages past `positions` (paged caches only).
+    fn shrink(&mut self, id: SeqId, positions: usize) -> Result<()> {
+        let seq = slot_mut(&mut self.seqs, id)?;
+        match (&mut self.pages, &mut seq.caches) {
+            (Some(p), SeqCaches::Paged(v)) => p.shrink(v, positions),
+            _ => Ok(()),
+        }
     }
 
     /// The model (with no sequence's caches in it).
@@ -93,11 +168,11 @@ impl CudaBatch {
     /// Runs `f` on the model with sequence `id`'s caches swapped in.
     fn alone<R>(&mut self, id: SeqId, f: impl FnOnce(&mut CudaQwen3) -> Result<R>) -> Result<R> {
         let seq = slot_mut(&mut self.seqs, id)?;
-        std::mem::swap(&mut self.model.caches, &mut seq.caches);
+        std::mem::swap(&mut self.model.caches, seq.caches.caches());
         self.model.len = seq.len;
         let out = f(&mut self.model);
         seq.len = self.model.len;
-        std::mem::swap(&mut self.model.caches, &mut seq.caches);
+        std::mem::swap(&mut self.model.caches, seq.caches.caches());
         self.model.len = 0;
         out
     }
@@ -155,7 +230,7 @@ impl CudaBatch {
         }
         gpu.stream.memcpy_htod(&up, &mut self.step_in.slice_mut(..up.len())).map_err(drv)?;
         let ids_at = 2 * s_count;
-        gpu.embedding(&m.embed_tokens, h, &self.step_in.slice(ids_at..ids_at + n), n, &mut m.x.slice_mut(..n * h))
+        gpu.embedding(&*m.embed_tokens, h, &self.step_in.slice(ids_at..ids_at + n), n, &mut m.x.slice_mut(..n * h))
             .map_err(gpu_err)?;
         // The first row whose logits an item wants: rows from there to n get them.
         let (mut at, mut from) = (0, n);
@@ -184,7 +259,7 @@ impl CudaBatch {
             let rows = all[items[*k]].1.len();
             let lens =
                 StepLens { dev: self.step_in.slice(2 * *k..2 * *k + 2), first_pos: seq.len, kv_cap: seq.len + rows };
-            segments.push(Segment { start, rows, lens, caches: seq.caches.layers_mut() });
+            segments.push(Segment { start, rows, lens, caches: seq.caches.caches().layers_mut() });
             start += rows;
         }
         let normed = run_layers(
@@ -250,9 +325,9 @@ impl BatchTarget for CudaBatch {
         self.model.max_len
     }
 
-    /// Contiguous caches of `max_len` positions each: no shared pages to bound.
+    /// The pages of a paged batch; contiguous caches have no shared pages to bound.
     fn kv_budget(&self) -> Option<crate::batch::KvBudget> {
-        None
+        self.pages.as_ref().map(KvPages::budget)
     }
 
     fn prefill_chunk(&self) -> usize {
@@ -267,6 +342,7 @@ impl BatchTarget for CudaBatch {
     }
 
     fn close(&mut self, id: SeqId) -> Result<()> {
+        self.shrink(id, 0)?;
         let seq = close_slot(&mut self.seqs, id)?;
         self.pool.push(seq.caches);
         Ok(())
@@ -280,15 +356,28 @@ impl BatchTarget for CudaBatch {
         let seq = self.seq(id)?;
         check_truncate(seq.len, len)?;
         seq.len = len;
-        Ok(())
+        self.shrink(id, len)
     }
 
     fn set_capture(&mut self, layers: &[usize]) -> Result<()> {
         self.model.set_capture(layers)
     }
 
+    /// On paged caches the sequence gets every page free (up to `max_len`) for the call, and
+    /// the model's `max_len` is what they hold, so a plain loop stops at a clear "context full"
+    /// rather than past its pages; the pages past its length are unmapped after.
     fn with_target(&mut self, id: SeqId, f: &mut dyn FnMut(&mut dyn TargetModel) -> Result<()>) -> Result<()> {
-        self.alone(id, |m| f(m))
+        let max_len = self.model.max_len;
+        if let Some((page, free)) = self.pages.as_ref().map(|p| (p.budget().page, p.free())) {
+            let held = self.seq(id)?.len;
+            let reach = ((held.div_ceil(page) + free) * page).min(max_len);
+            self.cover(id, reach)?;
+            self.model.max_len = reach;
+        }
+        let out = self.alone(id, |m| f(m));
+        self.model.max_len = max_len;
+        let len = self.seq(id)?.len;
+        out.and(self.shrink(id, len))
     }
 
     fn forward_batch(&mut self, items: &[(SeqId, &[u32], LogitRows)]) -> Result<Vec<Greedy>> {
@@ -316,6 +405,11 @@ impl CudaBatch {
             }
             let len = self.seq(id)?.len;
             check_forward(&cfg, len, max_len, tokens)?;
+        }
+        // Paged caches: every item's rows get their pages before anything runs.
+        for &(id, tokens, _) in items {
+            let len = self.seq(id)?.len;
+            self.cover(id, len + tokens.len())?;
         }
         let mut out: Vec<Option<(Greedy, Vec<f32>)>> = vec![None; items.len()];
         // Prompts longer than a step run alone (the GEMM prefill); a later one overwrites the

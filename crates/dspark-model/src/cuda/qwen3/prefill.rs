@@ -6,7 +6,8 @@ use super::{CudaQwen3, SharedCapture, CHUNK};
 use crate::backend::LogitRows;
 use crate::checkpoint::config::Qwen3Config;
 use crate::cuda::layers::{drv, gpu_err};
-use crate::cuda::prefill::{Prefill, PrefillMode, MAX_PREFILL_ROWS};
+use crate::cuda::plan::TargetPlan;
+use crate::cuda::prefill::{Prefill, PrefillMode};
 use crate::error::Result;
 use dspark_kernels::cuda::kv::KvDtype;
 use dspark_kernels::cuda::norm_fold::Normed;
@@ -39,6 +40,11 @@ impl CudaQwen3 {
             PrefillMode::Gemm => self.prefill.as_ref().map(Prefill::blas),
             PrefillMode::Exact => None,
         }
+    }
+
+    /// Rows of the GEMM prefill's planned chunk (0 when every forward takes the small-M path).
+    pub fn prefill_rows(&self) -> usize {
+        self.prefill.as_ref().map_or(0, |p| p.rows)
     }
 
     /// Chooses how forwards of more than [`CHUNK`] rows run (`--prefill`).
@@ -99,7 +105,7 @@ impl CudaQwen3 {
         up.extend_from_slice(chunk);
         gpu.stream.memcpy_htod(&up, &mut self.prefill_in.slice_mut(..2 + n)).map_err(drv)?;
         let lens = StepLens { dev: self.prefill_in.slice(..2), first_pos, kv_cap: kv_len };
-        gpu.embedding(&self.embed_tokens, h, &self.prefill_in.slice(2..2 + n), n, &mut pf.x.slice_mut(..n * h))
+        gpu.embedding(&*self.embed_tokens, h, &self.prefill_in.slice(2..2 + n), n, &mut pf.x.slice_mut(..n * h))
             .map_err(gpu_err)?;
         pf.run_layers(
             &gpu,
@@ -112,7 +118,7 @@ impl CudaQwen3 {
             &self.capture,
         )?;
         if let Some(from) = logit_from {
-            let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+            let head = &self.lm_head;
             let s = &mut self.scratch;
             // The final norm and the output head, CHUNK rows at a time into the decode buffers.
             for start in (from..n).step_by(CHUNK) {
@@ -164,18 +170,9 @@ impl CudaQwen3 {
         Ok(())
     }
 
-    /// Device bytes a target of `cfg` plans beyond its weights for `max_len` positions: the KV
-    /// caches, the prefill's buffers and cuBLAS workspace, and the decode step's logits (the
-    /// memory check before a load counts them; small scratch is left out).
+    /// Device bytes a target of `cfg` plans beyond its weights for `max_len` positions of `kv`
+    /// caches, with the default plan ([`TargetPlan::device_bytes`]).
     pub fn planned_bytes(cfg: &Qwen3Config, max_len: usize, kv: KvDtype) -> usize {
-        let max_len = max_len.min(cfg.max_position_embeddings).max(1);
-        let (h, q, kvd, i) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
-        let caches = 2 * cfg.num_hidden_layers * max_len * kvd * kv.bytes();
-        let rows = if max_len > CHUNK { max_len.min(MAX_PREFILL_ROWS) } else { 0 };
-        // An FP8 target's GEMMs widen each projection into a bf16 scratch matrix (gemm.rs).
-        let dequant = if cfg.quantization.is_some() { 2 * h * (q + 2 * kvd).max(2 * i) } else { 0 };
-        let prefill = rows * (4 * (2 * h + q + 2 * kvd + 2 * q + 2 * i) + 2 * h.max(q).max(i))
-            + if rows > 0 { dspark_kernels::cuda::gemm::WORKSPACE_BYTES + dequant } else { 0 };
-        caches + prefill + CHUNK * cfg.vocab_size * 4
+        TargetPlan::new(max_len, kv).device_bytes(cfg)
     }
 }

@@ -1,0 +1,175 @@
+//! What a CUDA target plans at load: its context, KV element type, where its token embedding
+//! lives, and how many rows one GEMM prefill chunk takes — and the device bytes that costs
+//! beyond the weights, which the memory check before a load counts.
+//!
+//! The two memory levers a small card needs are here, both opt-in and both exact:
+//!
+//! * `embeddings: Host` keeps `embed_tokens` in mapped host memory (`host_table.rs` says why
+//!   and what it costs): 1.24 GB of Qwen3-8B's device memory, for a PCIe round trip per step.
+//!   A tied head streams the table every step, so a tied model refuses it.
+//! * `prefill_rows` bounds a prefill chunk: its activation buffers, and the draft's capture
+//!   rows, scale with it (~0.3 MB a row for Qwen3-8B, 0.6 GB at the default 2,048), while a
+//!   chunk of fewer rows runs its GEMMs less efficiently and widens FP8 weights more often.
+
+use crate::checkpoint::config::Qwen3Config;
+use crate::cuda::prefill::MAX_PREFILL_ROWS;
+use crate::cuda::qwen3::CHUNK;
+use crate::error::{Error, Result};
+use dspark_kernels::cuda::gemm::{DEQUANT_SCRATCH, WORKSPACE_BYTES};
+use dspark_kernels::cuda::kv::KvDtype;
+
+/// Where the token embedding table lives (`--embeddings`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Embeddings {
+    /// Device memory, as every other weight.
+    #[default]
+    Device,
+    /// Mapped page-locked host memory, read by the device over PCIe.
+    Host,
+}
+
+impl Embeddings {
+    /// `device` or `host`.
+    pub fn parse(s: &str) -> Option<Embeddings> {
+        match s {
+            "device" => Some(Embeddings::Device),
+            "host" => Some(Embeddings::Host),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Embeddings::Device => "device",
+            Embeddings::Host => "host",
+        }
+    }
+}
+
+/// How a CUDA target lays itself out at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TargetPlan {
+    /// KV positions (capped at `max_position_embeddings` when planned).
+    pub max_len: usize,
+    pub kv: KvDtype,
+    pub embeddings: Embeddings,
+    /// Most rows of one GEMM prefill chunk (`--prefill-chunk`), at most [`MAX_PREFILL_ROWS`].
+    pub prefill_rows: usize,
+}
+
+impl TargetPlan {
+    /// `max_len` positions of `kv` caches, the embedding on the device, prefill chunks of
+    /// [`MAX_PREFILL_ROWS`].
+    pub fn new(max_len: usize, kv: KvDtype) -> TargetPlan {
+        TargetPlan { max_len, kv, embeddings: Embeddings::Device, prefill_rows: MAX_PREFILL_ROWS }
+    }
+
+    pub fn with_embeddings(self, embeddings: Embeddings) -> TargetPlan {
+        TargetPlan { embeddings, ..self }
+    }
+
+    pub fn with_prefill_rows(self, prefill_rows: usize) -> TargetPlan {
+        TargetPlan { prefill_rows, ..self }
+    }
+
+    /// The context this plan gives a target of `cfg`.
+    pub fn context(&self, cfg: &Qwen3Config) -> usize {
+        self.max_len.min(cfg.max_position_embeddings).max(1)
+    }
+
+    /// Rows of the GEMM prefill's buffers for `cfg`: 0 when every forward fits a [`CHUNK`] step.
+    pub fn gemm_rows(&self, cfg: &Qwen3Config) -> usize {
+        let ctx = self.context(cfg);
+        if ctx > CHUNK {
+            ctx.min(self.prefill_rows).max(1)
+        } else {
+            0
+        }
+    }
+
+    /// Refuses what the plan cannot do for `cfg`, naming the flag.
+    pub fn check(&self, cfg: &Qwen3Config) -> Result<()> {
+        if self.prefill_rows == 0 || self.prefill_rows > MAX_PREFILL_ROWS {
+            return Err(Error::Request(format!(
+                "--prefill-chunk {}: must be 1 to {MAX_PREFILL_ROWS} rows",
+                self.prefill_rows
+            )));
+        }
+        if self.embeddings == Embeddings::Host && cfg.tie_word_embeddings {
+            return Err(Error::Request(
+                "--embeddings host: this model ties lm_head to embed_tokens (tie_word_embeddings: true), so the \
+                 output head streams the table from the device every step; it stays on the device"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Device bytes a target of `cfg` plans beyond its weights: the KV caches, the prefill's
+    /// buffers, cuBLAS workspace and FP8 dequant scratch, and the decode step's logits (small
+    /// scratch is left out). The weights are counted from the checkpoint, without
+    /// `embed_tokens` when it goes to the host ([`TargetPlan::host_tensors`]).
+    pub fn device_bytes(&self, cfg: &Qwen3Config) -> usize {
+        let (h, q, kvd, i) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let caches = 2 * cfg.num_hidden_layers * self.context(cfg) * kvd * self.kv.bytes();
+        let rows = self.gemm_rows(cfg);
+        // An FP8 target's GEMMs widen each projection into a bf16 scratch (gemm.rs), in tiles
+        // past DEQUANT_SCRATCH values.
+        let dequant =
+            if cfg.quantization.is_some() { 2 * (h * (q + 2 * kvd).max(2 * i)).min(DEQUANT_SCRATCH) } else { 0 };
+        let prefill = rows * (4 * (2 * h + q + 2 * kvd + 2 * q + 2 * i) + 2 * h.max(q).max(i))
+            + if rows > 0 { WORKSPACE_BYTES + dequant } else { 0 };
+        caches + prefill + CHUNK * cfg.vocab_size * 4
+    }
+
+    /// The checkpoint tensors this plan keeps off the device.
+    pub fn host_tensors(&self) -> &'static [&'static str] {
+        match self.embeddings {
+            Embeddings::Device => &[],
+            Embeddings::Host => &["model.embed_tokens.weight"],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen3_8b() -> Qwen3Config {
+        let json = r#"{"model_type":"qwen3","architectures":["Qwen3ForCausalLM"],"hidden_size":4096,
+            "intermediate_size":12288,"num_hidden_layers":36,"num_attention_heads":32,"num_key_value_heads":8,
+            "head_dim":128,"vocab_size":151936,"max_position_embeddings":40960,"rms_norm_eps":1e-6,
+            "rope_theta":1000000,"tie_word_embeddings":false,"torch_dtype":"bfloat16"}"#;
+        let j = crate::checkpoint::json::JsonObject::parse(std::path::Path::new("config.json"), json);
+        Qwen3Config::from_json(&j.expect("json")).expect("Qwen3-8B config")
+    }
+
+    #[test]
+    fn short_chunks_shrink_the_plan_by_their_rows() {
+        let cfg = qwen3_8b();
+        let base = TargetPlan::new(8192, KvDtype::Bf16);
+        assert_eq!(base.host_tensors(), &[] as &[&str]);
+        assert_eq!(base.with_embeddings(Embeddings::Host).host_tensors(), &["model.embed_tokens.weight"]);
+        let short = base.with_prefill_rows(256);
+        let per_row = 4 * (2 * 4096 + 4096 + 2048 + 2 * 4096 + 2 * 12288) + 2 * 12288;
+        assert_eq!(base.device_bytes(&cfg) - short.device_bytes(&cfg), (2048 - 256) * per_row);
+        // A context within one decode step plans no prefill at all.
+        assert_eq!(TargetPlan::new(CHUNK, KvDtype::F32).gemm_rows(&cfg), 0);
+        assert_eq!(TargetPlan::new(CHUNK + 1, KvDtype::F32).gemm_rows(&cfg), CHUNK + 1);
+    }
+
+    #[test]
+    fn bad_plans_name_their_flag() {
+        let cfg = qwen3_8b();
+        for rows in [0, MAX_PREFILL_ROWS + 1] {
+            let e = TargetPlan::new(4096, KvDtype::F32).with_prefill_rows(rows).check(&cfg).unwrap_err();
+            assert!(e.to_string().contains("--prefill-chunk"), "{e}");
+        }
+        let mut tied = cfg.clone();
+        tied.tie_word_embeddings = true;
+        let host = TargetPlan::new(4096, KvDtype::F32).with_embeddings(Embeddings::Host);
+        assert!(host.check(&cfg).is_ok());
+        let e = host.check(&tied).unwrap_err().to_string();
+        assert!(e.contains("--embeddings host") && e.contains("tie_word_embeddings"), "{e}");
+    }
+}

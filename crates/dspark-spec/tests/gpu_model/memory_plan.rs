@@ -1,0 +1,137 @@
+//! The memory plan's two levers on whole models (`dspark_model::cuda::plan`):
+//!
+//! * `--embeddings host`: the target's token embedding in mapped host memory, read by the
+//!   embedding kernel over PCIe. The table holds the checkpoint's bytes and the kernel widens
+//!   them as the device kernel does, so the logits must be the device table's bit for bit — a
+//!   prompt, an eight-row verify-shaped step after a rollback, a decode step, a GEMM prefill —
+//!   on a bf16 and an FP8 target. The arena holds exactly the table's bytes less. A draft
+//!   sharing the table (its copy found equal, as `generate` finds it) reads it too:
+//!   speculative = greedy on the host table = greedy on the device table, and each round
+//!   accepts what the same draft on the device table accepts. A tied target refuses
+//!   the plan, naming the flag.
+//! * `--prefill-chunk`: a target planned for 48-row chunks prefills a 200-token prompt in five
+//!   GEMM chunks within the GEMM bound of the CPU (3e-2), the draft's prefill buffers follow the
+//!   target's rows, and speculative = greedy after it.
+
+use super::*;
+use dspark_kernels::KvDtype;
+use dspark_model::checkpoint::draft_config::DraftConfig;
+use dspark_model::checkpoint::safetensors::Checkpoint;
+use dspark_model::checkpoint::shared_heads::SharedHeads;
+use dspark_model::cuda::plan::{Embeddings, TargetPlan};
+use dspark_model::cuda::prefill::PrefillMode;
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The draft in `ddir` on `t`, sharing what `generate` would find equal to the target's.
+fn shared_draft(ddir: &std::path::Path, tdir: &std::path::Path, t: &CudaQwen3) -> (CudaDraft, SharedHeads) {
+    let (dck, tck) = (Checkpoint::open_dir(ddir).unwrap(), Checkpoint::open_dir(tdir).unwrap());
+    let c = t.config();
+    let shared = SharedHeads::find(&dck, &tck, c.tie_word_embeddings, [c.vocab_size, c.hidden_size]);
+    let d = CudaDraft::from_source_sharing(DraftConfig::from_dir(ddir).unwrap(), &dck, t, shared).unwrap();
+    (d, shared)
+}
+
+#[test]
+fn host_embeddings_give_the_device_tables_bits() {
+    let cfg = target_config(300, 128, 3, 4, 2, 32, 512);
+    let spec = two_layer_draft(7, MarkovKind::Vanilla, true);
+    let (_a, bf16_t, bf16_d) = write_pair(&cfg, 9100, &spec, DType::BF16);
+    let (_b, fp8_t, fp8_d) = super::fp8::write_fp8_pair(&cfg, 9200, [128, 128], &spec);
+    for (name, tdir, ddir) in [("bf16", &bf16_t, &bf16_d), ("fp8", &fp8_t, &fp8_d)] {
+        let mut rng = Rng(name.len() as u64);
+        let plan = TargetPlan::new(256, KvDtype::F32);
+        let load = |p: TargetPlan| CudaQwen3::load_plan(gpu(), tdir, p).unwrap();
+        let (mut dev, mut host) = (load(plan), load(plan.with_embeddings(Embeddings::Host)));
+        let table = 300 * 128 * 2;
+        assert_eq!(dev.arena.bytes() - host.arena.bytes(), table, "{name}: the arena keeps the table");
+        assert_eq!((host.host_bytes(), dev.host_bytes()), (table, 0), "{name}");
+
+        let prompt: Vec<u32> = (0..3 + rng.below(20)).map(|_| rng.below(300) as u32).collect();
+        let rows: Vec<u32> = (0..8).map(|_| rng.below(300) as u32).collect();
+        let same = |dev: &mut CudaQwen3, host: &mut CudaQwen3, tokens: &[u32], what: &str| {
+            let (a, b) = (dev.forward(tokens, LogitRows::All).unwrap(), host.forward(tokens, LogitRows::All).unwrap());
+            assert!(a.logits.iter().all(|x| x.is_finite()), "{name}: {what}: non-finite logits");
+            assert_eq!(bits(&b.logits), bits(&a.logits), "{name}: {what}: host table != device table");
+        };
+        same(&mut dev, &mut host, &prompt, "prompt");
+        let keep = prompt.len() / 2;
+        dev.truncate(keep).unwrap();
+        host.truncate(keep).unwrap();
+        same(&mut dev, &mut host, &rows, "verify-shaped step");
+        same(&mut dev, &mut host, &rows[..1], "decode step");
+        // A GEMM prefill in 64-row chunks: every chunk's embedding from the table.
+        let long: Vec<u32> = (0..200).map(|_| rng.below(300) as u32).collect();
+        for t in [&mut dev, &mut host] {
+            t.truncate(0).unwrap();
+            t.set_prefill_shape(1, 64);
+        }
+        same(&mut dev, &mut host, &long, "GEMM prefill");
+
+        // Lossless with the draft reading the host table.
+        let opts = GenerateOptions { max_tokens: 32 + rng.below(16), eos_token_ids: vec![], logprobs: None };
+        let (mut dev, mut host) = (load(plan), load(plan.with_embeddings(Embeddings::Host)));
+        let want = greedy(&mut dev, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+        let plain = greedy(&mut host, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+        assert_eq!(plain, want, "{name}: greedy on the host table != on the device table");
+        // The draft carries copies of the target's tables, as a published one does: found equal,
+        // it reads the host table, and proposes what the same draft on the device table does.
+        let own = super::tp::draft_with_heads(ddir, tdir, 300, 128);
+        let (mut dr, shared) = shared_draft(own.path(), tdir, &host);
+        assert!(shared.embed_tokens && shared.lm_head, "{name}: the draft's copies should equal the target's");
+        let (mut dr_dev, _) = shared_draft(own.path(), tdir, &dev);
+        for k in [7, 1 + rng.below(7)] {
+            let run = |t: &mut CudaQwen3, d: &mut CudaDraft| {
+                speculative(t, d, &prompt, &opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(())).unwrap()
+            };
+            let (a, b) = (run(&mut dev, &mut dr_dev), run(&mut host, &mut dr));
+            assert_eq!(b.tokens, want, "{name}: speculative (verify {k}) on the host table != greedy");
+            let accepted = |g: &dspark_spec::stats::Generation| g.spec.as_ref().map(|s| s.accepted.clone());
+            assert_eq!(accepted(&b), accepted(&a), "{name}: verify {k}: the draft on the host table proposed otherwise");
+        }
+    }
+
+    // A tied head streams the table: the plan is refused, naming the flag.
+    let mut tied = target_config(300, 128, 2, 4, 2, 32, 512);
+    tied.tie_word_embeddings = true;
+    let w = target_weights(9300, &tied);
+    let dir = tempfile::tempdir().unwrap();
+    write_target_dir_as(dir.path(), &tied, &w, DType::BF16).unwrap();
+    let plan = TargetPlan::new(256, KvDtype::F32).with_embeddings(Embeddings::Host);
+    let e = CudaQwen3::load_plan(gpu(), dir.path(), plan).err().expect("a tied target on a host table").to_string();
+    assert!(e.contains("--embeddings host") && e.contains("tie_word_embeddings"), "{e}");
+}
+
+#[test]
+fn short_prefill_chunks_plan_less_and_stay_lossless() {
+    let cfg = target_config(300, 128, 3, 4, 2, 32, 512);
+    let spec = two_layer_draft(7, MarkovKind::Vanilla, true);
+    let (_dir, tdir, ddir) = write_pair(&cfg, 9400, &spec, DType::BF16);
+    let plan = TargetPlan::new(256, KvDtype::F32);
+    let full = CudaQwen3::load_plan(gpu(), &tdir, plan).unwrap();
+    let mut short = CudaQwen3::load_plan(gpu(), &tdir, plan.with_prefill_rows(48)).unwrap();
+    assert_eq!((full.prefill_rows(), short.prefill_rows()), (256, 48));
+    assert!(short.arena.bytes() < full.arena.bytes(), "48-row chunks plan fewer bytes than 256-row ones");
+    drop(full);
+
+    let mut rng = Rng(94);
+    let long: Vec<u32> = (0..200).map(|_| rng.below(300) as u32).collect();
+    let mut cpu = CpuQwen3::load(&tdir).unwrap();
+    short.set_prefill_shape(1, usize::MAX);
+    let a = cpu.forward(&long, LogitRows::All).unwrap();
+    let b = short.forward(&long, LogitRows::All).unwrap();
+    let e = rel_err(&b.logits, &a.logits);
+    assert!(e <= 3e-2, "48-row GEMM prefill logits rel err {e}");
+
+    short.truncate(0).unwrap();
+    short.set_prefill(PrefillMode::Gemm);
+    let opts = GenerateOptions { max_tokens: 40, eos_token_ids: vec![], logprobs: None };
+    let plain = greedy(&mut short, &long, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+    let (mut dr, _) = shared_draft(&ddir, &tdir, &short);
+    let out = speculative(&mut short, &mut dr, &long, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens;
+    assert_eq!(out, plain, "speculative != greedy after a 48-row-chunk prefill");
+}
