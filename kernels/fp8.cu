@@ -24,7 +24,8 @@
 // row m's largest |x| in [2^14, 2^15) (fp8.cuh says why); each block of the grid (blocks of a
 // pair a thread along the row, a row per grid row) finds the row's largest |x| itself — the row
 // is read from L2 in a few 16-byte loads a thread, all in flight at once — so the split needs no
-// second launch and no grid barrier.
+// second launch and no grid barrier. A one-row launch on a GPU whose shared memory holds the
+// split row splits it inside the matvec instead (fp8.cuh `split_x_block`, the same arithmetic).
 #include "common.cuh"
 #include "fp8.cuh"
 
@@ -105,10 +106,7 @@ extern "C" __global__ void split_x_f16x2(const float* x, uint32_t* planes, int i
     __syncthreads();
     mx = 0.f;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, wmax[w]);
-    // 2^e ≤ mx < 2^(e+1) from the exponent bits (an infinite mx gives e = 128: the parts then hold
-    // inf and NaN, and so will the sums, as they should); s = 14 − e, kept where 2^±s is normal.
-    const int e = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
-    const int s = max(-126, min(126, 14 - e));
+    const int s = x_split_exp(mx);
     const float up = __uint_as_float((uint32_t)(127 + s) << 23);
     const int pairs = in / 2;
     uint32_t* row = planes + (size_t)m * pairs;

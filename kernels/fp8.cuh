@@ -92,3 +92,43 @@ __device__ __forceinline__ void split2_f16(float a, float b, uint32_t& hi, uint3
     hi = *reinterpret_cast<const uint32_t*>(&h);
     lo = *reinterpret_cast<const uint32_t*>(&l);
 }
+
+// The power of two s that puts a row's largest |x| (mx) in [2^14, 2^15): 2^e ≤ mx < 2^(e+1) from
+// the exponent bits (an infinite mx gives e = 128: the parts then hold inf and NaN, and so will
+// the sums, as they should); s = 14 − e, kept where 2^±s is normal.
+__device__ __forceinline__ int x_split_exp(float mx) {
+    const int e = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
+    return max(-126, min(126, 14 - e));
+}
+
+// One row of x split by the whole block into `xs` (shared memory: hi [in/2] f16 pairs, lo [in/2],
+// then 2^-s as f32) — split_x_f16x2's arithmetic (fp8.cu) for a launch of one row, so the
+// one-row matvecs need no launch before them. The row is read twice, from L2 then L1: once for
+// its largest |x| (a 16-byte load a thread a step, all in flight), once for the pairs. Ends with
+// a barrier: the parts are the block's to read.
+__device__ __forceinline__ void split_x_block(const float* x, int in, uint32_t* xs) {
+    __shared__ float wmax[32];
+    float mx = 0.f;
+#pragma unroll 4
+    for (int k = 4 * threadIdx.x; k < in; k += 4 * blockDim.x) {
+        const float4 v = *reinterpret_cast<const float4*>(x + k);
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    mx = warp_max(mx);
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, wmax[w]);
+    const int s = x_split_exp(mx);
+    const float up = __uint_as_float((uint32_t)(127 + s) << 23);
+    const int pairs = in / 2;
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+        const float2 v = *reinterpret_cast<const float2*>(x + 2 * i);
+        uint32_t hi, lo;
+        split2_f16(v.x * up, v.y * up, hi, lo);
+        xs[i] = hi;
+        xs[pairs + i] = lo;
+    }
+    if (threadIdx.x == 0) reinterpret_cast<float*>(xs + 2 * (size_t)pairs)[0] = __uint_as_float((uint32_t)(127 - s) << 23);
+    __syncthreads();
+}

@@ -173,13 +173,15 @@ __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("pref
 // where bf16 loads f32) is twice the bytes per weight byte, which the L1 must serve. The parts of
 // a row are summed, and its scale undone, in the epilogue. Whatever m, a row's columns and sums
 // are the same: the bits do not depend on the batch. FP8 takes no XP / HOLD.
-template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false, int NT = 2, int NG = 1>
+template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false, int NT = 2, int NG = 1,
+          bool XSM = false>
 __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__ x, float* y, int m, int in, int out,
                           int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
                           const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am,
                           const Fp8Scales& fs) {
     static_assert(!FP8 || (!XP && HOLD == 0), "FP8 loads x inside the multiply");
     static_assert(NG == 1 || (!FP8 && !XP && !ARGMAX && HOLD == 0), "wide launches: bf16, x loaded in the multiply");
+    static_assert(!XSM || (FP8 && NT == 1), "x split in the block: the one-row FP8 kernels");
     constexpr int EPV = FP8 ? 16 : 8;  // weights per 16-byte load
     constexpr int CW = 4 * EPV;        // k per chunk (4 lanes of a row)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -212,6 +214,10 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
             if (c < 2 * m) xcol[j] = (c & 1) * fs.plane + (c >> 1) * (in / 2);
         }
     }
+    // Where the x parts are read: fs.xs (split_x_f16x2 wrote them before this launch), or, with
+    // XSM, this block's shared copy, split after the wait (split_x_block below).
+    extern __shared__ uint4 xsm_raw[];
+    const uint32_t* xparts = XSM ? reinterpret_cast<const uint32_t*>(xsm_raw) : fs.xs;
     pdl_trigger();
 
     // NG groups of 8 activation rows (wide launches): group r's rows are 8r .. 8r + 7, each
@@ -276,7 +282,7 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
                 // Column 8j + g of x's parts (plain loads: split_x_f16x2 wrote them just before).
                 auto load_x16 = [&](int j, int h) {
                     uint4 v = make_uint4(0, 0, 0, 0);
-                    if (xcol[j] >= 0 && k < kend) v = *reinterpret_cast<const uint4*>(fs.xs + xcol[j] + (k + 8 * h) / 2);
+                    if (xcol[j] >= 0 && k < kend) v = *reinterpret_cast<const uint4*>(xparts + xcol[j] + (k + 8 * h) / 2);
                     return v;
                 };
                 // Where registers allow (one n-tile, or the 2-blocks-per-SM kernels), both halves
@@ -353,6 +359,7 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         prefetch_gamma();
         if (SWIGLU || XP || FP8 || NG > 1) anchor_loads(wa);  // the others' loads stay above the wait without it (SASS)
         pdl_wait();
+        if constexpr (XSM) split_x_block(x, in, reinterpret_cast<uint32_t*>(xsm_raw));
         if (XP) load_x(x0, kbeg);
         for (int chunk = kbeg; chunk < kend;) {
             load(a1, b1, chunk + step);
@@ -409,7 +416,7 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
 #pragma unroll
                 for (int i = 0; i < 4; i++) raw[warp][g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = j < NT ? acc[j][i] : 0.f;
             __syncthreads();
-            const float* xscale = reinterpret_cast<const float*>(fs.xs + 2 * (size_t)fs.plane);
+            const float* xscale = reinterpret_cast<const float*>(xparts + 2 * (size_t)fs.plane);
             float v[4];
 #pragma unroll
             for (int q = 0; q < 4; q++) {
@@ -658,6 +665,25 @@ MATVEC_TC_FP8(matvec_tc_n1_fp8, 2, false, 3, 1)
 MATVEC_TC_FP8(matvec_tc_u4_n1_fp8, 4, false, 2, 1)
 MATVEC_TC_FP8(matvec_tc_u4b1_n1_fp8, 4, false, 1, 1)
 MATVEC_TC_FP8(matvec_tc_swiglu_n1_fp8, 2, true, 3, 1)
+// The same for one row with x split inside the launch (`_n1x`: split_x_block into dynamic shared
+// memory, 4·in + 16 bytes; no split_x_f16x2 launch before it). The same parts, scale and MMAs:
+// the same bits as the two launches.
+#define MATVEC_TC_FP8X(NAME, U, SW, MINB)                                                                        \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
+        NAME(const uint8_t* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,            \
+             const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
+             uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
+             float* am_gathered, int am_dim, const float* scale, const uint32_t* srow, int scale_cols,          \
+             int kb_log2, const uint32_t* xs, int plane) {                                                        \
+        const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
+        matvec_tc<U, SW, false, false, 0, true, 1, 1, true>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, \
+                                                            gamma, xg, ss_out, am,                               \
+                                                            Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane}); \
+    }
+MATVEC_TC_FP8X(matvec_tc_n1x_fp8, 2, false, 3)
+MATVEC_TC_FP8X(matvec_tc_u4_n1x_fp8, 4, false, 2)
+MATVEC_TC_FP8X(matvec_tc_u4b1_n1x_fp8, 4, false, 1)
+MATVEC_TC_FP8X(matvec_tc_swiglu_n1x_fp8, 2, true, 3)
 
 // The tile-looping twins (matvec_tc_loop): same arguments, K never split (ksplit, the norm
 // fold's and, without ARGMAX, the argmax epilogue's arguments unused).

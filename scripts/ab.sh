@@ -18,7 +18,7 @@ for r in $(seq "$rounds"); do
         for e in "${envs[@]}"; do
             echo "== round $r: $b${e:+ ($e)}"
             # shellcheck disable=SC2086
-            env $e "$dir/$b" bench --no-projections "$@" | grep -E '^\| (decode|verify8|draft_round|round|round_sampled|round_sampled_t1|round_sampled_law) '
+            env $e "$dir/$b" bench --no-projections "$@" | grep -E '^\| (decode|verify8|draft_round|round|round_sampled|round_sampled_t1|round_sampled_law)(_fp8)? '
         done
     done
 done

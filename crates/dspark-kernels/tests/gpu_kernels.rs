@@ -140,13 +140,18 @@ fn matvec_all_dtypes_and_qwen3_8b_shapes() {
             let ran: Vec<String> = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
             g.set_profiling(false).unwrap();
             // FP8 weights take their own kernels: the tensor-core twins where the shape allows,
-            // each after x's split into f16 parts (kernels/fp8.cu).
+            // each after x's split into f16 parts (kernels/fp8.cu) — or, for one row, with x
+            // split inside the matvec's blocks (`_n1x_fp8`; these shapes fit any GPU's shared
+            // memory).
             if dtype.starts_with("fp8") {
                 let tc = takes_tc(dtype, d_in);
+                let in_block = tc && m == 1 && g.fp8_split_in_block;
                 let split = ran.iter().filter(|k| *k == "split_x_f16x2").count();
                 let mv: Vec<&String> = ran.iter().filter(|k| *k != "split_x_f16x2").collect();
                 assert!(
-                    mv.iter().all(|k| k.ends_with("_fp8") && k.starts_with("matvec_tc") == tc) && (split > 0) == tc,
+                    mv.iter().all(|k| k.ends_with("_fp8") && k.starts_with("matvec_tc") == tc)
+                        && (split > 0) == (tc && !in_block)
+                        && (!in_block || mv.iter().all(|k| k.ends_with("_n1x_fp8"))),
                     "{dtype} {m}x{d_in}->{d_out}: ran {ran:?}"
                 );
             }
@@ -388,7 +393,7 @@ fn tensor_core_matvec_rows_and_swiglu_epilogue() {
     // gate|up with interleaved rows and the SwiGLU as epilogue, on bf16 (tensor cores) and
     // f32 (general matvec + pairwise SwiGLU).
     for dtype in ["bf16", "f32", "fp8", "fp8b", "fp8s"] {
-        for &(m, d_in, inter) in &[(1usize, 48usize, 24usize), (7, 136, 40), (8, 4096, 12288)] {
+        for &(m, d_in, inter) in &[(1usize, 48usize, 24usize), (7, 136, 40), (8, 4096, 12288), (1, 4096, 12288)] {
             if !full_size() && inter > 1000 {
                 continue;
             }

@@ -22,7 +22,7 @@ fn ksplit(tiles: usize, d_in: usize, warps: usize) -> usize {
 }
 
 /// Warps per block of the tensor-core matvec kernels (TC_WARPS in kernels/matvec.cu).
-const TC_WARPS: usize = 8;
+pub(crate) const TC_WARPS: usize = 8;
 
 /// The host's K split of a tensor-core matvec over `tiles` 16-row tiles of `d_in`, and its grid:
 /// a block holds TC_WARPS / ksplit tiles. Every launch and every launch plan uses this one figure
@@ -103,6 +103,35 @@ fn fp8_n1_twin(name: &str) -> &str {
         "matvec_tc_swiglu_fp8" => "matvec_tc_swiglu_n1_fp8",
         other => other,
     }
+}
+
+/// The one-row FP8 twin that splits x inside its own launch (`_n1x`, kernels/matvec.cu), for a
+/// kernel name of the FP8 family; `None` for the others.
+fn fp8_n1x_twin(name: &str) -> Option<&'static str> {
+    match name {
+        "matvec_tc_fp8" => Some("matvec_tc_n1x_fp8"),
+        "matvec_tc_u4_fp8" => Some("matvec_tc_u4_n1x_fp8"),
+        "matvec_tc_u4b1_fp8" => Some("matvec_tc_u4b1_n1x_fp8"),
+        "matvec_tc_swiglu_fp8" => Some("matvec_tc_swiglu_n1x_fp8"),
+        _ => None,
+    }
+}
+
+/// The blocks per SM an `_n1x` kernel is built for (its `__launch_bounds__`, which the host's
+/// one-wave grids assume: its shared copy of x must leave them resident); `None` for the others.
+pub(crate) fn n1x_blocks_per_sm(name: &str) -> Option<u32> {
+    match name {
+        "matvec_tc_n1x_fp8" | "matvec_tc_swiglu_n1x_fp8" => Some(3),
+        "matvec_tc_u4_n1x_fp8" => Some(2),
+        "matvec_tc_u4b1_n1x_fp8" => Some(1),
+        _ => None,
+    }
+}
+
+/// Bytes of shared memory an `_n1x` launch takes for one row of `d_in`: its hi and lo f16
+/// planes and the row's scale, rounded to 16.
+fn n1x_smem(d_in: usize) -> usize {
+    (4 * d_in + 4).next_multiple_of(16)
 }
 
 /// The wide twin of an 8-row bf16 kernel for `rows` rows still to launch: 32 rows a launch
@@ -424,6 +453,14 @@ impl Gpu {
             args[..base.len()].copy_from_slice(&base);
             // FP8: + scale, srow, scale_cols, kb_log2, xs, plane (a fixed array: no allocation per
             // launch), after split_x_f16x2 has written the launch's rows of x in two parts.
+            // One row on a GPU whose shared memory holds its split: the `_n1x` twin splits it in
+            // each block (the same bits), and no split launch runs first.
+            let in_block = match fp8_n1x_twin(name) {
+                Some(twin) if rows == 1 && self.fp8_split_in_block && self.xsm_limit(twin) >= n1x_smem(d_in) => {
+                    Some(twin)
+                }
+                _ => None,
+            };
             let n = match (fp8_args, xsplit) {
                 (Some(f), Some(xsp)) => {
                     let pairs = rows * d_in / 2;
@@ -432,7 +469,14 @@ impl Gpu {
                     // trip, where fewer blocks with several pairs a thread took a chain of them),
                     // a row per grid row.
                     let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(d_in as i32), Arg::I32(pairs as i32)];
-                    self.launch_pdl("split_x_f16x2", ((d_in / 2).div_ceil(256) as u32, rows as u32, 1), 256, &split)?;
+                    if in_block.is_none() {
+                        self.launch_pdl(
+                            "split_x_f16x2",
+                            ((d_in / 2).div_ceil(256) as u32, rows as u32, 1),
+                            256,
+                            &split,
+                        )?;
+                    }
                     args[base.len()..base.len() + 4].copy_from_slice(&f);
                     args[base.len() + 4] = Arg::Ptr(xsp);
                     args[base.len() + 5] = Arg::I32(pairs as i32);
@@ -440,12 +484,14 @@ impl Gpu {
                 }
                 _ => base.len(),
             };
-            let kernel = match wide {
-                Some((twin, _)) => twin,
-                None if fp8 && rows <= 4 => fp8_n1_twin(name),
-                None => name,
+            let kernel = match (wide, in_block) {
+                (Some((twin, _)), _) => twin,
+                (None, Some(twin)) => twin,
+                (None, None) if fp8 && rows <= 4 => fp8_n1_twin(name),
+                (None, None) => name,
             };
-            self.launch_pdl(kernel, (grid as u32, 1, 1), 32 * TC_WARPS as u32, &args[..n])?;
+            let smem = if in_block.is_some() { n1x_smem(d_in) as u32 } else { 0 };
+            self.launch_pdl_smem(kernel, (grid as u32, 1, 1), 32 * TC_WARPS as u32, smem, &args[..n])?;
             start += rows;
         }
         Ok(grid)

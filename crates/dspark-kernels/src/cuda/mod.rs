@@ -79,13 +79,15 @@ pub fn available() -> bool {
 /// gains decode 0.7% at 512 keys (±0 at 4096) and moves the verify by −0.3% to +0.8%, so only
 /// the decode's combine, `attention_combine_q1_f32` (not on the list), launches with PDL. The
 /// FP8 SwiGLU matvec follows its bf16 twin (not measured separately).
-/// The segmented combine (`attention_seg.rs`) follows the tensor-core kernel's, as its twin does.
-const NO_PDL: [&str; 5] = [
+/// The segmented combine (`attention_seg.rs`) follows the tensor-core kernel's, as its twin does,
+/// and the one-row FP8 SwiGLU that splits its own x (`_n1x`) its two-launch twin.
+const NO_PDL: [&str; 6] = [
     "attention_combine_f32",
     "attention_combine_seg_f32",
     "matvec_tc_swiglu_bf16",
     "matvec_tc_swiglu_fp8",
     "matvec_tc_swiglu_n1_fp8",
+    "matvec_tc_swiglu_n1x_fp8",
 ];
 
 /// One GPU: its context, the stream every op runs on, and the loaded kernels.
@@ -111,12 +113,30 @@ pub struct Gpu {
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
+    /// Whether a one-row FP8 matvec splits its x itself, in shared memory, instead of after a
+    /// `split_x_f16x2` launch (`matvec.rs` `fp8_n1x_twin`; the same bits;
+    /// `DSPARK_NO_FP8_SPLIT_IN_BLOCK=1` keeps the two launches for A/B runs).
+    pub fp8_split_in_block: bool,
+    /// The dynamic shared memory each `_n1x` FP8 kernel may take with its blocks per SM still
+    /// resident (0: none; measured at load by the driver's occupancy calculator).
+    xsm_limits: HashMap<&'static str, usize>,
     profiling: AtomicBool,
     /// (kernel name, start, end) of every launch while profiling is on.
     profile: Mutex<Vec<(String, CudaEvent, CudaEvent)>>,
     /// Events made ahead of time, so a profiled launch costs the host two records, not two
     /// event creations (a host slower than the GPU would show up as kernel time).
     event_pool: Mutex<Vec<CudaEvent>>,
+}
+
+/// The dynamic shared memory a kernel may take while `blocks` of its 256-thread blocks stay
+/// resident on an SM, within the per-block opt-in limit `optin` less its static shared memory;
+/// its launch limit is raised to that (above 48 KB a kernel must ask for it).
+fn xsm_limit(f: &CudaFunction, blocks: u32, optin: usize) -> CudaResult<usize> {
+    use cudarc::driver::sys::CUfunction_attribute as A;
+    let fixed = f.get_attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?.max(0) as usize;
+    let most = optin.saturating_sub(fixed);
+    f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most as i32)?;
+    Ok(f.occupancy_available_dynamic_smem_per_block(blocks, 32 * matvec::TC_WARPS as u32)?.min(most))
 }
 
 /// Total time and launch count of one kernel name in a profile.
@@ -159,6 +179,10 @@ impl Gpu {
         };
         let mut modules = Vec::new();
         let mut functions = HashMap::new();
+        let mut xsm_limits = HashMap::new();
+        let optin = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+            .max(0) as usize;
         for m in ptx::MODULES {
             let src = if sm90 { m.sm90 } else { m.sm80 };
             let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src))?;
@@ -170,6 +194,9 @@ impl Gpu {
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         bytes as i32,
                     )?;
+                }
+                if let Some(minb) = matvec::n1x_blocks_per_sm(name) {
+                    xsm_limits.insert(name, xsm_limit(&f, minb, optin)?);
                 }
                 functions.insert(name, (f, pdl && !no_pdl_for.iter().any(|s| name.contains(s.as_str()))));
             }
@@ -186,10 +213,17 @@ impl Gpu {
             rope_fold: std::env::var_os("DSPARK_NO_ROPE_FOLD").is_none(),
             wide: std::env::var_os("DSPARK_NO_WIDE").is_none(),
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
+            fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
+            xsm_limits,
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The dynamic shared memory `_n1x` kernel `name` may take (0 for any other name).
+    pub(crate) fn xsm_limit(&self, name: &str) -> usize {
+        self.xsm_limits.get(name).copied().unwrap_or(0)
     }
 
     /// Turns per-launch timing on or off. While on, every op wrapper records a CUDA event

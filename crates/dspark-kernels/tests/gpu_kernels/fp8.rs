@@ -7,7 +7,9 @@
 //!   (two n-tiles of (row, part) columns) equals the same row launched alone or in a pair (the
 //!   one-n-tile `_n1_fp8` kernels) bit for bit — the lossless invariant rests on it — for rows
 //!   whose ranges force every scaling x gets before its f16 split (largest |x| from 1e-30 to
-//!   3e6, an all-zero row, a row spanning 12 decades), each within 1e-5 of the f32 reference.
+//!   3e6, an all-zero row, a row spanning 12 decades), each within 1e-5 of the f32 reference. A
+//!   row alone runs both ways: split inside the matvec's own blocks (`_n1x_fp8`, no split launch)
+//!   and split by `split_x_f16x2` first (`_n1_fp8`), both those bits.
 //!
 //! * The widening exactly: an identity activation matrix makes the GEMM's output the widened
 //!   weights themselves (one nonzero product per output), which must equal
@@ -38,7 +40,7 @@ fn blas(g: &Gpu, largest: usize) -> Blas {
 
 #[test]
 fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
-    let g = gpu();
+    let mut g = gpu();
     let mut rng = Rng(29);
     let shapes: &[(usize, usize, &str)] =
         if full_size() { &[(256, 48, "fp8b"), (4096, 1024, "fp8"), (12288, 512, "fp8")] } else { &[(256, 48, "fp8b")] };
@@ -56,7 +58,8 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
             }));
         }
         let want = cpu::matmul::linear(&x, &wf, 8, d_in, d_out);
-        let run = |rows: std::ops::Range<usize>| -> (Vec<f32>, Vec<String>) {
+        let run = |g: &mut Gpu, rows: std::ops::Range<usize>, in_block: bool| -> (Vec<f32>, Vec<String>) {
+            g.fp8_split_in_block = in_block;
             let m = rows.len();
             let xd = up(&g, &x[rows.start * d_in..rows.end * d_in]);
             let mut y = poisoned(&g, m * d_out);
@@ -64,9 +67,10 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
             g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap();
             let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
             g.set_profiling(false).unwrap();
-            (down(&g, &y), ran)
+            g.fp8_split_in_block = true;
+            (down(g, &y), ran)
         };
-        let (all, ran) = run(0..8);
+        let (all, ran) = run(&mut g, 0..8, true);
         assert!(ran.iter().any(|k| k.starts_with("matvec_tc") && !k.contains("_n1")), "8 rows ran {ran:?}");
         for r in 0..8 {
             let (got, want_r) = (&all[r * d_out..][..d_out], &want[r * d_out..][..d_out]);
@@ -75,12 +79,18 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
                 e <= 1e-5 || want_r.iter().all(|v| *v == 0.0) && got.iter().all(|v| *v == 0.0),
                 "{dtype} {d_in}->{d_out} row {r}: rel err {e}"
             );
-            let (one, ran) = run(r..r + 1);
-            assert!(ran.iter().any(|k| k.ends_with("_n1_fp8")), "1 row ran {ran:?}");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let (one, ran) = run(&mut g, r..r + 1, false);
+            assert!(ran.iter().any(|k| k.ends_with("_n1_fp8")), "1 row, split launch: ran {ran:?}");
             assert_eq!(bits(&one), bits(got), "{dtype} {d_in}->{d_out} row {r}: alone differs from the batch of 8");
+            let (one, ran) = run(&mut g, r..r + 1, true);
+            assert!(
+                ran.iter().any(|k| k.ends_with("_n1x_fp8")) && !ran.iter().any(|k| k == "split_x_f16x2"),
+                "1 row, split in the block: ran {ran:?}"
+            );
+            assert_eq!(bits(&one), bits(got), "{dtype} {d_in}->{d_out} row {r}: split in the block differs");
             if r % 2 == 0 {
-                let (pair, _) = run(r..r + 2);
+                let (pair, _) = run(&mut g, r..r + 2, true);
                 assert_eq!(bits(&pair), bits(&all[r * d_out..][..2 * d_out]), "rows {r}, {}: the pair differs", r + 1);
             }
         }

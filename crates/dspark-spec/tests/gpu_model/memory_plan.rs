@@ -89,7 +89,11 @@ fn host_embeddings_give_the_device_tables_bits() {
             let (a, b) = (run(&mut dev, &mut dr_dev), run(&mut host, &mut dr));
             assert_eq!(b.tokens, want, "{name}: speculative (verify {k}) on the host table != greedy");
             let accepted = |g: &dspark_spec::stats::Generation| g.spec.as_ref().map(|s| s.accepted.clone());
-            assert_eq!(accepted(&b), accepted(&a), "{name}: verify {k}: the draft on the host table proposed otherwise");
+            assert_eq!(
+                accepted(&b),
+                accepted(&a),
+                "{name}: verify {k}: the draft on the host table proposed otherwise"
+            );
         }
     }
 

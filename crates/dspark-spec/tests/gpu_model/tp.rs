@@ -98,7 +98,12 @@ fn split_targets_match_the_cpu_reference_and_stay_lossless() {
 
 /// A copy of the draft folder `ddir` carrying the target's `embed_tokens` and `lm_head` as its
 /// own, as a published DSpark draft does: a split target lends none.
-pub(super) fn draft_with_heads(ddir: &std::path::Path, tdir: &std::path::Path, v: usize, h: usize) -> tempfile::TempDir {
+pub(super) fn draft_with_heads(
+    ddir: &std::path::Path,
+    tdir: &std::path::Path,
+    v: usize,
+    h: usize,
+) -> tempfile::TempDir {
     use dspark_model::checkpoint::safetensors::{serialize, Checkpoint};
     let out = tempfile::tempdir().unwrap();
     std::fs::copy(ddir.join("config.json"), out.path().join("config.json")).unwrap();
