@@ -61,8 +61,8 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
         let run = |g: &mut Gpu, rows: std::ops::Range<usize>, in_block: bool| -> (Vec<f32>, Vec<String>) {
             g.fp8_split_in_block = in_block;
             let m = rows.len();
-            let xd = up(&g, &x[rows.start * d_in..rows.end * d_in]);
-            let mut y = poisoned(&g, m * d_out);
+            let xd = up(g, &x[rows.start * d_in..rows.end * d_in]);
+            let mut y = poisoned(g, m * d_out);
             g.set_profiling(true).unwrap();
             g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap();
             let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
