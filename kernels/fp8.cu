@@ -90,23 +90,11 @@ extern "C" __global__ void dequant_fp8_bf16(const uint8_t* w, const float* scale
 }
 
 extern "C" __global__ void split_x_f16x2(const float* x, uint32_t* planes, int in, int plane) {
-    __shared__ float wmax[32];
     pdl_trigger();
     pdl_wait();
     const int m = blockIdx.y;
     const float* xr = x + (size_t)m * in;
-    float mx = 0.f;
-#pragma unroll 4
-    for (int k = 4 * threadIdx.x; k < in; k += 4 * blockDim.x) {
-        const float4 v = *reinterpret_cast<const float4*>(xr + k);
-        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-    }
-    mx = warp_max(mx);
-    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mx = 0.f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, wmax[w]);
-    const int s = x_split_exp(mx);
+    const int s = x_split_exp(block_abs_max(xr, in));
     const float up = __uint_as_float((uint32_t)(127 + s) << 23);
     const int pairs = in / 2;
     uint32_t* row = planes + (size_t)m * pairs;

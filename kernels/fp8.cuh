@@ -101,12 +101,9 @@ __device__ __forceinline__ int x_split_exp(float mx) {
     return max(-126, min(126, 14 - e));
 }
 
-// One row of x split by the whole block into `xs` (shared memory: hi [in/2] f16 pairs, lo [in/2],
-// then 2^-s as f32) — split_x_f16x2's arithmetic (fp8.cu) for a launch of one row, so the
-// one-row matvecs need no launch before them. The row is read twice, from L2 then L1: once for
-// its largest |x| (a 16-byte load a thread a step, all in flight), once for the pairs. Ends with
-// a barrier: the parts are the block's to read.
-__device__ __forceinline__ void split_x_block(const float* x, int in, uint32_t* xs) {
+// The largest |x| of a row of `in` (a multiple of 4) f32, every thread of the block given it: a
+// 16-byte load a thread a step, all in flight, then the warps' maxima through shared memory.
+__device__ __forceinline__ float block_abs_max(const float* x, int in) {
     __shared__ float wmax[32];
     float mx = 0.f;
 #pragma unroll 4
@@ -119,7 +116,16 @@ __device__ __forceinline__ void split_x_block(const float* x, int in, uint32_t* 
     __syncthreads();
     mx = 0.f;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, wmax[w]);
-    const int s = x_split_exp(mx);
+    return mx;
+}
+
+// One row of x split by the whole block into `xs` (shared memory: hi [in/2] f16 pairs, lo [in/2],
+// then 2^-s as f32) — split_x_f16x2's arithmetic (fp8.cu) for a launch of one row, so the
+// one-row matvecs need no launch before them. The row is read twice, from L2 then L1: once for
+// its largest |x| (a 16-byte load a thread a step, all in flight), once for the pairs. Ends with
+// a barrier: the parts are the block's to read.
+__device__ __forceinline__ void split_x_block(const float* x, int in, uint32_t* xs) {
+    const int s = x_split_exp(block_abs_max(x, in));
     const float up = __uint_as_float((uint32_t)(127 + s) << 23);
     const int pairs = in / 2;
     for (int i = threadIdx.x; i < pairs; i += blockDim.x) {

@@ -644,7 +644,7 @@ MATVEC_TC_W(matvec_tc_swiglu_w4_bf16, 2, true, 2, 4)
 // The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
 // k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block
 // scales (fp8.cuh `Fp8Scales`). The argmax epilogue's arguments stay for one launch signature.
-#define MATVEC_TC_FP8(NAME, U, SW, MINB, NT)                                                                     \
+#define MATVEC_TC_FP8X(NAME, U, SW, MINB, NT, XSM)                                                               \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const uint8_t* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,            \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
@@ -652,10 +652,11 @@ MATVEC_TC_W(matvec_tc_swiglu_w4_bf16, 2, true, 2, 4)
              float* am_gathered, int am_dim, const float* scale, const uint32_t* srow, int scale_cols,          \
              int kb_log2, const uint32_t* xs, int plane) {                                                        \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, false, false, 0, true, NT>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma,  \
-                                                    xg, ss_out, am,                                              \
-                                                    Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane});     \
+        matvec_tc<U, SW, false, false, 0, true, NT, 1, XSM>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps,  \
+                                                            gamma, xg, ss_out, am,                               \
+                                                            Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane}); \
     }
+#define MATVEC_TC_FP8(NAME, U, SW, MINB, NT) MATVEC_TC_FP8X(NAME, U, SW, MINB, NT, false)
 MATVEC_TC_FP8(matvec_tc_fp8, 2, false, 3, 2)
 MATVEC_TC_FP8(matvec_tc_u4_fp8, 4, false, 2, 2)
 MATVEC_TC_FP8(matvec_tc_u4b1_fp8, 4, false, 1, 2)
@@ -668,22 +669,10 @@ MATVEC_TC_FP8(matvec_tc_swiglu_n1_fp8, 2, true, 3, 1)
 // The same for one row with x split inside the launch (`_n1x`: split_x_block into dynamic shared
 // memory, 4·in + 16 bytes; no split_x_f16x2 launch before it). The same parts, scale and MMAs:
 // the same bits as the two launches.
-#define MATVEC_TC_FP8X(NAME, U, SW, MINB)                                                                        \
-    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
-        NAME(const uint8_t* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,            \
-             const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
-             uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
-             float* am_gathered, int am_dim, const float* scale, const uint32_t* srow, int scale_cols,          \
-             int kb_log2, const uint32_t* xs, int plane) {                                                        \
-        const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, false, false, 0, true, 1, 1, true>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, \
-                                                            gamma, xg, ss_out, am,                               \
-                                                            Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane}); \
-    }
-MATVEC_TC_FP8X(matvec_tc_n1x_fp8, 2, false, 3)
-MATVEC_TC_FP8X(matvec_tc_u4_n1x_fp8, 4, false, 2)
-MATVEC_TC_FP8X(matvec_tc_u4b1_n1x_fp8, 4, false, 1)
-MATVEC_TC_FP8X(matvec_tc_swiglu_n1x_fp8, 2, true, 3)
+MATVEC_TC_FP8X(matvec_tc_n1x_fp8, 2, false, 3, 1, true)
+MATVEC_TC_FP8X(matvec_tc_u4_n1x_fp8, 4, false, 2, 1, true)
+MATVEC_TC_FP8X(matvec_tc_u4b1_n1x_fp8, 4, false, 1, 1, true)
+MATVEC_TC_FP8X(matvec_tc_swiglu_n1x_fp8, 2, true, 3, 1, true)
 
 // The tile-looping twins (matvec_tc_loop): same arguments, K never split (ksplit, the norm
 // fold's and, without ARGMAX, the argmax epilogue's arguments unused).
