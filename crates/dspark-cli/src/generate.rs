@@ -13,48 +13,25 @@
 //! greedy unless the temperature (from `--temperature`, or with `--sampling model` from the
 //! target's `generation_config.json`) is > 0; the stats record the settings and the seed.
 
-use crate::demo::{self, EmbeddedModel};
+use crate::demo;
+use crate::load::{load_split, load_typed, resolve_device, Device, Source};
+use crate::sampling::{law_name, sampling_params, DraftLawArg, Sampling, SamplingSource};
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use dspark_kernels::KvDtype;
 use dspark_model::checkpoint::chat_template::{ChatMessage, ChatTemplate};
-use dspark_model::checkpoint::draft_config::DraftConfig;
-use dspark_model::checkpoint::generation_config::{GenerationConfig, SamplingDefaults};
-use dspark_model::checkpoint::safetensors::Checkpoint;
-use dspark_model::checkpoint::shared_heads::SharedHeads;
-use dspark_model::checkpoint::tokenizer::{eos_ids, eos_ids_from, Tokenizer};
-use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
-use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
-use dspark_model::cuda::dspark::CudaDraft;
-use dspark_model::cuda::plan::TargetPlan;
+use dspark_model::checkpoint::generation_config::SamplingDefaults;
 use dspark_model::cuda::prefill::PrefillMode;
-use dspark_model::cuda::qwen3::CudaQwen3;
-use dspark_model::cuda::weights::CheckpointUpload;
-use dspark_model::{Drafter, Qwen3Config, TargetModel};
+use dspark_model::TargetModel;
 use dspark_spec::{
     greedy, sample, speculative, speculative_sampled, AcceptanceCheck, CostTable, DraftLaw, Emitted, GenerateOptions,
-    Generation, SamplingParams, VerifyLen,
+    Generation, VerifyLen,
 };
 use serde_json::json;
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Device {
-    Cpu,
-    Cuda,
-}
-
-impl Device {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Device::Cpu => "cpu",
-            Device::Cuda => "cuda",
-        }
-    }
-}
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -112,23 +89,23 @@ pub struct GenerateArgs {
     /// Sampling temperature, finite and ≥ 0. 0 is greedy decoding, bit for bit; with
     /// `--sampling flags` (the default) decoding is greedy unless this is given and > 0.
     #[arg(long, value_name = "F", allow_negative_numbers = true)]
-    temperature: Option<f32>,
+    pub(crate) temperature: Option<f32>,
     /// Keep the N most likely tokens (ties with the N-th kept); 0: off (the default).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    top_k: Option<i64>,
+    pub(crate) top_k: Option<i64>,
     /// Keep the smallest set of most likely tokens whose probability mass is ≥ F, in (0, 1];
     /// 1: off (the default).
     #[arg(long, value_name = "F", allow_negative_numbers = true)]
-    top_p: Option<f32>,
+    pub(crate) top_p: Option<f32>,
     /// Drop tokens less likely than F times the most likely one, in [0, 1]; 0: off (the
     /// default).
     #[arg(long, value_name = "F", allow_negative_numbers = true)]
-    min_p: Option<f32>,
+    pub(crate) min_p: Option<f32>,
     /// Seed of the sampling draws: the same seed, prompt and settings give the same tokens.
     /// Default: a random seed (from the clock), like llama.cpp's; the seed used is printed in the
     /// stats (`sampling.seed` in --json) so the run can be repeated.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    seed: Option<u64>,
+    pub(crate) seed: Option<u64>,
     /// Where settings not given as flags come from: `flags` (greedy, every filter off) or
     /// `model` (the target folder's generation_config.json: do_sample, temperature, top_k,
     /// top_p, min_p; do_sample false or absent, or no file, is greedy). Flags given override the
@@ -145,109 +122,6 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
-}
-
-/// `--sampling flags|model`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum SamplingSource {
-    Flags,
-    Model,
-}
-
-/// `--draft-law greedy|sampled`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DraftLawArg {
-    Greedy,
-    Sampled,
-}
-
-impl From<DraftLawArg> for DraftLaw {
-    fn from(a: DraftLawArg) -> DraftLaw {
-        match a {
-            DraftLawArg::Greedy => DraftLaw::Greedy,
-            DraftLawArg::Sampled => DraftLaw::Sampled,
-        }
-    }
-}
-
-fn law_name(law: DraftLaw) -> &'static str {
-    match law {
-        DraftLaw::Greedy => "greedy",
-        DraftLaw::Sampled => "sampled",
-    }
-}
-
-impl SamplingSource {
-    fn name(self) -> &'static str {
-        match self {
-            SamplingSource::Flags => "flags",
-            SamplingSource::Model => "model",
-        }
-    }
-}
-
-/// Where a model's files come from: a folder, or the demo pair compiled into the binary. Both
-/// go through the same parsers and checks, and the loaders below make the same calls as
-/// `CpuQwen3::load`, `CpuDraft::load`, `CudaQwen3::load_kv` and `CudaDraft::load` do on a
-/// folder.
-#[derive(Clone, Copy)]
-pub(crate) enum Source<'a> {
-    Dir(&'a Path),
-    Embedded(&'static EmbeddedModel),
-}
-
-impl Source<'_> {
-    /// The path of one of the model's files, for messages (virtual for the embedded demo).
-    pub(crate) fn file(self, name: &str) -> PathBuf {
-        match self {
-            Source::Dir(d) => d.join(name),
-            Source::Embedded(m) => m.file(name),
-        }
-    }
-
-    pub(crate) fn tokenizer(self) -> dspark_model::Result<Option<Tokenizer>> {
-        match self {
-            Source::Dir(d) => Tokenizer::from_dir(d),
-            Source::Embedded(m) => m.tokenizer(),
-        }
-    }
-
-    pub(crate) fn target_config(self) -> dspark_model::Result<Qwen3Config> {
-        match self {
-            Source::Dir(d) => Qwen3Config::from_dir(d),
-            Source::Embedded(m) => Qwen3Config::from_json(&m.config_json()?),
-        }
-    }
-
-    pub(crate) fn draft_config(self) -> dspark_model::Result<DraftConfig> {
-        match self {
-            Source::Dir(d) => DraftConfig::from_dir(d),
-            Source::Embedded(m) => DraftConfig::from_json(&m.config_json()?),
-        }
-    }
-
-    pub(crate) fn checkpoint(self) -> dspark_model::Result<Checkpoint> {
-        match self {
-            Source::Dir(d) => Checkpoint::open_dir(d),
-            Source::Embedded(m) => m.checkpoint(),
-        }
-    }
-
-    /// `generation_config.json`, parsed, if the model has one.
-    pub(crate) fn generation_config(self) -> dspark_model::Result<Option<GenerationConfig>> {
-        match self {
-            Source::Dir(d) => GenerationConfig::from_dir(d),
-            Source::Embedded(m) => m.generation_config_json()?.map(|j| GenerationConfig::from_json(&j)).transpose(),
-        }
-    }
-
-    /// Stop ids from `generation_config.json` (if any) and `config.json`'s.
-    pub(crate) fn eos_ids(self, config_eos: &[u32]) -> dspark_model::Result<Vec<u32>> {
-        match self {
-            Source::Dir(d) => eos_ids(d, config_eos),
-            Source::Embedded(m) => eos_ids_from(m.generation_config_json()?.as_ref(), config_eos),
-        }
-    }
 }
 
 pub fn run(mut args: GenerateArgs) -> Result<()> {
@@ -404,135 +278,6 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// A loaded target and its draft, if any.
-pub(crate) type Models = (Box<dyn TargetModel>, Option<Box<dyn Drafter>>);
-
-/// The models as their backend's own types (`serve --max-batch` builds its batched models from
-/// them). Made once per process and boxed or batched at once, so its size does not matter.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Loaded {
-    Cpu(CpuQwen3, Option<CpuDraft>),
-    Cuda(CudaQwen3, Option<CudaDraft>),
-}
-
-impl Loaded {
-    pub(crate) fn boxed(self) -> Models {
-        match self {
-            Loaded::Cpu(t, d) => (Box::new(t), d.map(|d| Box::new(d) as Box<dyn Drafter>)),
-            Loaded::Cuda(t, d) => (Box::new(t), d.map(|d| Box::new(d) as Box<dyn Drafter>)),
-        }
-    }
-}
-
-/// The target (and the draft, when given) built from their folders or the embedded demo on
-/// `device`, in their own types (`.boxed()` for the loops): the loading `generate` and `serve`
-/// share. `cfg` is the target's config, read by the caller (which checks the prompt against it
-/// first).
-pub(crate) fn load_typed(
-    target_src: Source<'_>,
-    draft_src: Option<Source<'_>>,
-    cfg: Qwen3Config,
-    device: Device,
-    plan: TargetPlan,
-    prefill: PrefillMode,
-) -> Result<Loaded> {
-    let kv_cache = plan.kv;
-    Ok(match device {
-        Device::Cpu => {
-            // The target's checkpoint stays mapped until the draft is in: the draft's own
-            // embed_tokens / lm_head copies are compared with its bytes, and shared when equal.
-            let tck = target_src.checkpoint()?;
-            let w = Qwen3Weights::load(&cfg, &tck)?;
-            let (tied, shape) = (cfg.tie_word_embeddings, [cfg.vocab_size, cfg.hidden_size]);
-            let t = CpuQwen3::new(cfg, w).with_kv_dtype(kv_cache);
-            let d = match draft_src {
-                Some(src) => {
-                    let dcfg = src.draft_config()?;
-                    dcfg.validate_against(t.config())?;
-                    let ck = src.checkpoint()?;
-                    let shared = SharedHeads::find(&ck, &tck, tied, shape);
-                    let w = DraftWeights::load_sharing(&dcfg, &ck, t.weights(), shared)?;
-                    Some(CpuDraft::new(dcfg, w).with_kv_dtype(kv_cache))
-                }
-                None => None,
-            };
-            Loaded::Cpu(t, d)
-        }
-        Device::Cuda => {
-            let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
-            let tck = target_src.checkpoint()?;
-            // Weights through pinned staging buffers, after a check that those the device keeps
-            // and the plan's buffers fit (a host embedding is read straight from the file).
-            plan.check(&cfg)?;
-            let up = CheckpointUpload::new_without(&tck, &gpu.ctx, plan.device_bytes(&cfg), plan.host_tensors())?
-                .with_progress(crate::progress::load_bar(), "target");
-            let (tied, shape) = (cfg.tie_word_embeddings, [cfg.vocab_size, cfg.hidden_size]);
-            let mut t = CudaQwen3::from_source_plan(gpu, cfg, &up, plan)?;
-            up.finish()?;
-            t.set_prefill(prefill);
-            let d = match draft_src {
-                Some(src) => {
-                    let dcfg = src.draft_config()?;
-                    let ck = src.checkpoint()?;
-                    check_tensors(&dcfg, &ck)?;
-                    // The draft's copies of the target's matrices, when byte-equal, stay on the
-                    // host: the draft uses the target's buffers.
-                    let shared = SharedHeads::find(&ck, &tck, tied, shape);
-                    let skip: Vec<&str> =
-                        [("embed_tokens.weight", shared.embed_tokens), ("lm_head.weight", shared.lm_head)]
-                            .into_iter()
-                            .filter_map(|(n, s)| s.then_some(n))
-                            .collect();
-                    let up = CheckpointUpload::new_without(&ck, &t.gpu.ctx, 0, &skip)?
-                        .with_progress(crate::progress::load_bar(), "draft");
-                    let d = CudaDraft::from_source_sharing(dcfg, &up, &t, shared)?;
-                    up.finish()?;
-                    Some(d)
-                }
-                None => None,
-            };
-            Loaded::Cuda(t, d)
-        }
-    })
-}
-
-/// `--tensor-parallel N` (N ≥ 2): the target split over GPUs 0..N (`cuda::tp`), and the draft,
-/// when given, on GPU 0 with its own `embed_tokens` / `lm_head` (the target's are split).
-fn load_split(
-    n: usize,
-    target_src: Source<'_>,
-    draft_src: Option<Source<'_>>,
-    device: Device,
-    max_context: usize,
-    kv_cache: KvDtype,
-) -> Result<Models> {
-    let Source::Dir(dir) = target_src else {
-        bail!("--tensor-parallel {n}: give --target DIR (the embedded demo runs on one device)");
-    };
-    if device != Device::Cuda {
-        bail!("--tensor-parallel {n}: needs --device cuda");
-    }
-    let have = cudarc::driver::CudaContext::device_count().map_or(0, |c| c as usize);
-    if n > have {
-        bail!("--tensor-parallel {n}: this machine has {have} GPU(s)");
-    }
-    let gpus = (0..n)
-        .map(|i| dspark_kernels::cuda::Gpu::new(i).map(std::sync::Arc::new))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let mut target = dspark_model::cuda::tp::CudaQwen3Tp::load(gpus, dir, max_context, kv_cache)?;
-    let draft = match draft_src {
-        Some(src) => {
-            let (dcfg, ck) = (src.draft_config()?, src.checkpoint()?);
-            check_tensors(&dcfg, &ck)?;
-            let host = target.draft_host()?;
-            let d = CudaDraft::from_host(dcfg, &ck, &host, SharedHeads::default())?;
-            Some(Box::new(d) as Box<dyn Drafter>)
-        }
-        None => None,
-    };
-    Ok((Box::new(target), draft))
-}
-
 /// The prompt and at least one generated token must fit in the context: `--max-context` and the
 /// target's `max_position_embeddings`, whichever is smaller. Checked before any weights load.
 fn check_context(prompt: usize, max_context: usize, max_positions: usize) -> Result<()> {
@@ -622,119 +367,4 @@ pub(crate) fn parse_prefill(s: &str) -> std::result::Result<PrefillMode, String>
         "exact" => Ok(PrefillMode::Exact),
         _ => Err(format!("--prefill takes gemm or exact, not {s:?}")),
     }
-}
-
-/// The sampling settings of a run, flags over (with `--sampling model`) the model's
-/// `generation_config.json` values over greedy. Each flag is checked first, so an error names
-/// the flag and the value it was given ("--top-p must be in (0, 1], got 1.5"); the file's
-/// values were checked as it was read, naming the file and the field. The seed is `--seed`, else
-/// random from the clock.
-fn sampling_params(args: &GenerateArgs, model: Option<SamplingDefaults>) -> Result<SamplingParams> {
-    let top_k = match args.top_k {
-        Some(k) if k < 0 => bail!("--top-k must be ≥ 0 (0: off), got {k}"),
-        Some(k) => Some(usize::try_from(k).context("--top-k is too large")?),
-        None => None,
-    };
-    let base = model.unwrap_or(SamplingDefaults::GREEDY);
-    let flags = SamplingParams {
-        temperature: args.temperature.unwrap_or(SamplingDefaults::GREEDY.temperature),
-        top_k: top_k.unwrap_or(SamplingDefaults::GREEDY.top_k),
-        top_p: args.top_p.unwrap_or(SamplingDefaults::GREEDY.top_p),
-        min_p: args.min_p.unwrap_or(SamplingDefaults::GREEDY.min_p),
-        seed: 0,
-    };
-    flags.validate().map_err(|e| anyhow::anyhow!("{}", flag_message(&e)))?;
-    let params = SamplingParams {
-        temperature: args.temperature.unwrap_or(base.temperature),
-        top_k: top_k.unwrap_or(base.top_k),
-        top_p: args.top_p.unwrap_or(base.top_p),
-        min_p: args.min_p.unwrap_or(base.min_p),
-        seed: args.seed.unwrap_or_else(clock_seed),
-    };
-    params.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(params)
-}
-
-/// `SamplingParams::validate`'s message with its field named as the CLI spells the flag.
-fn flag_message(e: &str) -> String {
-    for (field, flag) in [("temperature", "--temperature"), ("top_p", "--top-p"), ("min_p", "--min-p")] {
-        if let Some(rest) = e.strip_prefix(field) {
-            return format!("{flag}{rest}");
-        }
-    }
-    e.to_string()
-}
-
-/// A seed for a run given none: the clock's nanoseconds, mixed (splitmix64) and kept below 2³²
-/// so that it prints short and survives any JSON reader's doubles.
-fn clock_seed() -> u64 {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let mut z = nanos.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)) & 0xFFFF_FFFF
-}
-
-/// An f32 setting as the shortest decimal that reads back as it (0.8, not 0.800000011920929).
-fn num(x: f32) -> f64 {
-    x.to_string().parse().unwrap_or(x as f64)
-}
-
-/// What the stats say about how a run chose its tokens.
-struct Sampling {
-    source: SamplingSource,
-    params: SamplingParams,
-    /// The draft's law on speculative runs (`greedy`: its argmax; `sampled`: drawn from q).
-    law: Option<&'static str>,
-}
-
-impl Sampling {
-    /// `stats.sampling`: the settings and the seed used (null for greedy decoding, which draws
-    /// nothing), and the draft law on speculative runs.
-    fn json(&self) -> serde_json::Value {
-        let p = &self.params;
-        let mut v = json!({
-            "source": self.source.name(),
-            "temperature": num(p.temperature),
-            "top_k": p.top_k,
-            "top_p": num(p.top_p),
-            "min_p": num(p.min_p),
-            "seed": if p.is_greedy() { None } else { Some(p.seed) },
-        });
-        if let Some(law) = self.law {
-            v["law"] = json!(law);
-        }
-        v
-    }
-
-    /// The stats line's mention of the settings, when sampling.
-    fn line(&self) -> String {
-        let p = &self.params;
-        if p.is_greedy() {
-            return String::new();
-        }
-        let law = self.law.map(|l| format!(", draft law {l}")).unwrap_or_default();
-        format!(
-            "; sampled at temperature {}, top-k {}, top-p {}, min-p {}, seed {}{law}",
-            num(p.temperature),
-            p.top_k,
-            num(p.top_p),
-            num(p.min_p),
-            p.seed
-        )
-    }
-}
-
-/// The device a run takes: the one asked for, else CUDA when a GPU is present, else the CPU;
-/// asking for CUDA without one is a one-line error (`generate` and `serve`).
-pub(crate) fn resolve_device(asked: Option<Device>) -> Result<Device> {
-    let device = match asked {
-        Some(d) => d,
-        None if dspark_kernels::cuda::available() => Device::Cuda,
-        None => Device::Cpu,
-    };
-    if device == Device::Cuda && !dspark_kernels::cuda::available() {
-        bail!("--device cuda: no NVIDIA driver (libcuda) or no CUDA device found on this machine; use --device cpu");
-    }
-    Ok(device)
 }

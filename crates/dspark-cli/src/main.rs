@@ -9,9 +9,11 @@
 mod bench;
 mod demo;
 mod generate;
+mod load;
 mod memory;
 // `generate` hands `progress::load_bar()` to `CheckpointUpload::with_progress`.
 mod progress;
+mod sampling;
 mod serve;
 
 use clap::{Parser, Subcommand};

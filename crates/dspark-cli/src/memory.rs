@@ -1,7 +1,7 @@
 //! `--embeddings` and `--prefill-chunk`: the two device-memory levers of a CUDA target, shared by
 //! `generate`, `serve` and `bench` (what they cost: `dspark_model::cuda::plan`).
 
-use crate::generate::Device;
+use crate::load::Device;
 use anyhow::{bail, Result};
 use dspark_kernels::KvDtype;
 use dspark_model::cuda::plan::{Embeddings, TargetPlan};

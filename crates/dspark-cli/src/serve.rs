@@ -13,7 +13,7 @@
 //! `max_batch_total_tokens`), and waits in the queue otherwise.
 
 use crate::demo;
-use crate::generate::{load_typed, Device, Loaded, Source};
+use crate::load::{load_typed, Device, Loaded, Source};
 use anyhow::{Context, Result};
 use clap::Args;
 use dspark_model::checkpoint::chat_template::ChatTemplate;
@@ -84,7 +84,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_batch > 1 && args.target.is_some() && args.draft.is_none() {
         anyhow::bail!("--max-batch {}: batched rounds need a draft (--draft DIR)", args.max_batch);
     }
-    let device = crate::generate::resolve_device(args.device)?;
+    let device = crate::load::resolve_device(args.device)?;
     // The memory flags are checked now, before the port is bound (the plan is made again, with
     // the model's config, when it loads).
     args.memory.plan(device, args.max_context, args.kv_cache)?;

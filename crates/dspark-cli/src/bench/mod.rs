@@ -33,7 +33,7 @@ mod projections;
 pub mod report;
 mod tp;
 
-use crate::generate::Device;
+use crate::load::Device;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dspark_kernels::cuda::Gpu;
