@@ -196,7 +196,9 @@ impl Gpu {
                     )?;
                 }
                 if let Some(minb) = matvec::n1x_blocks_per_sm(name) {
-                    xsm_limits.insert(name, xsm_limit(&f, minb, optin)?);
+                    // A driver that refuses the query or the limit costs the in-block split, not
+                    // the GPU: those launches then take the split launch (limit 0).
+                    xsm_limits.insert(name, xsm_limit(&f, minb, optin).unwrap_or(0));
                 }
                 functions.insert(name, (f, pdl && !no_pdl_for.iter().any(|s| name.contains(s.as_str()))));
             }
