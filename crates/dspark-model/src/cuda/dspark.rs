@@ -11,37 +11,29 @@
 use crate::backend::{
     Captured, Deferred, DeviceSampled, DeviceTokens, Drafter, Filters, Proposal, SampleRow, SampledProposal,
 };
-use crate::checkpoint::draft_config::{DraftConfig, MarkovKind};
-use crate::checkpoint::safetensors::Checkpoint;
-use crate::checkpoint::shared_heads::SharedHeads;
-use crate::cpu::dspark::check_tensors;
+use crate::checkpoint::draft_config::DraftConfig;
 use crate::cpu::markov::prefix_survival;
 use crate::cuda::graphs::StepGraphs;
-use crate::cuda::layers::{drv, gpu_err, kv_caches, run_layers, GpuLayer, Scratch, Segment};
-use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
+use crate::cuda::layers::{drv, gpu_err, run_layers, GpuLayer, Scratch, Segment};
+use crate::cuda::prefill::DraftPrefill;
 
 mod batch;
+mod build;
 mod host;
 mod paged;
 mod prefill;
 mod sequences;
-use crate::cuda::qwen3::{
-    handoff_id, plan_sample, CudaQwen3, DraftRows, SharedCapture, SharedDraftRows, SharedTokens, CHUNK,
-};
-use crate::cuda::weights::{CheckpointUpload, WeightSource};
+use crate::cuda::qwen3::{handoff_id, SharedCapture, SharedDraftRows, SharedTokens, CHUNK};
 use crate::error::{Error, Result};
 pub use batch::CudaDrafts;
 use cudarc::driver::{CudaSlice, CudaView};
-use dspark_kernels::cpu::rope::inv_freq;
 use dspark_kernels::cuda::host_table::Table;
-use dspark_kernels::cuda::kv_layers::LayerCaches;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleShape, CFG_WORDS, ROW_WORDS};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
 pub use host::DraftHost;
 pub use sequences::DraftSeq;
-use std::path::Path;
 use std::sync::Arc;
 
 enum Variant {
@@ -153,192 +145,6 @@ pub struct CudaDraft {
 }
 
 impl CudaDraft {
-    /// Loads a draft folder for `target` (borrowing its embedding / output head when the draft
-    /// has none), with a context of `target.max_len()` positions.
-    pub fn load(dir: &Path, target: &CudaQwen3) -> Result<CudaDraft> {
-        let cfg = DraftConfig::from_dir(dir)?;
-        let ck = Checkpoint::open_dir(dir)?;
-        check_tensors(&cfg, &ck)?;
-        let up = CheckpointUpload::new(&ck, &target.gpu.ctx, 0)?;
-        let d = Self::from_source(cfg, &up, target)?;
-        up.finish()?;
-        Ok(d)
-    }
-
-    /// Builds the draft from any [`WeightSource`] (a checkpoint, or random bench weights).
-    pub fn from_source(cfg: DraftConfig, ck: &dyn WeightSource, target: &CudaQwen3) -> Result<CudaDraft> {
-        Self::from_source_sharing(cfg, ck, target, SharedHeads::default())
-    }
-
-    /// [`CudaDraft::from_source`], using the target's buffers for the draft's own
-    /// `embed_tokens` / `lm_head` copies that `shared` found byte for byte equal to the target's
-    /// (`checkpoint::shared_heads`): they are not uploaded.
-    pub fn from_source_sharing(
-        cfg: DraftConfig,
-        ck: &dyn WeightSource,
-        target: &CudaQwen3,
-        shared: SharedHeads,
-    ) -> Result<CudaDraft> {
-        Self::from_host(cfg, ck, &DraftHost::of(target), shared)
-    }
-
-    /// The draft for the target side `host` (a single-GPU target's, or rank 0 of a split one's,
-    /// `host.rs`): the draft's own `embed_tokens` / `lm_head` unless `shared` found them equal to
-    /// the host's whole ones, or it has none and the host lends its.
-    pub fn from_host(
-        cfg: DraftConfig,
-        ck: &dyn WeightSource,
-        host: &DraftHost,
-        shared: SharedHeads,
-    ) -> Result<CudaDraft> {
-        cfg.validate_against(&host.cfg)?;
-        let gpu = host.gpu.clone();
-        let arena = Arena::new(gpu.stream.clone());
-        let l = &cfg.layer;
-        let (h, v, r, b) = (l.hidden_size, l.vocab_size, cfg.markov_rank, cfg.block_size);
-        if b + 1 > CHUNK {
-            return Err(Error::Config {
-                path: "config.json".into(),
-                field: "block_size".into(),
-                msg: format!("{b}: the CUDA draft verifies at most {} drafts per round", CHUNK - 1),
-            });
-        }
-        let own = |name: &str, share: bool| -> Result<Option<Arc<WeightBuf>>> {
-            if ck.contains(name) && !share {
-                Ok(Some(Arc::new(ck.matrix(&arena, name, &[v, h])?)))
-            } else {
-                Ok(None)
-            }
-        };
-        // The draft's own tables (when not the target's) stay on the device; a split target's
-        // heads are vocabulary shards, so such a draft must carry its own.
-        let lent = host.heads.is_some();
-        let none = |name: &str| {
-            Error::Request(format!(
-                "{name}: the draft carries none, and its target's is split over GPUs (--tensor-parallel)"
-            ))
-        };
-        let embed_tokens = match own("embed_tokens.weight", shared.embed_tokens && lent)? {
-            Some(w) => Arc::new(Table::Device(w)),
-            None => host.heads.as_ref().map(|(e, _)| e.clone()).ok_or_else(|| none("embed_tokens.weight"))?,
-        };
-        let lm_head = match own("lm_head.weight", shared.lm_head && lent)? {
-            Some(w) => w,
-            None => host.heads.as_ref().map(|(_, h)| h.clone()).ok_or_else(|| none("lm_head.weight"))?,
-        };
-        let shared_bytes = usize::from(shared.embed_tokens && lent) * embed_tokens.bytes()
-            + usize::from(shared.lm_head && lent) * lm_head.bytes();
-        let markov = if r > 0 {
-            let variant = match cfg.markov_kind {
-                MarkovKind::Vanilla => Variant::Vanilla,
-                MarkovKind::Gated => Variant::Gated {
-                    weight: ck.vector(&arena, "markov_head.gate_proj.weight", &[r, h + r])?,
-                    bias: ck.vector(&arena, "markov_head.gate_proj.bias", &[r])?,
-                },
-                MarkovKind::Rnn => Variant::Rnn {
-                    weight: ck.vector(&arena, "markov_head.joint_proj.weight", &[3 * r, 2 * r + h])?,
-                    bias: ck.vector(&arena, "markov_head.joint_proj.bias", &[3 * r])?,
-                    state: arena.zeros(r).map_err(drv)?,
-                    scratch: arena.zeros(3 * r).map_err(drv)?,
-                },
-            };
-            Some(Markov {
-                rank: r,
-                w1: ck.matrix(&arena, "markov_head.markov_w1.weight", &[v, r])?,
-                w2: ck.matrix(&arena, "markov_head.markov_w2.weight", &[v, r])?,
-                variant,
-            })
-        } else {
-            None
-        };
-        let confidence = if cfg.confidence_head {
-            let bias = if ck.contains("confidence_head.proj.bias") {
-                ck.host("confidence_head.proj.bias", &[1])?[0]
-            } else {
-                0.0
-            };
-            Some(Confidence {
-                weight: ck.vector(&arena, "confidence_head.proj.weight", &[1, cfg.confidence_in()])?,
-                bias,
-                with_markov: cfg.confidence_with_markov,
-            })
-        } else {
-            None
-        };
-        let max_len = host.max_len;
-        let kv = l.kv_dim();
-        let t = cfg.num_taps();
-        let rows = CHUNK.max(b);
-        let z = |n: usize| arena.zeros::<f32>(n).map_err(drv);
-        let n_layers = l.num_hidden_layers;
-        let layers = (0..n_layers)
-            .map(|i| GpuLayer::load(&arena, l, ck, &format!("layers.{i}.")))
-            .collect::<Result<Vec<_>>>()?;
-        let ctx_kv = stack_kv_rows(&arena, &gpu, &layers, (l.q_dim(), kv, h))?;
-        let hd = l.head_dim;
-        let mut ctx_k_norm = z(n_layers * hd)?;
-        for (i, lw) in layers.iter().enumerate() {
-            gpu.stream.memcpy_dtod(&lw.k_norm, &mut ctx_k_norm.slice_mut(i * hd..(i + 1) * hd)).map_err(drv)?;
-        }
-        // The draft's caches take the target's element type (`--kv-cache`).
-        let cache_len = (max_len + b) * kv;
-        let caches = kv_caches(&arena, host.kv_dtype, n_layers, cache_len)?;
-        let ptrs = (arena.zeros::<u64>(n_layers).map_err(drv)?, arena.zeros::<u64>(n_layers).map_err(drv)?);
-        let caches = LayerCaches::new(&gpu, caches, ptrs, kv).map_err(gpu_err)?;
-        let fc = ck.matrix(&arena, "fc.weight", &[h, t * h])?;
-        let prefill = match host.prefill_blas.clone() {
-            Some(blas) if max_len > CHUNK => {
-                // No more rows than the target's chunks hand over (`--prefill-chunk`).
-                let rows = max_len.min(MAX_DRAFT_PREFILL_ROWS).min(host.prefill_rows.max(1));
-                Some(DraftPrefill::new(&arena, blas, rows, (t, h, n_layers * 2 * kv), &fc, &ctx_kv)?)
-            }
-            _ => None,
-        };
-        Ok(CudaDraft {
-            prefill_capture: prefill.as_ref().and(host.prefill_capture.clone()),
-            prefill,
-            fc,
-            hidden_norm: ck.vector(&arena, "hidden_norm.weight", &[h])?,
-            layers,
-            norm: ck.vector(&arena, "norm.weight", &[h])?,
-            inv_freq: arena.upload(&inv_freq(l.rope_theta as f32, l.head_dim)).map_err(drv)?,
-            caches: paged::CtxCaches::owned(caches),
-            seq_pool: Vec::new(),
-            ctx_pages: None,
-            block_batch: None,
-            ctx_kv,
-            ctx_k_norm,
-            ctx_out: z(CHUNK * n_layers * 2 * kv)?,
-            scratch: Scratch::new(&arena, l, rows)?,
-            features: Some(z(CHUNK * t * h)?),
-            capture: host.capture.clone(),
-            c: z(CHUNK * h)?,
-            x: z(rows * h)?,
-            hidden: z(b * h)?,
-            rows: install_rows(&arena, host, b * v, b * ROW_WORDS)?,
-            step_in: arena.zeros::<u32>(cfg_at(b) + b * CFG_WORDS).map_err(drv)?,
-            sample: plan_sample(&arena, 1, v)?,
-            slot_out: arena.zeros::<u32>(4 * b).map_err(drv)?,
-            graphs: StepGraphs::new(),
-            device_sampling: true,
-            device_blocks: 0,
-            tokens: host.tokens.clone(),
-            e: z((b * r).max(1))?,
-            u: z(r.max(1))?,
-            conf_logits: z(b)?,
-            gpu,
-            arena,
-            cfg,
-            max_len,
-            embed_tokens,
-            lm_head,
-            shared_bytes,
-            markov,
-            confidence,
-            ctx_len: 0,
-        })
-    }
-
     pub fn config(&self) -> &DraftConfig {
         &self.cfg
     }
@@ -866,55 +672,4 @@ impl Drafter for CudaDraft {
 /// published draft's block, would put them at an odd word otherwise: a misaligned address).
 fn cfg_at(block: usize) -> usize {
     (2 + block).next_multiple_of(4)
-}
-
-/// The draft rows' slot of `target`, with buffers of at least `logits` and `state` elements
-/// installed (a draft loaded before with a smaller block gets larger ones; graphs key on their
-/// address, so none replays a freed buffer).
-fn install_rows(arena: &Arena, host: &DraftHost, logits: usize, state: usize) -> Result<SharedDraftRows> {
-    let shared = host.draft_rows.clone();
-    {
-        let mut slot = shared.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
-        if slot.as_ref().is_none_or(|r| r.logits.len() < logits || r.state.len() < state) {
-            *slot =
-                Some(DraftRows { logits: arena.zeros(logits).map_err(drv)?, state: arena.zeros(state).map_err(drv)? });
-        }
-    }
-    Ok(shared)
-}
-
-/// Every layer's k_proj|v_proj rows — rows `q .. q + 2·kv` of its stacked q|k|v matrix — in one
-/// `[layers · 2·kv, H]` matrix, copied on the device so it always matches the layers' own.
-fn stack_kv_rows(
-    arena: &Arena,
-    gpu: &Gpu,
-    layers: &[GpuLayer],
-    (q, kv, h): (usize, usize, usize),
-) -> Result<WeightBuf> {
-    let n = layers.len() * 2 * kv * h;
-    let src = q * h..(q + 2 * kv) * h;
-    let dst = |i: usize| i * 2 * kv * h..(i + 1) * 2 * kv * h;
-    let mut out = match layers.first().map(|lw| &lw.qkv_proj) {
-        Some(WeightBuf::F32(_)) => WeightBuf::F32(arena.zeros(n).map_err(drv)?),
-        Some(WeightBuf::F16(_)) => WeightBuf::F16(arena.zeros(n).map_err(drv)?),
-        _ => WeightBuf::Bf16(arena.zeros(n).map_err(drv)?),
-    };
-    for (i, lw) in layers.iter().enumerate() {
-        match (&lw.qkv_proj, &mut out) {
-            (WeightBuf::Bf16(s), WeightBuf::Bf16(d)) | (WeightBuf::F16(s), WeightBuf::F16(d)) => {
-                gpu.stream.memcpy_dtod(&s.slice(src.clone()), &mut d.slice_mut(dst(i)))
-            }
-            (WeightBuf::F32(s), WeightBuf::F32(d)) => {
-                gpu.stream.memcpy_dtod(&s.slice(src.clone()), &mut d.slice_mut(dst(i)))
-            }
-            _ => {
-                return Err(Error::Request(format!(
-                    "draft layers.{i}.self_attn: q/k/v_proj load in another dtype than layers.0's; \
-                     the CUDA draft needs one dtype for all layers' k_proj|v_proj"
-                )))
-            }
-        }
-        .map_err(drv)?;
-    }
-    Ok(out)
 }
