@@ -49,14 +49,14 @@ fn pdl_kernels_read_produced_data_coherently() {
     let mut modules: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".sm90.ptx"))
+        .filter(|p| p.to_string_lossy().ends_with(".sm90.ptx.xz"))
         .collect();
     modules.sort();
     assert!(modules.len() >= 5, "expected the sm_90 PTX modules in {}", dir.display());
     let mut bad = Vec::new();
     let mut waiting = 0;
     for m in &modules {
-        let text = std::fs::read_to_string(m).unwrap();
+        let text = dspark_kernels::cuda::inflate(&std::fs::read(m).unwrap()).unwrap();
         waiting += text.matches("griddepcontrol.wait").count();
         bad.extend(audit(&text).into_iter().map(|(k, l)| format!("{}: {k}: {l}", m.display())));
     }

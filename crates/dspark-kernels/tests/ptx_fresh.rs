@@ -1,7 +1,9 @@
 //! The committed PTX is generated code: it must come from the current `kernels/*.cu`.
 //! Each PTX file's first line records the SHA-256 of every `kernels/*.cuh` (in name order)
 //! followed by its source; this plain test recomputes it, so editing a kernel or a header
-//! without `cargo xtask ptx` fails.
+//! without `cargo xtask ptx` fails. The files are xz streams (`<stem>.<target>.ptx.xz`); the
+//! second test inflates the table the loader uses and checks that every module is PTX of its
+//! target holding each kernel the table names.
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -32,8 +34,9 @@ fn committed_ptx_matches_kernel_sources() {
         h.update(std::fs::read(src).unwrap());
         let want = format!("source-sha256={:x}", h.finalize());
         for target in ["sm90", "sm80"] {
-            let ptx = root.join(format!("crates/dspark-kernels/ptx/{stem}.{target}.ptx"));
-            let first = std::fs::read_to_string(&ptx).ok().and_then(|t| t.lines().next().map(str::to_string));
+            let ptx = root.join(format!("crates/dspark-kernels/ptx/{stem}.{target}.ptx.xz"));
+            let text = std::fs::read(&ptx).ok().and_then(|b| dspark_kernels::cuda::inflate(&b).ok());
+            let first = text.and_then(|t| t.lines().next().map(str::to_string));
             if !first.as_deref().is_some_and(|l| l.contains(&want)) {
                 stale.push(ptx.display().to_string());
             }
@@ -42,4 +45,22 @@ fn committed_ptx_matches_kernel_sources() {
     let ptx_count = std::fs::read_dir(root.join("crates/dspark-kernels/ptx")).unwrap().count();
     assert_eq!(ptx_count, 2 * sources.len(), "a PTX file has no kernel source (or the reverse)");
     assert!(stale.is_empty(), "stale PTX, run `cargo xtask ptx`: {stale:?}");
+}
+
+#[test]
+fn the_loader_inflates_every_module_with_its_kernels() {
+    use dspark_kernels::cuda::{ptx::MODULES, ptx_text};
+    for (sm90, arch) in [(true, "sm_90"), (false, "sm_80")] {
+        let text = ptx_text(sm90).unwrap();
+        assert_eq!(text.len(), MODULES.len());
+        for (m, t) in MODULES.iter().zip(text) {
+            assert!(t.starts_with("// dspark-ptx source-sha256="), "{} {arch}: no header", m.name);
+            assert!(t.contains(&format!(".target {arch}")), "{} is not {arch} PTX", m.name);
+            for f in m.functions {
+                assert!(t.contains(&format!(".entry {f}(")), "{} {arch}: no kernel {f}", m.name);
+            }
+        }
+        // The second call is the same inflated text, not a second inflation.
+        assert!(std::ptr::eq(text, ptx_text(sm90).unwrap()));
+    }
 }

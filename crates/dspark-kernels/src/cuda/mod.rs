@@ -1,9 +1,10 @@
 //! CUDA side of the op families: device discovery, PTX loading, and typed launch wrappers.
 //!
 //! Kernels are CUDA C in `kernels/*.cu`, compiled ahead of time by `cargo xtask ptx` to PTX
-//! that is committed under `crates/dspark-kernels/ptx/` (one file per source and target:
+//! that is committed under `crates/dspark-kernels/ptx/` (one xz stream per source and target:
 //! `sm_90` for Hopper, `sm_80` as the portable fallback that the driver JIT-compiles on any
-//! newer GPU). The binary embeds the PTX and needs only the NVIDIA driver at run time: cudarc
+//! newer GPU). The binary embeds the compressed PTX, inflates it once per process
+//! ([`ptx_text`]), and needs only the NVIDIA driver at run time: cudarc
 //! loads libcuda dynamically, so a machine without a GPU still runs the CPU path.
 //!
 //! Every wrapper checks buffer lengths against the shape it is given before launching, so a
@@ -29,7 +30,7 @@ pub mod tp;
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Errors of the CUDA layer.
 #[derive(Debug)]
@@ -128,6 +129,36 @@ pub struct Gpu {
     event_pool: Mutex<Vec<CudaEvent>>,
 }
 
+/// Every module's PTX for Hopper (`sm90`) or the sm_80 fallback, inflated from the committed
+/// xz streams once per process (a few tens of ms; every later `Gpu::new` reuses it), in
+/// [`ptx::MODULES`]' order.
+pub fn ptx_text(sm90: bool) -> CudaResult<&'static [String]> {
+    static TEXT: [OnceLock<Vec<String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    let cell = &TEXT[usize::from(sm90)];
+    if let Some(t) = cell.get() {
+        return Ok(t);
+    }
+    let mut text = Vec::with_capacity(ptx::MODULES.len());
+    for m in ptx::MODULES {
+        let packed = if sm90 { m.sm90 } else { m.sm80 };
+        text.push(inflate(packed).map_err(|e| {
+            CudaError::Unavailable(format!(
+                "the {} PTX of module {} does not inflate: {e}",
+                if sm90 { "sm90" } else { "sm80" },
+                m.name
+            ))
+        })?);
+    }
+    Ok(cell.get_or_init(|| text))
+}
+
+/// One xz stream as UTF-8 text.
+pub fn inflate(packed: &[u8]) -> Result<String, String> {
+    let mut out = Vec::new();
+    lzma_rs::xz_decompress(&mut std::io::Cursor::new(packed), &mut out).map_err(|e| e.to_string())?;
+    String::from_utf8(out).map_err(|e| e.to_string())
+}
+
 /// The dynamic shared memory a kernel may take while `blocks` of its 256-thread blocks stay
 /// resident on an SM, within the per-block opt-in limit `optin` less its static shared memory;
 /// its launch limit is raised to that (above 48 KB a kernel must ask for it).
@@ -183,9 +214,8 @@ impl Gpu {
         let optin = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             .max(0) as usize;
-        for m in ptx::MODULES {
-            let src = if sm90 { m.sm90 } else { m.sm80 };
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src))?;
+        for (m, src) in ptx::MODULES.iter().zip(ptx_text(sm90)?) {
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src.as_str()))?;
             for &name in m.functions {
                 let f = module.load_function(name)?;
                 if let Some(bytes) = ops::dynamic_smem(name) {

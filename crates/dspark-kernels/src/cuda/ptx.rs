@@ -3,22 +3,23 @@
 /// One compiled kernel file.
 pub struct PtxModule {
     pub name: &'static str,
-    pub sm90: &'static str,
-    pub sm80: &'static str,
+    /// The PTX, xz-compressed (`cuda::ptx_text` inflates it).
+    pub sm90: &'static [u8],
+    pub sm80: &'static [u8],
     pub functions: &'static [&'static str],
 }
 
 pub const MODULES: &[PtxModule] = &[
     PtxModule {
         name: "argmax",
-        sm90: include_str!("../../ptx/argmax.sm90.ptx"),
-        sm80: include_str!("../../ptx/argmax.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/argmax.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/argmax.sm80.ptx.xz"),
         functions: &["argmax_f32", "argmax_split_f32", "argmax_gather_bf16", "argmax_gather_f16", "argmax_gather_f32"],
     },
     PtxModule {
         name: "attention",
-        sm90: include_str!("../../ptx/attention.sm90.ptx"),
-        sm80: include_str!("../../ptx/attention.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/attention.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/attention.sm80.ptx.xz"),
         functions: &[
             "attention_f32",
             "attention_f32_kvbf16",
@@ -37,8 +38,8 @@ pub const MODULES: &[PtxModule] = &[
     },
     PtxModule {
         name: "attention_prefill",
-        sm90: include_str!("../../ptx/attention_prefill.sm90.ptx"),
-        sm80: include_str!("../../ptx/attention_prefill.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/attention_prefill.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/attention_prefill.sm80.ptx.xz"),
         functions: &[
             "attention_prefill_hd64_f32",
             "attention_prefill_hd128_f32",
@@ -48,8 +49,8 @@ pub const MODULES: &[PtxModule] = &[
     },
     PtxModule {
         name: "attention_tc",
-        sm90: include_str!("../../ptx/attention_tc.sm90.ptx"),
-        sm80: include_str!("../../ptx/attention_tc.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/attention_tc.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/attention_tc.sm80.ptx.xz"),
         functions: &[
             "attention_tc_hd64_f32",
             "attention_tc_hd128_f32",
@@ -63,8 +64,8 @@ pub const MODULES: &[PtxModule] = &[
     },
     PtxModule {
         name: "embedding",
-        sm90: include_str!("../../ptx/embedding.sm90.ptx"),
-        sm80: include_str!("../../ptx/embedding.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/embedding.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/embedding.sm80.ptx.xz"),
         functions: &[
             "embedding_bf16",
             "embedding_f16",
@@ -77,14 +78,14 @@ pub const MODULES: &[PtxModule] = &[
     },
     PtxModule {
         name: "fp8",
-        sm90: include_str!("../../ptx/fp8.sm90.ptx"),
-        sm80: include_str!("../../ptx/fp8.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/fp8.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/fp8.sm80.ptx.xz"),
         functions: &["matvec_fp8", "dequant_fp8_bf16", "split_x_f16x2"],
     },
     PtxModule {
         name: "markov",
-        sm90: include_str!("../../ptx/markov.sm90.ptx"),
-        sm80: include_str!("../../ptx/markov.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/markov.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/markov.sm80.ptx.xz"),
         functions: &[
             "gather_row_bf16",
             "gather_row_f16",
@@ -96,8 +97,8 @@ pub const MODULES: &[PtxModule] = &[
     },
     PtxModule {
         name: "matvec",
-        sm90: include_str!("../../ptx/matvec.sm90.ptx"),
-        sm80: include_str!("../../ptx/matvec.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/matvec.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/matvec.sm80.ptx.xz"),
         functions: &[
             "matvec_bf16",
             "matvec_f16",
@@ -133,8 +134,8 @@ pub const MODULES: &[PtxModule] = &[
     },
     PtxModule {
         name: "prefill",
-        sm90: include_str!("../../ptx/prefill.sm90.ptx"),
-        sm80: include_str!("../../ptx/prefill.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/prefill.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/prefill.sm80.ptx.xz"),
         functions: &[
             "rmsnorm_to_bf16",
             "swiglu_pairs_to_bf16",
@@ -146,20 +147,20 @@ pub const MODULES: &[PtxModule] = &[
     },
     PtxModule {
         name: "random",
-        sm90: include_str!("../../ptx/random.sm90.ptx"),
-        sm80: include_str!("../../ptx/random.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/random.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/random.sm80.ptx.xz"),
         functions: &["fill_uniform_bf16", "fill_random_fp8"],
     },
     PtxModule {
         name: "rmsnorm",
-        sm90: include_str!("../../ptx/rmsnorm.sm90.ptx"),
-        sm80: include_str!("../../ptx/rmsnorm.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/rmsnorm.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/rmsnorm.sm80.ptx.xz"),
         functions: &["rmsnorm_f32", "rms_finish_f32"],
     },
     PtxModule {
         name: "rope",
-        sm90: include_str!("../../ptx/rope.sm90.ptx"),
-        sm80: include_str!("../../ptx/rope.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/rope.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/rope.sm80.ptx.xz"),
         functions: &[
             "qkv_rope_append_f32",
             "qkv_rope_append_f32_kvbf16",
@@ -171,8 +172,8 @@ pub const MODULES: &[PtxModule] = &[
     },
     PtxModule {
         name: "sample",
-        sm90: include_str!("../../ptx/sample.sm90.ptx"),
-        sm80: include_str!("../../ptx/sample.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/sample.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/sample.sm80.ptx.xz"),
         functions: &[
             "sample_max_f32",
             "sample_radix_f32",
@@ -184,14 +185,14 @@ pub const MODULES: &[PtxModule] = &[
     },
     PtxModule {
         name: "sample_topk",
-        sm90: include_str!("../../ptx/sample_topk.sm90.ptx"),
-        sm80: include_str!("../../ptx/sample_topk.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/sample_topk.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/sample_topk.sm80.ptx.xz"),
         functions: &["sample_topk_f32"],
     },
     PtxModule {
         name: "tp",
-        sm90: include_str!("../../ptx/tp.sm90.ptx"),
-        sm80: include_str!("../../ptx/tp.sm80.ptx"),
+        sm90: include_bytes!("../../ptx/tp.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/tp.sm80.ptx.xz"),
         functions: &["embedding_shard_bf16", "embedding_shard_f16", "embedding_shard_f32", "add_f32", "take_at_f32"],
     },
 ];
