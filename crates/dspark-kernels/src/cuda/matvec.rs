@@ -468,8 +468,8 @@ impl Gpu {
                     // pair a thread (each block reads the whole row for its largest |x|: one round
                     // trip, where fewer blocks with several pairs a thread took a chain of them),
                     // a row per grid row.
-                    let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(d_in as i32), Arg::I32(pairs as i32)];
                     if in_block.is_none() {
+                        let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(d_in as i32), Arg::I32(pairs as i32)];
                         self.launch_pdl(
                             "split_x_f16x2",
                             ((d_in / 2).div_ceil(256) as u32, rows as u32, 1),
