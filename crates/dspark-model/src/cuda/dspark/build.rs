@@ -98,6 +98,7 @@ impl CudaDraft {
             Some(w) => w,
             None => host.heads.as_ref().map(|(_, h)| h.clone()).ok_or_else(|| none("lm_head.weight"))?,
         };
+        let host_tables = host.heads.as_ref().is_some_and(|(e, _)| matches!(**e, Table::Host(_)));
         let shared_bytes = usize::from(shared.embed_tokens && lent) * embed_tokens.bytes()
             + usize::from(shared.lm_head && lent) * lm_head.bytes();
         let markov = if r > 0 {
@@ -114,12 +115,17 @@ impl CudaDraft {
                     scratch: arena.zeros(3 * r).map_err(drv)?,
                 },
             };
-            Some(Markov {
-                rank: r,
-                w1: ck.matrix(&arena, "markov_head.markov_w1.weight", &[v, r])?,
-                w2: ck.matrix(&arena, "markov_head.markov_w2.weight", &[v, r])?,
-                variant,
-            })
+            // W1 is only gathered (a row a slot): with the target's embedding in mapped host
+            // memory (`--embeddings host`) it goes there too, 78 MB of the 8B draft's device
+            // memory for a PCIe round trip in each slot's gather.
+            let w1_name = "markov_head.markov_w1.weight";
+            // (The host gather reads whole 16-byte chunks: rows of a multiple of 8 values.)
+            let w1 = if host_tables && r.is_multiple_of(8) {
+                Table::Host(ck.host_table(&gpu.ctx, w1_name, &[v, r])?)
+            } else {
+                Table::Device(Arc::new(ck.matrix(&arena, w1_name, &[v, r])?))
+            };
+            Some(Markov { rank: r, w1, w2: ck.matrix(&arena, "markov_head.markov_w2.weight", &[v, r])?, variant })
         } else {
             None
         };
