@@ -37,6 +37,18 @@ impl CudaDraft {
         Ok(d)
     }
 
+    /// The draft tensors that stay in mapped host memory when its target's embedding does
+    /// (`--embeddings host`): Markov W1, only gathered (a row a slot), where its rows are whole
+    /// 16-byte chunks (a multiple of 8 values) for the host gather. A loader leaves them out of
+    /// its device-memory check.
+    pub fn host_tensors(cfg: &DraftConfig, host_tables: bool) -> &'static [&'static str] {
+        if host_tables && cfg.markov_rank > 0 && cfg.markov_rank.is_multiple_of(8) {
+            &["markov_head.markov_w1.weight"]
+        } else {
+            &[]
+        }
+    }
+
     /// Builds the draft from any [`WeightSource`] (a checkpoint, or random bench weights).
     pub fn from_source(cfg: DraftConfig, ck: &dyn WeightSource, target: &CudaQwen3) -> Result<CudaDraft> {
         Self::from_source_sharing(cfg, ck, target, SharedHeads::default())
@@ -119,8 +131,7 @@ impl CudaDraft {
             // memory (`--embeddings host`) it goes there too, 78 MB of the 8B draft's device
             // memory for a PCIe round trip in each slot's gather.
             let w1_name = "markov_head.markov_w1.weight";
-            // (The host gather reads whole 16-byte chunks: rows of a multiple of 8 values.)
-            let w1 = if host_tables && r.is_multiple_of(8) {
+            let w1 = if !Self::host_tensors(&cfg, host_tables).is_empty() {
                 Table::Host(ck.host_table(&gpu.ctx, w1_name, &[v, r])?)
             } else {
                 Table::Device(Arc::new(ck.matrix(&arena, w1_name, &[v, r])?))
