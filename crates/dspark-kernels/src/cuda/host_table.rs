@@ -170,17 +170,17 @@ impl TableRef<'_> {
     /// The table's address as a kernel argument: a mapped host table's is the device's view of
     /// it, which plain loads read over PCIe like any global address.
     pub(crate) fn arg(&self, gpu: &Gpu) -> Arg {
-        match self {
-            TableRef::Device(w) => super::ops::wptr(gpu, &w.view(0..w.len())),
-            TableRef::Host(t) => Arg::Ptr(t.device_ptr),
-        }
+        Arg::Ptr(self.addr(gpu))
     }
 
-    /// The table's address as a raw device address (the fused chain's epilogue arguments).
+    /// The table's raw address (the fused chain's epilogue arguments take it so).
     pub(crate) fn addr(&self, gpu: &Gpu) -> u64 {
-        match self.arg(gpu) {
-            Arg::Ptr(p) => p,
-            _ => 0,
+        use super::pdl::device_addr;
+        match self {
+            TableRef::Device(WeightBuf::Bf16(s) | WeightBuf::F16(s)) => device_addr(gpu, s),
+            TableRef::Device(WeightBuf::F32(s)) => device_addr(gpu, s),
+            TableRef::Device(WeightBuf::Fp8(f)) => device_addr(gpu, &f.q),
+            TableRef::Host(t) => t.device_ptr,
         }
     }
 }
