@@ -16,7 +16,7 @@ use dspark_model::checkpoint::tokenizer::{eos_ids, eos_ids_from, Tokenizer};
 use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
 use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
 use dspark_model::cuda::dspark::CudaDraft;
-use dspark_model::cuda::plan::TargetPlan;
+use dspark_model::cuda::plan::{Embeddings, TargetPlan};
 use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
 use dspark_model::cuda::weights::CheckpointUpload;
@@ -176,11 +176,13 @@ pub(crate) fn load_typed(
                     // The draft's copies of the target's matrices, when byte-equal, stay on the
                     // host: the draft uses the target's buffers.
                     let shared = SharedHeads::find(&ck, &tck, tied, shape);
-                    let skip: Vec<&str> =
+                    let mut skip: Vec<&str> =
                         [("embed_tokens.weight", shared.embed_tokens), ("lm_head.weight", shared.lm_head)]
                             .into_iter()
                             .filter_map(|(n, s)| s.then_some(n))
                             .collect();
+                    // And what follows the target's embedding to the host (Markov W1).
+                    skip.extend(CudaDraft::host_tensors(&dcfg, plan.embeddings == Embeddings::Host));
                     let up = CheckpointUpload::new_without(&ck, &t.gpu.ctx, 0, &skip)?
                         .with_progress(crate::progress::load_bar(), "draft");
                     let d = CudaDraft::from_source_sharing(dcfg, &up, &t, shared)?;

@@ -327,8 +327,15 @@ fn argmax_gather_returns_the_token_and_its_table_row() {
             let (t, tf) = weight(&g, &rng.vec(vocab * dim), dtype);
             let mut out = g.stream.clone_htod(&[u32::MAX]).unwrap();
             let mut row = poisoned(&g, dim);
-            g.argmax_gather(&d.as_view(), vocab, &mut out.as_view_mut(), &mut sc, (&t, dim), &mut row.as_view_mut())
-                .unwrap();
+            g.argmax_gather(
+                &d.as_view(),
+                vocab,
+                &mut out.as_view_mut(),
+                &mut sc,
+                ((&t).into(), dim),
+                &mut row.as_view_mut(),
+            )
+            .unwrap();
             assert_eq!(g.stream.clone_dtoh(&out).unwrap(), vec![want as u32], "{dtype} vocab {vocab}");
             assert_eq!(down(&g, &row), tf[want * dim..][..dim].to_vec(), "{dtype} vocab {vocab}");
         }

@@ -9,7 +9,9 @@
 use crate::dtype::DType;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
 use dspark_kernels::cuda::ops::WeightBuf;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::panic::Location;
 use std::sync::Arc;
 
 /// Allocates device buffers on one stream and counts them.
@@ -17,11 +19,25 @@ pub struct Arena {
     stream: Arc<CudaStream>,
     allocations: Cell<usize>,
     bytes: Cell<usize>,
+    /// Allocations and bytes by the source line that asked for them (`#[track_caller]`), for
+    /// the memory report of `dspark bench --memory-sites`.
+    sites: RefCell<BTreeMap<SiteKey, (usize, usize)>>,
+}
+
+/// A source line: file and line number.
+type SiteKey = (&'static str, u32);
+
+/// The bytes one source line of the loader allocated: `file:line`, allocations, bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Site {
+    pub at: String,
+    pub allocations: usize,
+    pub bytes: usize,
 }
 
 impl Arena {
     pub fn new(stream: Arc<CudaStream>) -> Arena {
-        Arena { stream, allocations: Cell::new(0), bytes: Cell::new(0) }
+        Arena { stream, allocations: Cell::new(0), bytes: Cell::new(0), sites: RefCell::new(BTreeMap::new()) }
     }
 
     /// Number of device allocations made so far.
@@ -39,18 +55,40 @@ impl Arena {
         &self.stream
     }
 
+    /// Where the bytes went, largest first: each source line that allocated (the caller of the
+    /// arena's method), with its count and bytes. Their bytes sum to [`Arena::bytes`].
+    pub fn sites(&self) -> Vec<Site> {
+        let mut v: Vec<Site> = self
+            .sites
+            .borrow()
+            .iter()
+            .map(|(&(file, line), &(allocations, bytes))| Site { at: format!("{file}:{line}"), allocations, bytes })
+            .collect();
+        v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.at.cmp(&b.at)));
+        v
+    }
+
+    #[track_caller]
     fn count<T>(&self, n: usize) {
+        let bytes = n * std::mem::size_of::<T>();
         self.allocations.set(self.allocations.get() + 1);
-        self.bytes.set(self.bytes.get() + n * std::mem::size_of::<T>());
+        self.bytes.set(self.bytes.get() + bytes);
+        let at = Location::caller();
+        let mut sites = self.sites.borrow_mut();
+        let e = sites.entry((at.file(), at.line())).or_insert((0, 0));
+        e.0 += 1;
+        e.1 += bytes;
     }
 
     /// A zeroed buffer of `n` elements.
+    #[track_caller]
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, DriverError> {
         self.count::<T>(n.max(1));
         self.stream.alloc_zeros(n.max(1))
     }
 
     /// A buffer holding a copy of `data`.
+    #[track_caller]
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, DriverError> {
         self.count::<T>(data.len());
         self.stream.clone_htod(data)
@@ -58,6 +96,7 @@ impl Arena {
 
     /// A zeroed weight matrix of `n` elements of `dtype`, for a loader that copies the
     /// checkpoint's bytes into it (the same buffer, and count, as [`Arena::weight`] makes).
+    #[track_caller]
     pub fn weight_zeros(&self, dtype: DType, n: usize) -> Result<WeightBuf, DriverError> {
         Ok(match dtype {
             DType::F32 => WeightBuf::F32(self.zeros(n)?),
@@ -67,6 +106,7 @@ impl Arena {
     }
 
     /// A weight matrix in its checkpoint dtype from little-endian bytes.
+    #[track_caller]
     pub fn weight(&self, dtype: DType, bytes: &[u8]) -> Result<WeightBuf, DriverError> {
         Ok(match dtype {
             DType::F32 => WeightBuf::F32(self.upload(&dtype.to_f32(bytes))?),

@@ -117,6 +117,10 @@ pub struct BenchArgs {
     /// each phase against the per-GPU floor plus the measured all-reduce), N ≥ 2.
     #[arg(long, value_name = "N")]
     pub tensor_parallel: Option<usize>,
+    /// Also print where the target's and the draft's device bytes went: the N source lines
+    /// that allocated the most from each arena (`Arena::sites`), as a table to stderr.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub memory_sites: usize,
 }
 
 /// A target weight format of the bench.
@@ -294,6 +298,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The `n` source lines that took the most of `arena`, as a markdown table, and the rest summed.
+fn memory_sites(what: &str, arena: &dspark_tensor::arena::Arena, n: usize) -> String {
+    let sites = arena.sites();
+    let mut s = format!(
+        "\n{what}: {:.3} GB in {} allocations\n\n| MB | allocations | at |\n|---:|---:|---|\n",
+        arena.bytes() as f64 / 1e9,
+        arena.allocations()
+    );
+    for site in sites.iter().take(n) {
+        s += &format!("| {:.1} | {} | {} |\n", site.bytes as f64 / 1e6, site.allocations, site.at);
+    }
+    let rest: usize = sites.iter().skip(n).map(|x| x.bytes).sum();
+    s += &format!(
+        "| {:.1} | {} | (the other lines) |\n",
+        rest as f64 / 1e6,
+        sites.iter().skip(n).map(|x| x.allocations).sum::<usize>()
+    );
+    s
+}
+
 /// Every model phase of one weight format (see the module docs): builds the target and draft,
 /// times decode, verify, the draft round and the rounds at each context, profiles them, and the
 /// prefill.
@@ -318,22 +342,37 @@ fn measure_model(
     }
     let weights = RandomWeights::new(gpu.clone(), args.seed, 0.02);
     let plan = args.memory.plan(Device::Cuda, max_ctx, args.kv_cache)?;
+    // What a card must hold: the process's device memory in use (the context, its modules and
+    // handles included), beside the arenas' own count.
+    let in_use = || gpu.ctx.mem_get_info().map(|(free, total)| total.saturating_sub(free));
+    let before = in_use()?;
     let mut target = CudaQwen3::from_source_plan(gpu.clone(), tcfg, &weights, plan)?;
     let mut draft =
         CudaDraft::from_source(dcfg, &RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02), &target)?;
     target.set_capture(draft.target_layer_ids())?;
     gpu.stream.synchronize()?;
+    let after = in_use()?;
+    out.notes.push(format!(
+        "{format:?}: device memory in use by this process (cuMemGetInfo, total − free): {:.2} GB before the models were built, {:.2} GB after ({:.3} GiB).",
+        before as f64 / 1e9,
+        after as f64 / 1e9,
+        after as f64 / (1u64 << 30) as f64,
+    ));
     out.notes.push(format!(
         "{format:?}: target {:.2} GB + draft {:.2} GB of device memory (weights, {} KV caches for {max_ctx} positions, buffers; --embeddings {} ({:.2} GB in host memory), prefill chunks of {} rows; draft_shared_bytes {:.2} GB), {:.2} GB of target weights streamed per forward.",
         target.arena.bytes() as f64 / 1e9,
         draft.arena.bytes() as f64 / 1e9,
         target.kv_dtype().name(),
         plan.embeddings.name(),
-        target.host_bytes() as f64 / 1e9,
+        (target.host_bytes() + draft.host_bytes()) as f64 / 1e9,
         target.prefill_rows(),
         draft.shared_with_target() as f64 / 1e9,
         target.streamed_weight_bytes() as f64 / 1e9,
     ));
+    if args.memory_sites > 0 {
+        eprint!("{}", memory_sites(&format!("{format:?} target"), &target.arena, args.memory_sites));
+        eprint!("{}", memory_sites("draft", &draft.arena, args.memory_sites));
+    }
     let (phases, modelled, profiles) = (&mut out.phases, &mut out.modelled, &mut out.profiles);
     let mut token = tokens(args.seed, target.config().vocab_size);
 

@@ -3,8 +3,9 @@
 //! fused with the W2 product before it (`matvec_tc_argmax_bf16`, or its tile-looping twin
 //! `matvec_tc_loop_argmax_bf16` for Markov W2's many short tiles; kernels/matvec.cu).
 
+use super::host_table::TableRef;
 use super::matvec::{addr, tc_argmax_kernel, tc_launch_grid, ArgmaxEpi, Epilogue};
-use super::ops::{cfg, check, launch, wptr, OpScratch, WeightBuf, ARGMAX_ROWS, ARGMAX_SEGMENTS};
+use super::ops::{cfg, check, launch, OpScratch, WeightBuf, ARGMAX_ROWS, ARGMAX_SEGMENTS};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
@@ -65,7 +66,7 @@ impl Gpu {
         vocab: usize,
         out: &mut CudaViewMut<u32>,
         scratch: &mut OpScratch,
-        (table, dim): (&WeightBuf, usize),
+        (table, dim): (TableRef<'_>, usize),
         gathered: &mut CudaViewMut<f32>,
     ) -> CudaResult<()> {
         check("argmax_gather logits", logits.len(), vocab)?;
@@ -80,15 +81,15 @@ impl Gpu {
         // argmax_gather_*(the argmax_split_f32 arguments, table, gathered, dim)
         let mut args = [Arg::I32(0); 10];
         args[..7].copy_from_slice(&self.argmax_split_args(logits, out, scratch, vocab, vocab));
-        args[7] = wptr(self, &table.view(0..table.len()));
+        args[7] = table.arg(self);
         args[8] = dptr_mut(self, gathered);
         args[9] = Arg::I32(dim as i32);
-        let name = match table {
-            WeightBuf::Bf16(_) => "argmax_gather_bf16",
-            WeightBuf::F16(_) => "argmax_gather_f16",
-            WeightBuf::F32(_) => "argmax_gather_f32",
+        let name = match table.suffix() {
+            "bf16" => "argmax_gather_bf16",
+            "f16" => "argmax_gather_f16",
+            "f32" => "argmax_gather_f32",
             // Tables are embeddings (W1 rows), never FP8 in Qwen's layout.
-            WeightBuf::Fp8(_) => return Err(CudaError::Shape("argmax_gather: an FP8 table is not supported".into())),
+            _ => return Err(CudaError::Shape("argmax_gather: an FP8 table is not supported".into())),
         };
         self.launch_pdl(name, (segs as u32, 1, 1), 256, &args)
     }
@@ -108,7 +109,7 @@ impl Gpu {
         accumulate: bool,
         out: &mut CudaViewMut<u32>,
         scratch: &mut OpScratch,
-        gather: Option<((&WeightBuf, usize), &mut CudaViewMut<f32>)>,
+        gather: Option<((TableRef<'_>, usize), &mut CudaViewMut<f32>)>,
     ) -> CudaResult<()> {
         check("matvec_argmax w", w.len(), vocab * d_in)?;
         check("matvec_argmax x", x.len(), d_in)?;
@@ -116,7 +117,7 @@ impl Gpu {
         check("matvec_argmax out", out.len(), 1)?;
         let name = tc_argmax_kernel(vocab.div_ceil(16), d_in, self.sms);
         let (_, grid) = tc_launch_grid(name, vocab.div_ceil(16), d_in, self.sms);
-        let table_ok = gather.as_ref().is_none_or(|((t, _), _)| matches!(t, WeightBuf::Bf16(_)));
+        let table_ok = gather.as_ref().is_none_or(|((t, _), _)| t.suffix() == "bf16");
         let room = scratch.argmax_v.len().min(scratch.argmax_i.len()) >= grid && !scratch.argmax_tickets.is_empty();
         if !(self.tc_path(w, x, d_in) && table_ok && room) {
             self.matvec(w, x, logits, (1, d_in, vocab), accumulate)?;
@@ -129,10 +130,10 @@ impl Gpu {
             Some(((table, dim), gathered)) => {
                 check("matvec_argmax table", table.len(), vocab * dim)?;
                 check("matvec_argmax gathered", gathered.len(), dim)?;
-                let WeightBuf::Bf16(t) = table else {
+                if table.suffix() != "bf16" {
                     return Err(CudaError::Shape("matvec_argmax: the fused gather reads a bf16 table".into()));
-                };
-                (device_addr(self, t), device_addr(self, gathered), dim)
+                }
+                (table.addr(self), device_addr(self, gathered), dim)
             }
             None => (0, 0, 0),
         };

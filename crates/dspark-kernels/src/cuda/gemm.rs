@@ -45,6 +45,14 @@ pub const WORKSPACE_BYTES: usize = 32 << 20;
 /// largest FP8 matrix is smaller plans that): 32 MB, 4,096 rows of 4,096 columns.
 pub const DEQUANT_SCRATCH: usize = 16 << 20;
 
+/// bf16 values of dequant scratch for FP8 GEMMs of chunks of up to `rows` rows whose largest
+/// FP8 matrix holds `largest` values: 8,192 a row, at least 4 Mi (8 MB) and at most
+/// [`DEQUANT_SCRATCH`]. A short chunk (`--prefill-chunk`) spends as long on each tile's widening
+/// as on its GEMM, so more, smaller tiles cost it little, and a small card keeps 25 MB.
+pub fn dequant_scratch(rows: usize, largest: usize) -> usize {
+    largest.min(rows.saturating_mul(8192).clamp(4 << 20, DEQUANT_SCRATCH))
+}
+
 /// A cuBLAS handle on the GPU's op stream, with its workspace.
 pub struct Blas {
     blas: CudaBlas,
@@ -353,5 +361,24 @@ impl Gpu {
         // swiglu_pairs_f32(gu, act, inter, rows): one thread per output, no grid-stride loop.
         let args = [dptr(self, gu), dptr_mut(self, act), Arg::I32(inter as i32), Arg::I32(rows as i32)];
         self.launch_pdl("swiglu_pairs_f32", ((rows * inter).div_ceil(256) as u32, 1, 1), 256, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dequant_scratch_follows_the_chunk_between_its_bounds() {
+        let gate_up = 2 * 12288 * 4096;
+        assert_eq!(dequant_scratch(2048, gate_up), DEQUANT_SCRATCH, "default chunks: the cap");
+        assert_eq!(dequant_scratch(256, gate_up), 4 << 20, "short chunks: the floor");
+        assert_eq!(dequant_scratch(1024, gate_up), 1024 * 8192);
+        assert_eq!(dequant_scratch(2048, 1000), 1000, "never more than the largest matrix");
+        // Every Qwen3-8B projection still tiles in whole 128-row scale blocks at the floor.
+        for (n, k) in [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)] {
+            let rows = dequant_tile_rows(4 << 20, n, k).unwrap();
+            assert!(rows >= 128 && rows.is_multiple_of(128), "{n} × {k}: tiles of {rows} rows");
+        }
     }
 }

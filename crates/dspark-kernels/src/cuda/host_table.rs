@@ -145,6 +145,46 @@ pub enum TableRef<'a> {
     Host(&'a HostTable),
 }
 
+impl TableRef<'_> {
+    /// Elements of the table.
+    pub fn len(&self) -> usize {
+        match self {
+            TableRef::Device(w) => w.len(),
+            TableRef::Host(t) => t.len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The element type's kernel suffix (`bf16`, `f16`, `f32`; `fp8` for an FP8 weight, which
+    /// no gather takes).
+    pub fn suffix(&self) -> &'static str {
+        match self {
+            TableRef::Device(w) => w.suffix(),
+            TableRef::Host(t) => t.suffix,
+        }
+    }
+
+    /// The table's address as a kernel argument: a mapped host table's is the device's view of
+    /// it, which plain loads read over PCIe like any global address.
+    pub(crate) fn arg(&self, gpu: &Gpu) -> Arg {
+        Arg::Ptr(self.addr(gpu))
+    }
+
+    /// The table's raw address (the fused chain's epilogue arguments take it so).
+    pub(crate) fn addr(&self, gpu: &Gpu) -> u64 {
+        use super::pdl::device_addr;
+        match self {
+            TableRef::Device(WeightBuf::Bf16(s) | WeightBuf::F16(s)) => device_addr(gpu, s),
+            TableRef::Device(WeightBuf::F32(s)) => device_addr(gpu, s),
+            TableRef::Device(WeightBuf::Fp8(f)) => device_addr(gpu, &f.q),
+            TableRef::Host(t) => t.device_ptr,
+        }
+    }
+}
+
 impl<'a> From<&'a WeightBuf> for TableRef<'a> {
     fn from(w: &'a WeightBuf) -> Self {
         TableRef::Device(w)

@@ -1,25 +1,34 @@
 //! Launch wrappers of DSpark's sequential heads (kernels/markov.cu): the W1 row gather, the
 //! gated and recurrent Markov preps, and the confidence logits.
 
-use super::ops::{check, wptr, WeightBuf};
+use super::host_table::TableRef;
+use super::ops::check;
 use super::pdl::{dptr, dptr_mut, Arg};
-use super::{CudaResult, Gpu};
+use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut};
 
 impl Gpu {
-    /// `out = table[*idx, :]` where `idx` is one id in device memory; table `[n, dim]`.
-    pub fn gather_row(
+    /// `out = table[*idx, :]` where `idx` is one id in device memory; table `[n, dim]`, on the
+    /// device or in mapped host memory (`--embeddings host` keeps Markov W1 there).
+    pub fn gather_row<'t>(
         &self,
-        table: &WeightBuf,
+        table: impl Into<TableRef<'t>>,
         dim: usize,
         idx: &CudaView<u32>,
         out: &mut CudaViewMut<f32>,
     ) -> CudaResult<()> {
+        let table = table.into();
         check("gather_row idx", idx.len(), 1)?;
         check("gather_row out", out.len(), dim)?;
+        if table.suffix() == "fp8" || dim == 0 || !table.len().is_multiple_of(dim) {
+            return Err(CudaError::Shape(format!(
+                "gather_row: a {} table of {} values in rows of {dim}",
+                table.suffix(),
+                table.len()
+            )));
+        }
         // gather_row_*(table, idx, out, dim)
-        let args =
-            [wptr(self, &table.view(0..table.len())), dptr(self, idx), dptr_mut(self, out), Arg::I32(dim as i32)];
+        let args = [table.arg(self), dptr(self, idx), dptr_mut(self, out), Arg::I32(dim as i32)];
         self.launch_pdl(&format!("gather_row_{}", table.suffix()), (1, 1, 1), 256, &args)
     }
 

@@ -8,6 +8,7 @@
 //! unwritten output or a ticket left non-zero fails.
 
 use super::*;
+use dspark_kernels::cuda::host_table::{HostTable, TableRef};
 
 #[test]
 fn fused_markov_step_matches_the_unfused_launches() {
@@ -33,13 +34,19 @@ fn fused_markov_step_matches_the_unfused_launches() {
         let xd = up(&g, &x);
         let want_y: Vec<f32> =
             cpu::matmul::linear(&x, &w2f, 1, r, vocab).iter().zip(&base).map(|(p, b)| p + b).collect();
-        // Twice with the gather (the second run finds the ticket reset), once without.
-        for gather in [true, true, false] {
+        // W1 also as a mapped host table (`--embeddings host`), the same bytes.
+        let WeightBuf::Bf16(w1_raw) = &w1 else { panic!("a bf16 table") };
+        let w1_bytes: Vec<u8> = g.stream.clone_dtoh(w1_raw).unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
+        let w1_host = HostTable::from_bytes(&g.ctx, "bf16", &w1_bytes).unwrap();
+        // Twice with the gather (the second run finds the ticket reset), from the host table,
+        // and once without.
+        for (gather, on_host) in [(true, false), (true, false), (true, true), (false, false)] {
             let mut y = up(&g, &base);
             let mut tok = g.stream.clone_htod(&[u32::MAX]).unwrap();
             let mut row = poisoned(&g, r);
             let mut rowv = row.as_view_mut();
-            let gat = if gather { Some(((&w1, r), &mut rowv)) } else { None };
+            let table: TableRef = if on_host { (&w1_host).into() } else { (&w1).into() };
+            let gat = if gather { Some(((table, r), &mut rowv)) } else { None };
             g.matvec_argmax(
                 &w2,
                 &xd.as_view(),
@@ -99,7 +106,7 @@ fn markov_step_falls_back_for_other_dtypes() {
             false,
             &mut tok.as_view_mut(),
             &mut sc,
-            Some(((&w1, r), &mut rowv)),
+            Some((((&w1).into(), r), &mut rowv)),
         )
         .unwrap();
         let yh = down(&g, &y);

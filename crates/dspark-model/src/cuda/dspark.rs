@@ -44,7 +44,9 @@ enum Variant {
 
 struct Markov {
     rank: usize,
-    w1: WeightBuf,
+    /// W1 `[vocab, rank]`: gathered a row a slot, never streamed, so it follows the target's
+    /// embedding to mapped host memory under `--embeddings host` (`build.rs`).
+    w1: Table,
     w2: WeightBuf,
     variant: Variant,
 }
@@ -157,6 +159,15 @@ impl CudaDraft {
         }
         self.ctx_len = len;
         Ok(())
+    }
+
+    /// Bytes of weights the draft holds in mapped host memory, outside its arena (Markov W1
+    /// under `--embeddings host`).
+    pub fn host_bytes(&self) -> usize {
+        match &self.markov {
+            Some(Markov { w1: Table::Host(t), .. }) => t.bytes(),
+            _ => 0,
+        }
     }
 
     /// Bytes of the matrices one round streams: (fc, decoder layers, lm_head, Markov W2).
@@ -344,7 +355,7 @@ impl CudaDraft {
         let mut pair = self.e.slice_mut(s * r..(s + 2).min(b) * r);
         let (e_s, mut e_next) = pair.split_at_mut(r);
         let input = if uses_u == Some(true) { self.u.slice(..r) } else { e_s.as_view() };
-        let gather = if s + 1 < b { Some(((&m.w1, r), &mut e_next)) } else { None };
+        let gather = if s + 1 < b { Some((((&m.w1).into(), r), &mut e_next)) } else { None };
         gpu.matvec_argmax(&m.w2, &input, &mut logits_s, (r, v), true, &mut token_s, &mut self.scratch.ops, gather)
             .map_err(gpu_err)
     }

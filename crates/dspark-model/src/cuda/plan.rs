@@ -15,7 +15,7 @@ use crate::checkpoint::config::Qwen3Config;
 use crate::cuda::prefill::MAX_PREFILL_ROWS;
 use crate::cuda::qwen3::CHUNK;
 use crate::error::{Error, Result};
-use dspark_kernels::cuda::gemm::{DEQUANT_SCRATCH, WORKSPACE_BYTES};
+use dspark_kernels::cuda::gemm::{dequant_scratch, WORKSPACE_BYTES};
 use dspark_kernels::cuda::kv::KvDtype;
 
 /// Where the token embedding table lives (`--embeddings`).
@@ -114,9 +114,9 @@ impl TargetPlan {
         let caches = 2 * cfg.num_hidden_layers * self.context(cfg) * kvd * self.kv.bytes();
         let rows = self.gemm_rows(cfg);
         // An FP8 target's GEMMs widen each projection into a bf16 scratch (gemm.rs), in tiles
-        // past DEQUANT_SCRATCH values.
+        // past `dequant_scratch` values (fewer for short chunks).
         let dequant =
-            if cfg.quantization.is_some() { 2 * (h * (q + 2 * kvd).max(2 * i)).min(DEQUANT_SCRATCH) } else { 0 };
+            if cfg.quantization.is_some() { 2 * dequant_scratch(rows, h * (q + 2 * kvd).max(2 * i)) } else { 0 };
         let prefill = rows * (4 * (2 * h + q + 2 * kvd + 2 * q + 2 * i) + 2 * h.max(q).max(i))
             + if rows > 0 { WORKSPACE_BYTES + dequant } else { 0 };
         caches + prefill + CHUNK * cfg.vocab_size * 4

@@ -26,7 +26,7 @@ use crate::cuda::layers::{capture_layer, drv, gpu_err, GpuLayer};
 use crate::cuda::qwen3::{Handoff, SharedCapture};
 use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
-use dspark_kernels::cuda::gemm::{Blas, GemmIn, Half, DEQUANT_SCRATCH, WORKSPACE_BYTES};
+use dspark_kernels::cuda::gemm::{dequant_scratch, Blas, GemmIn, Half, WORKSPACE_BYTES};
 use dspark_kernels::cuda::kv::LayersKv;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
@@ -83,7 +83,7 @@ impl Prefill {
         let z = |n: usize| arena.zeros::<f32>(rows * n).map_err(drv);
         let mut blas = Blas::new(gpu, arena.zeros::<u8>(WORKSPACE_BYTES).map_err(drv)?).map_err(gpu_err)?;
         // FP8 projections are widened to bf16 before each GEMM (gemm.rs): one scratch matrix as
-        // large as the largest of them, or DEQUANT_SCRATCH values, larger ones going in tiles.
+        // large as the largest of them, or `dequant_scratch` values, larger ones going in tiles.
         let fp8_max = layers
             .iter()
             .flat_map(|l| [&l.qkv_proj, &l.o_proj, &l.gate_up, &l.down_proj])
@@ -91,7 +91,7 @@ impl Prefill {
             .map(|w| w.len())
             .max();
         if let Some(n) = fp8_max {
-            blas = blas.with_dequant(arena.zeros::<u16>(n.min(DEQUANT_SCRATCH)).map_err(drv)?);
+            blas = blas.with_dequant(arena.zeros::<u16>(dequant_scratch(rows, n)).map_err(drv)?);
         }
         let blas = Arc::new(blas);
         Ok(Prefill {

@@ -48,6 +48,13 @@ fn host_embeddings_give_the_device_tables_bits() {
         let table = 300 * 128 * 2;
         assert_eq!(dev.arena.bytes() - host.arena.bytes(), table, "{name}: the arena keeps the table");
         assert_eq!((host.host_bytes(), dev.host_bytes()), (table, 0), "{name}");
+        // The ledger of `bench --memory-sites` accounts for every byte and allocation.
+        for t in [&dev, &host] {
+            let sites = t.arena.sites();
+            assert_eq!(sites.iter().map(|s| s.bytes).sum::<usize>(), t.arena.bytes(), "{name}: site bytes");
+            assert_eq!(sites.iter().map(|s| s.allocations).sum::<usize>(), t.arena.allocations(), "{name}");
+            assert!(sites.windows(2).all(|w| w[0].bytes >= w[1].bytes), "{name}: largest first");
+        }
 
         let prompt: Vec<u32> = (0..3 + rng.below(20)).map(|_| rng.below(300) as u32).collect();
         let rows: Vec<u32> = (0..8).map(|_| rng.below(300) as u32).collect();
@@ -82,6 +89,11 @@ fn host_embeddings_give_the_device_tables_bits() {
         let (mut dr, shared) = shared_draft(own.path(), tdir, &host);
         assert!(shared.embed_tokens && shared.lm_head, "{name}: the draft's copies should equal the target's");
         let (mut dr_dev, _) = shared_draft(own.path(), tdir, &dev);
+        // Markov W1 follows the embedding to the host: out of the draft's arena, byte for byte.
+        let w1 = dr.host_bytes();
+        assert!(w1 >= 300 * spec.markov_rank * 2, "{name}: W1 [300, {}] on the host: {w1} bytes", spec.markov_rank);
+        assert_eq!(dr_dev.host_bytes(), 0, "{name}: W1 on the device");
+        assert_eq!(dr_dev.arena.bytes() - dr.arena.bytes(), w1, "{name}: the draft's arena keeps W1");
         for k in [7, 1 + rng.below(7)] {
             let run = |t: &mut CudaQwen3, d: &mut CudaDraft| {
                 speculative(t, d, &prompt, &opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(())).unwrap()

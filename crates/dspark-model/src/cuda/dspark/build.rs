@@ -37,6 +37,18 @@ impl CudaDraft {
         Ok(d)
     }
 
+    /// The draft tensors that stay in mapped host memory when its target's embedding does
+    /// (`--embeddings host`): Markov W1, only gathered (a row a slot), where its rows are whole
+    /// 16-byte chunks (a multiple of 8 values) for the host gather. A loader leaves them out of
+    /// its device-memory check.
+    pub fn host_tensors(cfg: &DraftConfig, host_tables: bool) -> &'static [&'static str] {
+        if host_tables && cfg.markov_rank > 0 && cfg.markov_rank.is_multiple_of(8) {
+            &["markov_head.markov_w1.weight"]
+        } else {
+            &[]
+        }
+    }
+
     /// Builds the draft from any [`WeightSource`] (a checkpoint, or random bench weights).
     pub fn from_source(cfg: DraftConfig, ck: &dyn WeightSource, target: &CudaQwen3) -> Result<CudaDraft> {
         Self::from_source_sharing(cfg, ck, target, SharedHeads::default())
@@ -98,6 +110,7 @@ impl CudaDraft {
             Some(w) => w,
             None => host.heads.as_ref().map(|(_, h)| h.clone()).ok_or_else(|| none("lm_head.weight"))?,
         };
+        let host_tables = host.heads.as_ref().is_some_and(|(e, _)| matches!(**e, Table::Host(_)));
         let shared_bytes = usize::from(shared.embed_tokens && lent) * embed_tokens.bytes()
             + usize::from(shared.lm_head && lent) * lm_head.bytes();
         let markov = if r > 0 {
@@ -114,12 +127,16 @@ impl CudaDraft {
                     scratch: arena.zeros(3 * r).map_err(drv)?,
                 },
             };
-            Some(Markov {
-                rank: r,
-                w1: ck.matrix(&arena, "markov_head.markov_w1.weight", &[v, r])?,
-                w2: ck.matrix(&arena, "markov_head.markov_w2.weight", &[v, r])?,
-                variant,
-            })
+            // W1 is only gathered (a row a slot): with the target's embedding in mapped host
+            // memory (`--embeddings host`) it goes there too, 78 MB of the 8B draft's device
+            // memory for a PCIe round trip in each slot's gather.
+            let w1_name = "markov_head.markov_w1.weight";
+            let w1 = if !Self::host_tensors(&cfg, host_tables).is_empty() {
+                Table::Host(ck.host_table(&gpu.ctx, w1_name, &[v, r])?)
+            } else {
+                Table::Device(Arc::new(ck.matrix(&arena, w1_name, &[v, r])?))
+            };
+            Some(Markov { rank: r, w1, w2: ck.matrix(&arena, "markov_head.markov_w2.weight", &[v, r])?, variant })
         } else {
             None
         };
