@@ -345,6 +345,8 @@ fn measure_model(
     // What a card must hold: the process's device memory in use (the context, its modules and
     // handles included), beside the arenas' own count.
     let in_use = || gpu.ctx.mem_get_info().map(|(free, total)| total.saturating_sub(free));
+    // Freed buffers (the copy ceiling's 8 GiB) return to the driver at a synchronisation.
+    gpu.stream.synchronize()?;
     let before = in_use()?;
     let mut target = CudaQwen3::from_source_plan(gpu.clone(), tcfg, &weights, plan)?;
     let mut draft =

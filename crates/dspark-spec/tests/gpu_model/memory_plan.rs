@@ -11,7 +11,8 @@
 //!   the plan, naming the flag.
 //! * `--prefill-chunk`: a target planned for 48-row chunks prefills a 200-token prompt in five
 //!   GEMM chunks within the GEMM bound of the CPU (3e-2), the draft's prefill buffers follow the
-//!   target's rows, and speculative = greedy after it.
+//!   target's rows, and speculative = greedy after it; with the small card's plan too, whose
+//!   draft projects context rows a layer at a time (GEMMs for the prompt, matvecs each round).
 
 use super::*;
 use dspark_kernels::KvDtype;
@@ -89,11 +90,15 @@ fn host_embeddings_give_the_device_tables_bits() {
         let (mut dr, shared) = shared_draft(own.path(), tdir, &host);
         assert!(shared.embed_tokens && shared.lm_head, "{name}: the draft's copies should equal the target's");
         let (mut dr_dev, _) = shared_draft(own.path(), tdir, &dev);
-        // Markov W1 follows the embedding to the host: out of the draft's arena, byte for byte.
+        // Markov W1 follows the embedding to the host: out of the draft's arena, byte for byte;
+        // and the small card's draft keeps no stacked copy of its layers' k|v rows.
         let w1 = dr.host_bytes();
         assert!(w1 >= 300 * spec.markov_rank * 2, "{name}: W1 [300, {}] on the host: {w1} bytes", spec.markov_rank);
         assert_eq!(dr_dev.host_bytes(), 0, "{name}: W1 on the device");
-        assert_eq!(dr_dev.arena.bytes() - dr.arena.bytes(), w1, "{name}: the draft's arena keeps W1");
+        let l = &dr.config().layer;
+        let stacked = l.num_hidden_layers * 2 * l.kv_dim() * l.hidden_size * 2;
+        assert_eq!((dr.ctx_kv_bytes(), dr_dev.ctx_kv_bytes()), (0, stacked), "{name}: the stacked k|v copy");
+        assert_eq!(dr_dev.arena.bytes() - dr.arena.bytes(), w1 + stacked, "{name}: the draft's arena keeps W1 + k|v");
         for k in [7, 1 + rng.below(7)] {
             let run = |t: &mut CudaQwen3, d: &mut CudaDraft| {
                 speculative(t, d, &prompt, &opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(())).unwrap()
@@ -146,8 +151,22 @@ fn short_prefill_chunks_plan_less_and_stay_lossless() {
     let opts = GenerateOptions { max_tokens: 40, eos_token_ids: vec![], logprobs: None };
     let plain = greedy(&mut short, &long, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
     let (mut dr, _) = shared_draft(&ddir, &tdir, &short);
-    let out = speculative(&mut short, &mut dr, &long, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
-    assert_eq!(out, plain, "speculative != greedy after a 48-row-chunk prefill");
+    let g =
+        speculative(&mut short, &mut dr, &long, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(g.tokens, plain, "speculative != greedy after a 48-row-chunk prefill");
+    let stacked = g.spec.map(|s| s.accepted);
+    drop((short, dr));
+
+    // The small card's plan: the draft projects its context a layer at a time (no stacked k|v
+    // copy), on the GEMM path for the prompt's chunks and the matvec for each round's rows. It
+    // stays lossless and accepts what the stacked projection accepts.
+    let host = plan.with_prefill_rows(48).with_embeddings(Embeddings::Host);
+    let mut small = CudaQwen3::load_plan(gpu(), &tdir, host).unwrap();
+    small.set_prefill(PrefillMode::Gemm);
+    let (mut dr, _) = shared_draft(&ddir, &tdir, &small);
+    assert_eq!(dr.ctx_kv_bytes(), 0, "the small plan's draft holds no stacked k|v");
+    let g =
+        speculative(&mut small, &mut dr, &long, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(g.tokens, plain, "speculative (k|v a layer at a time) != greedy after a 48-row-chunk prefill");
+    assert_eq!(g.spec.map(|s| s.accepted), stacked, "k|v a layer at a time accepted otherwise");
 }
