@@ -15,7 +15,7 @@ use dspark_model::checkpoint::shared_heads::SharedHeads;
 use dspark_model::checkpoint::tokenizer::{eos_ids, eos_ids_from, Tokenizer};
 use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
 use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
-use dspark_model::cuda::dspark::CudaDraft;
+use dspark_model::cuda::dspark::{CudaDraft, DraftHost};
 use dspark_model::cuda::plan::{Embeddings, TargetPlan};
 use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
@@ -183,7 +183,9 @@ pub(crate) fn load_typed(
                             .collect();
                     // And what follows the target's embedding to the host (Markov W1).
                     skip.extend(CudaDraft::host_tensors(&dcfg, plan.embeddings == Embeddings::Host));
-                    let up = CheckpointUpload::new_without(&ck, &t.gpu.ctx, 0, &skip)?
+                    // Beside the weights, the caches and buffers the draft plans (dspark/plan.rs).
+                    let planned = CudaDraft::planned_bytes(&dcfg, &DraftHost::of(&t), CudaDraft::layer_elem(&ck));
+                    let up = CheckpointUpload::new_without(&ck, &t.gpu.ctx, planned, &skip)?
                         .with_progress(crate::progress::load_bar(), "draft");
                     let d = CudaDraft::from_source_sharing(dcfg, &up, &t, shared)?;
                     up.finish()?;

@@ -22,6 +22,7 @@ mod batch;
 mod build;
 mod host;
 mod paged;
+mod plan;
 mod prefill;
 mod sequences;
 use crate::cuda::qwen3::{handoff_id, SharedCapture, SharedDraftRows, SharedTokens, CHUNK};

@@ -9,6 +9,8 @@
 //!   speculative = greedy on the host table = greedy on the device table, and each round
 //!   accepts what the same draft on the device table accepts. A tied target refuses
 //!   the plan, naming the flag.
+//! * Each draft's arena equals what its loader checks for before it loads — the tensors it
+//!   uploads plus `CudaDraft::planned_bytes` — within 1%.
 //! * `--prefill-chunk`: a target planned for 48-row chunks prefills a 200-token prompt in five
 //!   GEMM chunks within the GEMM bound of the CPU (3e-2), the draft's prefill buffers follow the
 //!   target's rows, and speculative = greedy after it; with the small card's plan too, whose
@@ -33,6 +35,30 @@ fn shared_draft(ddir: &std::path::Path, tdir: &std::path::Path, t: &CudaQwen3) -
     let shared = SharedHeads::find(&dck, &tck, c.tie_word_embeddings, [c.vocab_size, c.hidden_size]);
     let d = CudaDraft::from_source_sharing(DraftConfig::from_dir(ddir).unwrap(), &dck, t, shared).unwrap();
     (d, shared)
+}
+
+/// The draft's arena against what its loader checks before it loads: the checkpoint tensors it
+/// uploads (`device_bytes_without`, the heads it shares and W1 on the host left out) plus its
+/// plan (`CudaDraft::planned_bytes`), within 1% (or 4 KiB: the plan leaves out buffers of less
+/// than a kilobyte).
+fn check_planned(d: &CudaDraft, ddir: &std::path::Path, t: &CudaQwen3, shared: SharedHeads, what: &str) {
+    use dspark_model::cuda::dspark::DraftHost;
+    let ck = Checkpoint::open_dir(ddir).unwrap();
+    let host = DraftHost::of(t);
+    let host_tables = t.host_bytes() > 0;
+    let mut skip: Vec<&str> = [("embed_tokens.weight", shared.embed_tokens), ("lm_head.weight", shared.lm_head)]
+        .into_iter()
+        .filter_map(|(n, s)| s.then_some(n))
+        .collect();
+    skip.extend(CudaDraft::host_tensors(d.config(), host_tables));
+    let weights = dspark_model::cuda::upload::device_bytes_without(&ck, &skip);
+    let planned = CudaDraft::planned_bytes(d.config(), &host, CudaDraft::layer_elem(&ck));
+    let (want, got) = (weights + planned, d.arena.bytes());
+    let off = want.abs_diff(got);
+    assert!(
+        off <= (got / 100).max(4096),
+        "{what}: the draft's arena holds {got} bytes; its weights {weights} + plan {planned} = {want}"
+    );
 }
 
 #[test]
@@ -90,6 +116,8 @@ fn host_embeddings_give_the_device_tables_bits() {
         let (mut dr, shared) = shared_draft(own.path(), tdir, &host);
         assert!(shared.embed_tokens && shared.lm_head, "{name}: the draft's copies should equal the target's");
         let (mut dr_dev, _) = shared_draft(own.path(), tdir, &dev);
+        check_planned(&dr, own.path(), &host, shared, &format!("{name}, host tables"));
+        check_planned(&dr_dev, own.path(), &dev, shared, &format!("{name}, device tables"));
         // Markov W1 follows the embedding to the host: out of the draft's arena, byte for byte;
         // and the small card's draft keeps no stacked copy of its layers' k|v rows.
         let w1 = dr.host_bytes();
@@ -163,8 +191,9 @@ fn short_prefill_chunks_plan_less_and_stay_lossless() {
     let host = plan.with_prefill_rows(48).with_embeddings(Embeddings::Host);
     let mut small = CudaQwen3::load_plan(gpu(), &tdir, host).unwrap();
     small.set_prefill(PrefillMode::Gemm);
-    let (mut dr, _) = shared_draft(&ddir, &tdir, &small);
+    let (mut dr, shared) = shared_draft(&ddir, &tdir, &small);
     assert_eq!(dr.ctx_kv_bytes(), 0, "the small plan's draft holds no stacked k|v");
+    check_planned(&dr, &ddir, &small, shared, "48-row chunks, host tables");
     let g =
         speculative(&mut small, &mut dr, &long, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(())).unwrap();
     assert_eq!(g.tokens, plain, "speculative (k|v a layer at a time) != greedy after a 48-row-chunk prefill");
