@@ -111,7 +111,8 @@ pub struct CudaDraft {
     ctx_kv: Option<WeightBuf>,
     /// Every layer's k_norm, `[layers, head_dim]`.
     ctx_k_norm: CudaSlice<f32>,
-    /// `[CHUNK, layers · 2·kv]`: the stacked projection of a chunk of context rows.
+    /// `CHUNK · layers · 2·kv` values: a chunk of context rows' keys and values, token-major after
+    /// the stacked projection, layer-major after one a layer.
     ctx_out: CudaSlice<f32>,
     ctx_len: usize,
     scratch: Scratch,
@@ -190,7 +191,8 @@ impl CudaDraft {
     }
 
     /// Projects `n ≤ CHUNK` feature rows `[n, T·H]` into every layer's cache: the fused fc, the
-    /// hidden norm, then one matvec over all layers' k|v rows (`ctx_kv`) and one fused
+    /// hidden norm, then one matvec over all layers' k|v rows (`ctx_kv`; or one a layer, over
+    /// views of each layer's own rows, when the draft holds no stacked copy) and one fused
     /// norm + RoPE + append launch for all layers (`kv_layers.rs`). Context rows enter k/v
     /// directly: no input_layernorm (DSPARK.md §2.2). A few rows replay a CUDA graph.
     fn append_chunk(&mut self, features: &CudaView<f32>, n: usize) -> Result<()> {
