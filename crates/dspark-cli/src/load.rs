@@ -19,6 +19,7 @@ use dspark_model::cuda::dspark::{CudaDraft, DraftHost};
 use dspark_model::cuda::plan::{Embeddings, TargetPlan};
 use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
+use dspark_model::cuda::upload::device_bytes;
 use dspark_model::cuda::weights::CheckpointUpload;
 use dspark_model::{Drafter, Qwen3Config, TargetModel};
 use std::path::{Path, PathBuf};
@@ -227,6 +228,11 @@ pub(crate) fn load_split(
             let (dcfg, ck) = (src.draft_config()?, src.checkpoint()?);
             check_tensors(&dcfg, &ck)?;
             let host = target.draft_host()?;
+            // Rank 0 holds the draft whole, with its own heads: its weights and planned buffers
+            // must fit there, checked before any of them is allocated.
+            let planned = CudaDraft::planned_bytes(&dcfg, &host, CudaDraft::layer_elem(&ck));
+            let dir = dspark_model::cuda::upload::checkpoint_dir(&ck);
+            dspark_model::cuda::upload::check_fits(&host.gpu.ctx, &dir, device_bytes(&ck), planned)?;
             let d = CudaDraft::from_host(dcfg, &ck, &host, SharedHeads::default())?;
             Some(Box::new(d) as Box<dyn Drafter>)
         }
