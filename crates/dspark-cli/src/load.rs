@@ -175,15 +175,10 @@ pub(crate) fn load_typed(
                     let ck = src.checkpoint()?;
                     check_tensors(&dcfg, &ck)?;
                     // The draft's copies of the target's matrices, when byte-equal, stay on the
-                    // host: the draft uses the target's buffers.
+                    // host (the draft uses the target's buffers), as does what follows the
+                    // target's embedding there (Markov W1).
                     let shared = SharedHeads::find(&ck, &tck, tied, shape);
-                    let mut skip: Vec<&str> =
-                        [("embed_tokens.weight", shared.embed_tokens), ("lm_head.weight", shared.lm_head)]
-                            .into_iter()
-                            .filter_map(|(n, s)| s.then_some(n))
-                            .collect();
-                    // And what follows the target's embedding to the host (Markov W1).
-                    skip.extend(CudaDraft::host_tensors(&dcfg, plan.embeddings == Embeddings::Host));
+                    let skip = CudaDraft::kept_off_device(&dcfg, shared, plan.embeddings == Embeddings::Host);
                     // Beside the weights, the caches and buffers the draft plans (dspark/plan.rs).
                     let planned = CudaDraft::planned_bytes(&dcfg, &DraftHost::of(&t), CudaDraft::layer_elem(&ck));
                     let up = CheckpointUpload::new_without(&ck, &t.gpu.ctx, planned, &skip)?

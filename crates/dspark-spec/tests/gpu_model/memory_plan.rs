@@ -46,11 +46,7 @@ fn check_planned(d: &CudaDraft, ddir: &std::path::Path, t: &CudaQwen3, shared: S
     let ck = Checkpoint::open_dir(ddir).unwrap();
     let host = DraftHost::of(t);
     let host_tables = t.host_bytes() > 0;
-    let mut skip: Vec<&str> = [("embed_tokens.weight", shared.embed_tokens), ("lm_head.weight", shared.lm_head)]
-        .into_iter()
-        .filter_map(|(n, s)| s.then_some(n))
-        .collect();
-    skip.extend(CudaDraft::host_tensors(d.config(), host_tables));
+    let skip = CudaDraft::kept_off_device(d.config(), shared, host_tables);
     let weights = dspark_model::cuda::upload::device_bytes_without(&ck, &skip);
     let planned = CudaDraft::planned_bytes(d.config(), &host, CudaDraft::layer_elem(&ck));
     let (want, got) = (weights + planned, d.arena.bytes());

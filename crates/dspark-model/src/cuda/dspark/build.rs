@@ -50,6 +50,16 @@ impl CudaDraft {
         }
     }
 
+    /// The draft checkpoint's tensors a loader leaves off the device (and out of its memory
+    /// check): the copies of the target's heads that `shared` found equal, and what follows a
+    /// host embedding ([`CudaDraft::host_tensors`]).
+    pub fn kept_off_device(cfg: &DraftConfig, shared: SharedHeads, host_tables: bool) -> Vec<&'static str> {
+        let heads = [("embed_tokens.weight", shared.embed_tokens), ("lm_head.weight", shared.lm_head)];
+        let mut skip: Vec<&'static str> = heads.into_iter().filter_map(|(n, s)| s.then_some(n)).collect();
+        skip.extend(Self::host_tensors(cfg, host_tables));
+        skip
+    }
+
     /// Builds the draft from any [`WeightSource`] (a checkpoint, or random bench weights).
     pub fn from_source(cfg: DraftConfig, ck: &dyn WeightSource, target: &CudaQwen3) -> Result<CudaDraft> {
         Self::from_source_sharing(cfg, ck, target, SharedHeads::default())
@@ -263,12 +273,16 @@ fn check_one_dtype(layers: &[GpuLayer]) -> Result<()> {
     let Some(first) = layers.first() else { return Ok(()) };
     let same = |a: &WeightBuf, b: &WeightBuf| std::mem::discriminant(a) == std::mem::discriminant(b);
     match layers.iter().position(|lw| !same(&lw.qkv_proj, &first.qkv_proj)) {
-        Some(i) => Err(Error::Request(format!(
-            "draft layers.{i}.self_attn: q/k/v_proj load in another dtype than layers.0's; \
-             the CUDA draft needs one dtype for all layers' k_proj|v_proj"
-        ))),
+        Some(i) => Err(mixed_dtypes(i)),
         None => Ok(()),
     }
+}
+
+fn mixed_dtypes(layer: usize) -> Error {
+    Error::Request(format!(
+        "draft layers.{layer}.self_attn: q/k/v_proj load in another dtype than layers.0's; \
+         the CUDA draft needs one dtype for all layers' k_proj|v_proj"
+    ))
 }
 
 /// Every layer's k_proj|v_proj rows — rows `q .. q + 2·kv` of its stacked q|k|v matrix — in one
@@ -295,12 +309,7 @@ fn stack_kv_rows(
             (WeightBuf::F32(s), WeightBuf::F32(d)) => {
                 gpu.stream.memcpy_dtod(&s.slice(src.clone()), &mut d.slice_mut(dst(i)))
             }
-            _ => {
-                return Err(Error::Request(format!(
-                    "draft layers.{i}.self_attn: q/k/v_proj load in another dtype than layers.0's; \
-                     the CUDA draft needs one dtype for all layers' k_proj|v_proj"
-                )))
-            }
+            _ => return Err(mixed_dtypes(i)),
         }
         .map_err(drv)?;
     }
