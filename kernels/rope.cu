@@ -114,18 +114,22 @@ extern "C" __global__ void qkv_rope_append_seg_f32_kvbf16(const AttnSeg* segs, c
 // first_pos + r of every layer: k heads normalised and rotated, v heads copied, as above with
 // nq = 0. One launch instead of one per layer, after one matvec instead of one per layer: the
 // five 16.8 MB k|v projections of DSpark-8B ran at about a third of the copy ceiling each.
+// With layer_major set, kv is [layers, rows, 2·nkv, hd] instead: one projection per layer, each
+// a view of that layer's own k|v rows (a draft that holds no stacked copy, to save its bytes).
 // Launch: one block of hd/2 threads (rounded up to a warp multiple) per (row, layer, head).
 // E is the caches' element, as in qkv_rope_append.
 template <typename E>
 __device__ void kv_rope_append_layers(const float* kv, const float* k_norm, const float* inv_freq,
                                       E* const* k_caches, E* const* v_caches, int layers, int nkv, int hd,
-                                      const int* lens, float eps) {
+                                      const int* lens, float eps, int layer_major) {
     pdl_trigger();
     const int first_pos = lens[0];  // host-written, like the cache pointers: safe before the wait
     const int heads = layers * 2 * nkv;
+    const int rows = gridDim.x / heads;
     const int row = blockIdx.x / heads, lh = blockIdx.x % heads;
     const int layer = lh / (2 * nkv), head = lh % (2 * nkv);
-    const float* src = kv + ((size_t)row * heads + lh) * hd;
+    const float* src = kv + (layer_major ? ((size_t)layer * rows + row) * (2 * nkv) + head
+                                         : (size_t)row * heads + lh) * hd;
     const int half = hd / 2, i = threadIdx.x;
     const bool is_v = head >= nkv;
     float wa = 0.f, wb = 0.f, c = 1.f, s = 0.f;
@@ -149,12 +153,12 @@ __device__ void kv_rope_append_layers(const float* kv, const float* k_norm, cons
 }
 extern "C" __global__ void kv_rope_append_layers_f32(const float* kv, const float* k_norm, const float* inv_freq,
                                                      float* const* k_caches, float* const* v_caches, int layers,
-                                                     int nkv, int hd, const int* lens, float eps) {
-    kv_rope_append_layers(kv, k_norm, inv_freq, k_caches, v_caches, layers, nkv, hd, lens, eps);
+                                                     int nkv, int hd, const int* lens, float eps, int layer_major) {
+    kv_rope_append_layers(kv, k_norm, inv_freq, k_caches, v_caches, layers, nkv, hd, lens, eps, layer_major);
 }
 extern "C" __global__ void kv_rope_append_layers_f32_kvbf16(const float* kv, const float* k_norm,
                                                             const float* inv_freq, __nv_bfloat16* const* k_caches,
                                                             __nv_bfloat16* const* v_caches, int layers, int nkv,
-                                                            int hd, const int* lens, float eps) {
-    kv_rope_append_layers(kv, k_norm, inv_freq, k_caches, v_caches, layers, nkv, hd, lens, eps);
+                                                            int hd, const int* lens, float eps, int layer_major) {
+    kv_rope_append_layers(kv, k_norm, inv_freq, k_caches, v_caches, layers, nkv, hd, lens, eps, layer_major);
 }

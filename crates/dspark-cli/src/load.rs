@@ -15,10 +15,11 @@ use dspark_model::checkpoint::shared_heads::SharedHeads;
 use dspark_model::checkpoint::tokenizer::{eos_ids, eos_ids_from, Tokenizer};
 use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
 use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
-use dspark_model::cuda::dspark::CudaDraft;
+use dspark_model::cuda::dspark::{CudaDraft, DraftHost};
 use dspark_model::cuda::plan::{Embeddings, TargetPlan};
 use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
+use dspark_model::cuda::upload::device_bytes;
 use dspark_model::cuda::weights::CheckpointUpload;
 use dspark_model::{Drafter, Qwen3Config, TargetModel};
 use std::path::{Path, PathBuf};
@@ -174,16 +175,13 @@ pub(crate) fn load_typed(
                     let ck = src.checkpoint()?;
                     check_tensors(&dcfg, &ck)?;
                     // The draft's copies of the target's matrices, when byte-equal, stay on the
-                    // host: the draft uses the target's buffers.
+                    // host (the draft uses the target's buffers), as does what follows the
+                    // target's embedding there (Markov W1).
                     let shared = SharedHeads::find(&ck, &tck, tied, shape);
-                    let mut skip: Vec<&str> =
-                        [("embed_tokens.weight", shared.embed_tokens), ("lm_head.weight", shared.lm_head)]
-                            .into_iter()
-                            .filter_map(|(n, s)| s.then_some(n))
-                            .collect();
-                    // And what follows the target's embedding to the host (Markov W1).
-                    skip.extend(CudaDraft::host_tensors(&dcfg, plan.embeddings == Embeddings::Host));
-                    let up = CheckpointUpload::new_without(&ck, &t.gpu.ctx, 0, &skip)?
+                    let skip = CudaDraft::kept_off_device(&dcfg, shared, plan.embeddings == Embeddings::Host);
+                    // Beside the weights, the caches and buffers the draft plans (dspark/plan.rs).
+                    let planned = CudaDraft::planned_bytes(&dcfg, &DraftHost::of(&t), CudaDraft::layer_elem(&ck));
+                    let up = CheckpointUpload::new_without(&ck, &t.gpu.ctx, planned, &skip)?
                         .with_progress(crate::progress::load_bar(), "draft");
                     let d = CudaDraft::from_source_sharing(dcfg, &up, &t, shared)?;
                     up.finish()?;
@@ -225,6 +223,11 @@ pub(crate) fn load_split(
             let (dcfg, ck) = (src.draft_config()?, src.checkpoint()?);
             check_tensors(&dcfg, &ck)?;
             let host = target.draft_host()?;
+            // Rank 0 holds the draft whole, with its own heads: its weights and planned buffers
+            // must fit there, checked before any of them is allocated.
+            let planned = CudaDraft::planned_bytes(&dcfg, &host, CudaDraft::layer_elem(&ck));
+            let dir = dspark_model::cuda::upload::checkpoint_dir(&ck);
+            dspark_model::cuda::upload::check_fits(&host.gpu.ctx, &dir, device_bytes(&ck), planned)?;
             let d = CudaDraft::from_host(dcfg, &ck, &host, SharedHeads::default())?;
             Some(Box::new(d) as Box<dyn Drafter>)
         }

@@ -84,7 +84,7 @@ fn fp8_weight(g: &Gpu, v: &[f32], cols: usize, [bn, bk]: [usize; 2]) -> (WeightB
         (g.stream.clone_htod(&srow).unwrap(), srow_max),
         cols,
         bk,
-        g.stream.alloc_zeros::<u32>(Fp8Buf::xsplit_len(cols)).unwrap(),
+        std::sync::Arc::new(g.stream.alloc_zeros::<u32>(Fp8Buf::xsplit_len(cols)).unwrap()),
     )
     .unwrap();
     (WeightBuf::Fp8(buf), want)
@@ -281,8 +281,12 @@ fn lm_head_shape_matvec_and_argmax() {
     }
 }
 
+/// Scratch for `heads` query heads over any number of KV heads that divides them (the largest
+/// partials of those), poisoned.
 fn scratch(g: &Gpu, heads: usize, head_dim: usize) -> OpScratch {
-    let (ao, aml, am, at) = OpScratch::sizes(heads, head_dim);
+    let sizes =
+        (1..=heads).filter(|&k| heads.is_multiple_of(k)).map(|nkv| OpScratch::sizes((heads, nkv, head_dim), g.sms));
+    let (ao, aml, am, at) = sizes.max().expect("one head at least");
     OpScratch {
         attn_o: poisoned(g, ao),
         attn_ml: poisoned(g, aml),

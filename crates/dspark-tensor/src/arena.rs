@@ -9,6 +9,7 @@
 use crate::dtype::DType;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
 use dspark_kernels::cuda::ops::WeightBuf;
+use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::panic::Location;
@@ -22,7 +23,12 @@ pub struct Arena {
     /// Allocations and bytes by the source line that asked for them (`#[track_caller]`), for
     /// the memory report of `dspark bench --memory-sites`.
     sites: RefCell<BTreeMap<SiteKey, (usize, usize)>>,
+    /// Buffers handed to every caller asking under one name and length ([`Arena::shared_zeros`]).
+    shared: RefCell<SharedBufs>,
 }
+
+/// Shared buffers by (name, length), each a `CudaSlice<T>` of its caller's `T`.
+type SharedBufs = BTreeMap<(&'static str, usize), Arc<dyn Any + Send + Sync>>;
 
 /// A source line: file and line number.
 type SiteKey = (&'static str, u32);
@@ -37,7 +43,13 @@ pub struct Site {
 
 impl Arena {
     pub fn new(stream: Arc<CudaStream>) -> Arena {
-        Arena { stream, allocations: Cell::new(0), bytes: Cell::new(0), sites: RefCell::new(BTreeMap::new()) }
+        Arena {
+            stream,
+            allocations: Cell::new(0),
+            bytes: Cell::new(0),
+            sites: RefCell::new(BTreeMap::new()),
+            shared: RefCell::new(BTreeMap::new()),
+        }
     }
 
     /// Number of device allocations made so far.
@@ -85,6 +97,26 @@ impl Arena {
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, DriverError> {
         self.count::<T>(n.max(1));
         self.stream.alloc_zeros(n.max(1))
+    }
+
+    /// A zeroed buffer of `n` elements that every caller asking for `name` and `n` shares,
+    /// allocated (and counted) once: scratch that each launch sequence on the arena's stream
+    /// writes before it reads, such as the FP8 matvec's x split, which all of a model's FP8
+    /// matrices of one width can share (a kernel writing it waits, by PDL, for the one before
+    /// to finish reading).
+    #[track_caller]
+    pub fn shared_zeros<T: DeviceRepr + ValidAsZeroBits + Send + Sync + 'static>(
+        &self,
+        name: &'static str,
+        n: usize,
+    ) -> Result<Arc<CudaSlice<T>>, DriverError> {
+        let found = self.shared.borrow().get(&(name, n)).cloned();
+        if let Some(Ok(buf)) = found.map(|b| b.downcast::<CudaSlice<T>>()) {
+            return Ok(buf);
+        }
+        let buf = Arc::new(self.zeros::<T>(n)?);
+        self.shared.borrow_mut().insert((name, n), buf.clone());
+        Ok(buf)
     }
 
     /// A buffer holding a copy of `data`.

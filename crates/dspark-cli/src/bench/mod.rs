@@ -148,6 +148,7 @@ struct Measured {
     modelled: Vec<report::Modelled>,
     profiles: Vec<Profile>,
     prefill: Vec<report::PrefillRow>,
+    memory: Vec<report::MemoryRow>,
     notes: Vec<String>,
 }
 
@@ -206,7 +207,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             measured.profiles.extend(profiles);
         }
     }
-    let Measured { phases, modelled, profiles, prefill, notes: model_notes } = measured;
+    let Measured { phases, modelled, profiles, prefill, memory, notes: model_notes } = measured;
 
     let mut projs = Vec::new();
     if !args.no_projections {
@@ -267,6 +268,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         profiles,
         prefill,
         concurrency: batched,
+        memory,
         notes: [
             vec![
                 format!("KV caches are {} (`--kv-cache`, the draft's alike); floors count them at that width.", args.kv_cache.name()),
@@ -345,6 +347,8 @@ fn measure_model(
     // What a card must hold: the process's device memory in use (the context, its modules and
     // handles included), beside the arenas' own count.
     let in_use = || gpu.ctx.mem_get_info().map(|(free, total)| total.saturating_sub(free));
+    // Freed buffers (the copy ceiling's 8 GiB) return to the driver at a synchronisation.
+    gpu.stream.synchronize()?;
     let before = in_use()?;
     let mut target = CudaQwen3::from_source_plan(gpu.clone(), tcfg, &weights, plan)?;
     let mut draft =
@@ -369,6 +373,13 @@ fn measure_model(
         draft.shared_with_target() as f64 / 1e9,
         target.streamed_weight_bytes() as f64 / 1e9,
     ));
+    out.memory.push(report::MemoryRow {
+        weights: if sfx.is_empty() { "bf16".into() } else { sfx.trim_start_matches('_').into() },
+        ctx: target.max_len(),
+        kv: target.kv_dtype().name().into(),
+        target_gb: target.arena.bytes() as f64 / 1e9,
+        draft_gb: draft.arena.bytes() as f64 / 1e9,
+    });
     if args.memory_sites > 0 {
         eprint!("{}", memory_sites(&format!("{format:?} target"), &target.arena, args.memory_sites));
         eprint!("{}", memory_sites("draft", &draft.arena, args.memory_sites));

@@ -124,7 +124,7 @@ fn fp8_copy(gpu: &Gpu, (out, inp): (usize, usize), seed: u64) -> Result<WeightBu
         (gpu.stream.clone_htod(&srow)?, sr.saturating_sub(1) as u32),
         inp,
         128,
-        gpu.stream.alloc_zeros::<u32>(Fp8Buf::xsplit_len(inp))?,
+        std::sync::Arc::new(gpu.stream.alloc_zeros::<u32>(Fp8Buf::xsplit_len(inp))?),
     )?;
     Ok(WeightBuf::Fp8(buf))
 }

@@ -145,7 +145,22 @@ pub struct Report {
     pub prefill: Vec<PrefillRow>,
     /// Batched rounds of many requests (`--concurrency`, bench/concurrency.rs).
     pub concurrency: Vec<super::concurrency::ConcurrencyRow>,
+    /// The device memory each weight format's target and draft took.
+    pub memory: Vec<MemoryRow>,
     pub notes: Vec<String>,
+}
+
+/// The device memory of one weight format's models, as built for the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryRow {
+    /// `bf16` or `fp8`.
+    pub weights: String,
+    /// KV positions planned, and their element type.
+    pub ctx: usize,
+    pub kv: String,
+    /// The target's and the draft's arenas, GB (1e9).
+    pub target_gb: f64,
+    pub draft_gb: f64,
 }
 
 /// One prompt length of the prefill phase (bench/prefill.rs).
@@ -359,6 +374,13 @@ impl Report {
                 }
             }
         }
+        // FP8 (issue 29): Qwen3-8B-FP8 + its bf16 draft in ≤ 12 GB at 8k context, bf16 KV.
+        for m in &self.memory {
+            if m.weights == "fp8" && m.kv == "bf16" && m.ctx >= 8176 {
+                let name = format!("fp8 target + draft device memory GB, ctx {}", m.ctx);
+                out.push(Goal { name, target: 12.0, at_most: true, measured: m.target_gb + m.draft_gb });
+            }
+        }
         for p in &self.projections {
             if p.weight_bytes >= 32e6 {
                 let name = format!("{} % of ceiling", p.name);
@@ -425,6 +447,11 @@ mod tests {
             profiles: vec![],
             prefill: vec![],
             concurrency: vec![],
+            memory: vec![
+                MemoryRow { weights: "fp8".into(), ctx: 8192, kv: "bf16".into(), target_gb: 9.6, draft_gb: 2.5 },
+                MemoryRow { weights: "fp8".into(), ctx: 512, kv: "bf16".into(), target_gb: 9.0, draft_gb: 2.5 },
+                MemoryRow { weights: "bf16".into(), ctx: 8192, kv: "bf16".into(), target_gb: 16.0, draft_gb: 2.5 },
+            ],
             notes: vec![],
         };
         let met: Vec<(String, bool)> = r.goals().into_iter().map(|g| (g.name.clone(), g.met())).collect();
@@ -434,6 +461,8 @@ mod tests {
                 ("decode / floor, ctx 512".to_string(), true),
                 ("verify8 / decode, ctx 512".to_string(), false),
                 ("draft_round / floor, ctx 512".to_string(), false),
+                // 12.1 GB: over; the short context and the bf16 target are not judged.
+                ("fp8 target + draft device memory GB, ctx 8192".to_string(), false),
                 ("q_proj % of ceiling".to_string(), true),
                 ("k_proj vs cuBLAS".to_string(), true),
             ]
@@ -499,6 +528,7 @@ mod tests {
                     per_request_tokens_per_s: 325.0,
                 },
             ],
+            memory: vec![],
             notes: vec!["a note".into()],
         };
         let md = r.markdown();

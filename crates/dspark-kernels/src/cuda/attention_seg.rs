@@ -114,8 +114,7 @@ impl Gpu {
             && rows > 0
             && rows <= SPLIT_ROWS
             && rows * (nh / nkv) > 4
-            && ops.attn_o.len() >= MAX_SPLITS * rows * nh * hd
-            && ops.attn_ml.len() >= MAX_SPLITS * rows * nh * 2
+            && ops.holds(rows, (nh, nkv, hd), self.sms)
     }
 
     /// Writes the table of a step's sequences `items` (each [`Gpu::segment_fits`]) for every

@@ -41,6 +41,17 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 /// Bytes of cuBLAS workspace planned per model (NVIDIA recommends 32 MiB on Hopper).
 pub const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// Bytes of cuBLAS workspace for GEMMs of chunks of up to `rows` rows: [`WORKSPACE_BYTES`], or
+/// for chunks of 256 rows or fewer (a small card's `--prefill-chunk`) 4 MiB, NVIDIA's figure for
+/// the GPUs before Hopper; the workspace only widens cuBLAS's choice of kernels.
+pub fn workspace_bytes(rows: usize) -> usize {
+    if rows <= 256 {
+        4 << 20
+    } else {
+        WORKSPACE_BYTES
+    }
+}
+
 /// bf16 values of the dequant scratch a model plans for its FP8 GEMMs (at most: a model whose
 /// largest FP8 matrix is smaller plans that): 32 MB, 4,096 rows of 4,096 columns.
 pub const DEQUANT_SCRATCH: usize = 16 << 20;
@@ -204,10 +215,26 @@ impl Gpu {
         w: &WeightBuf,
         x: &GemmIn<'_>,
         y: &mut CudaViewMut<f32>,
+        shape: (usize, usize, usize),
+        accumulate: bool,
+    ) -> CudaResult<()> {
+        self.gemm_rows(blas, w, 0, x, y, shape, accumulate)
+    }
+
+    /// [`Gpu::gemm`] over rows `row0 .. row0 + n` of `w` (a block of a stacked matrix, such as
+    /// the k|v rows of a fused q|k|v projection), as [`Gpu::matvec_rows`] is to the matvec.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_rows(
+        &self,
+        blas: &Blas,
+        w: &WeightBuf,
+        row0: usize,
+        x: &GemmIn<'_>,
+        y: &mut CudaViewMut<f32>,
         (m, k, n): (usize, usize, usize),
         accumulate: bool,
     ) -> CudaResult<()> {
-        check("gemm w", w.len(), n * k)?;
+        check("gemm w", w.len(), (row0 + n) * k)?;
         check("gemm x", x.len(), m * k)?;
         check("gemm y", y.len(), m * n)?;
         if m == 0 {
@@ -236,18 +263,20 @@ impl Gpu {
                 GemmExt { w_ptr, w_type, x_ptr, y_ptr: y_ptr + (4 * n0) as u64, m: mi, k: ki, n: nt as i32, ldc: ni };
             self.timed(&name, || ext.run(blas, beta))
         };
+        // The first row's address: `row0 · k` elements of the weight's own size in.
+        let at = |p: u64, bytes: usize| p + (row0 * k * bytes) as u64;
         match w {
             WeightBuf::Bf16(s) => {
                 let (p, _g) = s.device_ptr(&self.stream);
-                call(p, CUDA_R_16BF, (0, n))
+                call(at(p, 2), CUDA_R_16BF, (0, n))
             }
             WeightBuf::F16(s) => {
                 let (p, _g) = s.device_ptr(&self.stream);
-                call(p, CUDA_R_16F, (0, n))
+                call(at(p, 2), CUDA_R_16F, (0, n))
             }
             WeightBuf::F32(s) => {
                 let (p, _g) = s.device_ptr(&self.stream);
-                call(p, CUDA_R_32F, (0, n))
+                call(at(p, 4), CUDA_R_32F, (0, n))
             }
             // Widened in tiles of whole rows as large as the scratch holds, each multiplied into
             // its columns of y (ldc stays n), so the scratch need not hold the whole matrix.
@@ -263,7 +292,7 @@ impl Gpu {
                 let s_ptr = device_addr(self, scratch);
                 for n0 in (0..n).step_by(nt) {
                     let rows = nt.min(n - n0);
-                    self.dequant_fp8(f, s_ptr, (n0, rows), k)?;
+                    self.dequant_fp8(f, s_ptr, (row0 + n0, rows), k)?;
                     call(s_ptr, CUDA_R_16BF, (n0, rows))?;
                 }
                 Ok(())

@@ -107,10 +107,23 @@ impl LayerCaches {
     }
 }
 
+/// How the rows handed to [`Gpu::kv_rope_append_layers`] are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvRowsLayout {
+    /// `[rows, layers, 2·nkv, hd]`: the output of one projection over every layer's k|v rows
+    /// stacked.
+    TokenMajor,
+    /// `[layers, rows, 2·nkv, hd]`: one projection per layer, each over a view of that layer's
+    /// own k|v rows (no stacked copy held).
+    LayerMajor,
+}
+
 impl Gpu {
-    /// `rows` rows of `kv` (`[rows, layers, 2·nkv, hd]`: each layer's k heads, then its v heads)
+    /// `rows` rows of `kv` (`[rows, layers, 2·nkv, hd]`: each layer's k heads, then its v heads;
+    /// or layer by layer, `layout`)
     /// into cache rows `first_pos ..` of every layer of `caches`: k normalised with that layer's
     /// row of `k_norm` (`[layers, hd]`) and rotated by `inv_freq` (`[hd/2]`), v copied.
+    #[allow(clippy::too_many_arguments)]
     pub fn kv_rope_append_layers(
         &self,
         kv: &CudaView<f32>,
@@ -119,6 +132,7 @@ impl Gpu {
         (rows, nkv): (usize, usize),
         lens: &StepLens<'_>,
         eps: f32,
+        layout: KvRowsLayout,
     ) -> CudaResult<()> {
         if !caches.unchanged(self) {
             return Err(CudaError::Shape(
@@ -141,7 +155,7 @@ impl Gpu {
         super::ops::check("kv_rope_append_layers lens", lens.dev.len(), 1)?;
         let threads = ((hd / 2).div_ceil(32) * 32) as u32;
         // kv_rope_append_layers_f32[_kvbf16](kv, k_norm, inv_freq, k_caches, v_caches, layers,
-        // nkv, hd, lens, eps); lengths checked above, the address arrays filled by
+        // nkv, hd, lens, eps, layer_major); lengths checked above, the address arrays filled by
         // LayerCaches::new.
         let args = [
             dptr(self, kv),
@@ -154,6 +168,7 @@ impl Gpu {
             Arg::I32(hd as i32),
             dptr(self, &lens.dev),
             Arg::F32(eps),
+            Arg::I32(i32::from(layout == KvRowsLayout::LayerMajor)),
         ];
         let name = format!("kv_rope_append_layers_f32{}", caches.dtype().kernel_suffix());
         self.launch_pdl(&name, ((rows * layers * 2 * nkv) as u32, 1, 1), threads, &args)

@@ -11,6 +11,7 @@ use super::kv::{KvView, KvViewMut};
 use super::pdl::{dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
 
 /// A weight matrix on the device in its checkpoint dtype (bf16 and f16 stored as raw u16), or
 /// block-scaled FP8 ([`Fp8Buf`]).
@@ -38,8 +39,9 @@ pub struct Fp8Buf {
     /// Columns per scale block.
     pub block_k: usize,
     /// Scratch for x scaled and split into two f16 parts before each tensor-core launch, and
-    /// each row's scale (kernels/fp8.cu `split_x_f16x2`): [`Fp8Buf::xsplit_len`] u32 words.
-    pub xsplit: CudaSlice<u32>,
+    /// each row's scale (kernels/fp8.cu `split_x_f16x2`): [`Fp8Buf::xsplit_len`] u32 words,
+    /// shared by a model's matrices of one width (each launch writes it before it reads).
+    pub xsplit: Arc<CudaSlice<u32>>,
 }
 
 impl Fp8Buf {
@@ -60,7 +62,7 @@ impl Fp8Buf {
         (srow, srow_max): (CudaSlice<u32>, u32),
         cols: usize,
         block_k: usize,
-        xsplit: CudaSlice<u32>,
+        xsplit: Arc<CudaSlice<u32>>,
     ) -> Result<Fp8Buf, CudaError> {
         let buf = Fp8Buf { q, scale, srow, cols, scale_cols: cols.div_ceil(block_k.max(1)), block_k, xsplit };
         buf.check(srow_max)?;
@@ -189,12 +191,45 @@ pub const ARGMAX_ROWS: usize = 64;
 pub const ARGMAX_SEGMENTS: usize = 256;
 
 impl OpScratch {
-    /// Element counts of the buffers for `heads × head_dim` query heads: (attn_o, attn_ml,
-    /// argmax pairs, tickets).
-    pub fn sizes(heads: usize, head_dim: usize) -> (usize, usize, usize, usize) {
-        let q = MAX_SPLITS * SPLIT_ROWS * heads;
-        (q * head_dim, q * 2, ARGMAX_ROWS * ARGMAX_SEGMENTS, ARGMAX_ROWS)
+    /// Element counts of the buffers for `nh × hd` query heads over `nkv` KV heads on `sms`
+    /// SMs: (attn_o, attn_ml, argmax pairs, tickets). The partials hold the most (slice, row)
+    /// pairs any split launch of up to [`SPLIT_ROWS`] rows takes on this GPU at any context
+    /// ([`split_partials`]): 264 for Qwen3-8B on 132 SMs (4.3 MB), where [`MAX_SPLITS`] ×
+    /// [`SPLIT_ROWS`] = 2,048 planned 34 MB a model.
+    pub fn sizes((nh, nkv, hd): (usize, usize, usize), sms: usize) -> (usize, usize, usize, usize) {
+        let most = (1..=SPLIT_ROWS).map(|rows| split_partials(rows, (nh, nkv), sms)).max().unwrap_or(1);
+        let q = most * nh;
+        (q * hd, q * 2, ARGMAX_ROWS * ARGMAX_SEGMENTS, ARGMAX_ROWS)
     }
+
+    /// Whether the partials hold a split launch of `rows` rows of `nh × hd` query heads over
+    /// `nkv` KV heads on `sms` SMs at any context (else the caller takes the per-head kernel).
+    pub fn holds(&self, rows: usize, (nh, nkv, hd): (usize, usize, usize), sms: usize) -> bool {
+        let pairs = split_partials(rows, (nh, nkv), sms);
+        self.attn_o.len() >= pairs * nh * hd && self.attn_ml.len() >= pairs * nh * 2
+    }
+}
+
+/// The kernel shape of a split attention launch of `rows` rows over KV heads of `g` query heads
+/// each: (queries per block, blocks per SM). A block takes 4 queries (one per warp) when that is
+/// the whole group (decode); more queries (verify, the draft block) go to the tensor-core
+/// kernel, 32 per block.
+pub(crate) fn split_kernel(rows: usize, g: usize) -> (usize, usize) {
+    if rows * g <= 4 {
+        (4, 4)
+    } else {
+        (32, 2)
+    }
+}
+
+/// (slice, row) pairs of the partials a split launch of `rows` rows writes at most, at any
+/// context: [`split_plan`]'s slices at an unbounded `kv_cap` (each shorter context takes fewer)
+/// times the rows.
+pub fn split_partials(rows: usize, (nh, nkv): (usize, usize), sms: usize) -> usize {
+    let g = nh / nkv.max(1);
+    let (per_block, per_sm) = split_kernel(rows, g);
+    let blocks = nkv * (rows * g).div_ceil(per_block);
+    split_plan(usize::MAX, blocks, per_sm * sms).0 * rows
 }
 
 /// Dynamic shared memory of the kernels that use it: `attention_tc_hd*` stages Q (split in
@@ -435,8 +470,7 @@ impl Gpu {
             && n_kv_heads > 0
             && n_heads % n_kv_heads == 0
             && rows <= SPLIT_ROWS
-            && scratch.attn_o.len() >= MAX_SPLITS * rows * n_heads * head_dim
-            && scratch.attn_ml.len() >= MAX_SPLITS * rows * n_heads * 2;
+            && scratch.holds(rows, (n_heads, n_kv_heads, head_dim), self.sms);
         if !fits {
             return self.attention(q, k, v, out, rows, lens, (n_heads, n_kv_heads, head_dim), causal);
         }
@@ -447,14 +481,14 @@ impl Gpu {
         if !k.aligned16(self) || !v.aligned16(self) {
             return Err(CudaError::Shape("attention_split: K/V cache views must be 16-byte aligned".into()));
         }
-        // A block takes 4 queries (one per warp) when that is the whole group (decode); more
-        // queries (verify, the draft block) go to the tensor-core kernel, 32 per block.
+        // The kernel by split_kernel's rule; the decode kernel's combine is a twin launched with
+        // PDL (kernels/attention.cu).
         let group_queries = rows * (n_heads / n_kv_heads);
-        // The decode kernel's combine is a twin launched with PDL (kernels/attention.cu).
-        let (name, per_block, per_sm, combine) = if group_queries <= 4 {
-            (format!("attention_split_q1_hd{head_dim}_f32{}", kv.kernel_suffix()), 4, 4, "attention_combine_q1_f32")
+        let (per_block, per_sm) = split_kernel(rows, n_heads / n_kv_heads);
+        let (name, combine) = if per_block == 4 {
+            (format!("attention_split_q1_hd{head_dim}_f32{}", kv.kernel_suffix()), "attention_combine_q1_f32")
         } else {
-            (format!("attention_tc_hd{head_dim}_f32{}", kv.kernel_suffix()), 32, 2, "attention_combine_f32")
+            (format!("attention_tc_hd{head_dim}_f32{}", kv.kernel_suffix()), "attention_combine_f32")
         };
         let groups = group_queries.div_ceil(per_block);
         let (splits, keys) = split_plan(kv_cap, n_kv_heads * groups, per_sm * self.sms);
@@ -568,7 +602,35 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::split_plan;
+    use super::{split_kernel, split_partials, split_plan, OpScratch, MAX_SPLITS, SPLIT_ROWS};
+
+    #[test]
+    fn split_partials_bound_every_launch_and_size_the_scratch() {
+        // Qwen3-8B (32 heads over 8) on an H200's 132 SMs: eight verify rows take the most, 33
+        // slices each; 4.3 MB of partials where MAX_SPLITS × SPLIT_ROWS planned 34 MB.
+        assert_eq!(split_partials(1, (32, 8), 132), 66);
+        assert_eq!(split_partials(8, (32, 8), 132), 264);
+        assert_eq!(OpScratch::sizes((32, 8, 128), 132).0, 264 * 32 * 128);
+        for sms in [1, 20, 46, 108, 132, 170, 1000] {
+            for (nh, nkv) in [(1, 1), (4, 1), (4, 4), (8, 2), (14, 2), (16, 8), (32, 8), (64, 8), (40, 8), (32, 32)] {
+                for hd in [64, 128] {
+                    let (ao, aml, ..) = OpScratch::sizes((nh, nkv, hd), sms);
+                    assert!(ao <= MAX_SPLITS * SPLIT_ROWS * nh * hd && aml == ao / hd * 2);
+                    for rows in 1..=SPLIT_ROWS {
+                        let pairs = split_partials(rows, (nh, nkv), sms);
+                        assert!(ao >= pairs * nh * hd, "{nh}/{nkv} heads, {rows} rows, {sms} SMs");
+                        // What the launch takes at any context, as attention_split plans it.
+                        let g = nh / nkv;
+                        let (per_block, per_sm) = split_kernel(rows, g);
+                        let blocks = nkv * (rows * g).div_ceil(per_block);
+                        for kv_cap in [1, 31, 512, 4096, 16_384, 1 << 20] {
+                            assert!(split_plan(kv_cap, blocks, per_sm * sms).0 * rows <= pairs);
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn split_plan_fills_one_wave() {

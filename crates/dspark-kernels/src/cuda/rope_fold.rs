@@ -15,7 +15,7 @@
 //! took 1.5–1.9% longer. `DSPARK_NO_ROPE_FOLD=1` keeps the two launches (for A/B runs).
 
 use super::kv::{KvView, KvViewMut};
-use super::ops::{check, split_plan, OpScratch, StepLens, MAX_SPLITS};
+use super::ops::{check, split_plan, OpScratch, StepLens};
 use super::pdl::{dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut};
@@ -48,7 +48,7 @@ impl Gpu {
         causal: bool,
         scratch: &mut OpScratch,
     ) -> CudaResult<()> {
-        if !(self.rope_fold && folds(rows, (nh, nkv, hd), scratch)) {
+        if !(self.rope_fold && folds(rows, (nh, nkv, hd), scratch, self.sms)) {
             let values = lens.kv_cap * nkv * hd;
             let (q_norm, k_norm, inv_freq, eps) = (rope.q_norm, rope.k_norm, rope.inv_freq, rope.eps);
             let heads = (rows, nh, nkv);
@@ -111,14 +111,13 @@ impl Gpu {
 
 /// Whether the folded kernel takes a step: while a KV head's queries fit its one block of four
 /// (one row for Qwen3-8B, whose KV heads have four query heads), head dims 64 and 128.
-fn folds(rows: usize, (nh, nkv, hd): (usize, usize, usize), scratch: &OpScratch) -> bool {
+fn folds(rows: usize, (nh, nkv, hd): (usize, usize, usize), scratch: &OpScratch, sms: usize) -> bool {
     matches!(hd, 64 | 128)
         && nkv > 0
         && nh % nkv == 0
         && rows > 0
         && rows * (nh / nkv) <= 4
-        && scratch.attn_o.len() >= MAX_SPLITS * rows * nh * hd
-        && scratch.attn_ml.len() >= MAX_SPLITS * rows * nh * 2
+        && scratch.holds(rows, (nh, nkv, hd), sms)
 }
 
 impl KvViewMut<'_> {

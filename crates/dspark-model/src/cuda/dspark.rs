@@ -16,17 +16,20 @@ use crate::cpu::markov::prefix_survival;
 use crate::cuda::graphs::StepGraphs;
 use crate::cuda::layers::{drv, gpu_err, run_layers, GpuLayer, Scratch, Segment};
 use crate::cuda::prefill::DraftPrefill;
+use build::ctx_kv_of;
 
 mod batch;
 mod build;
 mod host;
 mod paged;
+mod plan;
 mod prefill;
 mod sequences;
 use crate::cuda::qwen3::{handoff_id, SharedCapture, SharedDraftRows, SharedTokens, CHUNK};
 use crate::error::{Error, Result};
 pub use batch::CudaDrafts;
 use cudarc::driver::{CudaSlice, CudaView};
+use dspark_kernels::cuda::gemm::GemmIn;
 use dspark_kernels::cuda::host_table::Table;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleShape, CFG_WORDS, ROW_WORDS};
@@ -102,11 +105,14 @@ pub struct CudaDraft {
     /// The buffers of block passes over several sequences (`batch.rs`), planned with them.
     block_batch: Option<batch::BlockBatch>,
     /// Every layer's k_proj|v_proj rows stacked `[layers · 2·kv, H]` (a device copy of the rows
-    /// in `layers`, 84 MB for DSpark-8B): context rows take one projection for all layers.
-    ctx_kv: WeightBuf,
+    /// in `layers`, 84 MB for DSpark-8B): context rows take one projection for all layers. None
+    /// beside a target whose embedding is in host memory: each layer's own rows, one projection
+    /// a layer ([`crate::cuda::prefill::CtxKv`]).
+    ctx_kv: Option<WeightBuf>,
     /// Every layer's k_norm, `[layers, head_dim]`.
     ctx_k_norm: CudaSlice<f32>,
-    /// `[CHUNK, layers · 2·kv]`: the stacked projection of a chunk of context rows.
+    /// `CHUNK · layers · 2·kv` values: a chunk of context rows' keys and values, token-major after
+    /// the stacked projection, layer-major after one a layer.
     ctx_out: CudaSlice<f32>,
     ctx_len: usize,
     scratch: Scratch,
@@ -170,6 +176,12 @@ impl CudaDraft {
         }
     }
 
+    /// Bytes of the stacked copy of every layer's k|v rows (0 when the draft projects context
+    /// rows a layer at a time, [`crate::cuda::prefill::CtxKv::Layers`]).
+    pub fn ctx_kv_bytes(&self) -> usize {
+        self.ctx_kv.as_ref().map_or(0, WeightBuf::bytes)
+    }
+
     /// Bytes of the matrices one round streams: (fc, decoder layers, lm_head, Markov W2).
     /// W2 is read once per sequential Markov step, so a round streams it `block_size` times.
     pub fn matrix_bytes(&self) -> (usize, usize, usize, usize) {
@@ -179,7 +191,8 @@ impl CudaDraft {
     }
 
     /// Projects `n ≤ CHUNK` feature rows `[n, T·H]` into every layer's cache: the fused fc, the
-    /// hidden norm, then one matvec over all layers' k|v rows (`ctx_kv`) and one fused
+    /// hidden norm, then one matvec over all layers' k|v rows (`ctx_kv`; or one a layer, over
+    /// views of each layer's own rows, when the draft holds no stacked copy) and one fused
     /// norm + RoPE + append launch for all layers (`kv_layers.rs`). Context rows enter k/v
     /// directly: no input_layernorm (DSPARK.md §2.2). A few rows replay a CUDA graph.
     fn append_chunk(&mut self, features: &CudaView<f32>, n: usize) -> Result<()> {
@@ -215,11 +228,11 @@ impl CudaDraft {
             &mut self.scratch.u.slice_mut(..n * h),
         )
         .map_err(gpu_err)?;
-        // Every layer's keys and values of these rows: one projection, one append.
+        // Every layer's keys and values of these rows: one projection (or one a layer), one append.
         let width = self.caches.layers() * 2 * kv;
-        let u = self.scratch.u.slice(..n * h);
-        gpu.matvec(&self.ctx_kv, &u, &mut self.ctx_out.slice_mut(..n * width), (n, h, width), false)
-            .map_err(gpu_err)?;
+        let u = GemmIn::F32(self.scratch.u.slice(..n * h));
+        let ctx_kv = ctx_kv_of(&self.ctx_kv, &self.layers, l.q_dim());
+        ctx_kv.project(&gpu, None, &u, &mut self.ctx_out.slice_mut(..n * width), (n, h, width))?;
         gpu.kv_rope_append_layers(
             &self.ctx_out.slice(..n * width),
             (&self.ctx_k_norm.as_view(), &self.inv_freq.as_view()),
@@ -227,6 +240,7 @@ impl CudaDraft {
             (n, l.num_key_value_heads),
             &lens,
             eps,
+            ctx_kv.layout(),
         )
         .map_err(gpu_err)?;
         Ok(())

@@ -165,7 +165,7 @@ pub fn device_buf(
         (arena.upload(srow).map_err(drv)?, srow_max),
         cols,
         block_k,
-        arena.zeros::<u32>(Fp8Buf::xsplit_len(cols)).map_err(drv)?,
+        arena.shared_zeros::<u32>("fp8 x split", Fp8Buf::xsplit_len(cols)).map_err(drv)?,
     )
     .map_err(|e| Error::Request(e.to_string()))?;
     Ok(WeightBuf::Fp8(buf))

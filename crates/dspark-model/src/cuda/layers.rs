@@ -121,9 +121,12 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    pub fn new(arena: &Arena, cfg: &Qwen3Config, rows: usize) -> Result<Scratch> {
+    /// Buffers for steps of up to `rows` rows of `cfg`'s layers, the attention partials sized
+    /// for a GPU of `sms` SMs.
+    pub fn new(arena: &Arena, cfg: &Qwen3Config, rows: usize, sms: usize) -> Result<Scratch> {
         let z = |n: usize| arena.zeros::<f32>(rows * n).map_err(drv);
-        let (ao, aml, am, at) = OpScratch::sizes(cfg.num_attention_heads, cfg.head_dim);
+        let heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        let (ao, aml, am, at) = OpScratch::sizes(heads, sms);
         Ok(Scratch {
             rows,
             u: z(cfg.hidden_size)?,

@@ -15,7 +15,7 @@ use crate::checkpoint::config::Qwen3Config;
 use crate::cuda::prefill::MAX_PREFILL_ROWS;
 use crate::cuda::qwen3::CHUNK;
 use crate::error::{Error, Result};
-use dspark_kernels::cuda::gemm::{dequant_scratch, WORKSPACE_BYTES};
+use dspark_kernels::cuda::gemm::{dequant_scratch, workspace_bytes};
 use dspark_kernels::cuda::kv::KvDtype;
 
 /// Where the token embedding table lives (`--embeddings`).
@@ -118,7 +118,7 @@ impl TargetPlan {
         let dequant =
             if cfg.quantization.is_some() { 2 * dequant_scratch(rows, h * (q + 2 * kvd).max(2 * i)) } else { 0 };
         let prefill = rows * (4 * (2 * h + q + 2 * kvd + 2 * q + 2 * i) + 2 * h.max(q).max(i))
-            + if rows > 0 { WORKSPACE_BYTES + dequant } else { 0 };
+            + if rows > 0 { workspace_bytes(rows) + dequant } else { 0 };
         caches + prefill + CHUNK * cfg.vocab_size * 4
     }
 
@@ -134,6 +134,7 @@ impl TargetPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dspark_kernels::cuda::gemm::WORKSPACE_BYTES;
 
     fn qwen3_8b() -> Qwen3Config {
         let json = r#"{"model_type":"qwen3","architectures":["Qwen3ForCausalLM"],"hidden_size":4096,
@@ -152,7 +153,9 @@ mod tests {
         assert_eq!(base.with_embeddings(Embeddings::Host).host_tensors(), &["model.embed_tokens.weight"]);
         let short = base.with_prefill_rows(256);
         let per_row = 4 * (2 * 4096 + 4096 + 2048 + 2 * 4096 + 2 * 12288) + 2 * 12288;
-        assert_eq!(base.device_bytes(&cfg) - short.device_bytes(&cfg), (2048 - 256) * per_row);
+        // The chunk's buffers, and a 4 MiB cuBLAS workspace for 256 rows instead of 32 MiB.
+        let workspace = WORKSPACE_BYTES - (4 << 20);
+        assert_eq!(base.device_bytes(&cfg) - short.device_bytes(&cfg), (2048 - 256) * per_row + workspace);
         // A context within one decode step plans no prefill at all.
         assert_eq!(TargetPlan::new(CHUNK, KvDtype::F32).gemm_rows(&cfg), 0);
         assert_eq!(TargetPlan::new(CHUNK + 1, KvDtype::F32).gemm_rows(&cfg), CHUNK + 1);

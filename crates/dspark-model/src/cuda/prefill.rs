@@ -26,8 +26,9 @@ use crate::cuda::layers::{capture_layer, drv, gpu_err, GpuLayer};
 use crate::cuda::qwen3::{Handoff, SharedCapture};
 use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
-use dspark_kernels::cuda::gemm::{dequant_scratch, Blas, GemmIn, Half, WORKSPACE_BYTES};
+use dspark_kernels::cuda::gemm::{dequant_scratch, workspace_bytes, Blas, GemmIn, Half};
 use dspark_kernels::cuda::kv::LayersKv;
+use dspark_kernels::cuda::kv_layers::KvRowsLayout;
 use dspark_kernels::cuda::ops::{StepLens, WeightBuf};
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
@@ -81,7 +82,7 @@ impl Prefill {
             }
         }
         let z = |n: usize| arena.zeros::<f32>(rows * n).map_err(drv);
-        let mut blas = Blas::new(gpu, arena.zeros::<u8>(WORKSPACE_BYTES).map_err(drv)?).map_err(gpu_err)?;
+        let mut blas = Blas::new(gpu, arena.zeros::<u8>(workspace_bytes(rows)).map_err(drv)?).map_err(gpu_err)?;
         // FP8 projections are widened to bf16 before each GEMM (gemm.rs): one scratch matrix as
         // large as the largest of them, or `dequant_scratch` values, larger ones going in tiles.
         let fp8_max = layers
@@ -298,6 +299,66 @@ pub(crate) fn lock(c: &SharedCapture) -> Result<MutexGuard<'_, Handoff<f32>>> {
     c.lock().map_err(|_| crate::error::Error::Request("prefill capture buffer poisoned".into()))
 }
 
+/// Where a draft's context rows take their keys and values from: every layer's k_proj|v_proj
+/// rows, in one stacked copy or in each layer's own fused q|k|v matrix.
+#[derive(Clone, Copy)]
+pub enum CtxKv<'a> {
+    /// `[layers · 2·kv, H]`, a device copy of the rows (84 MB for DSpark-8B): one projection for
+    /// all layers, its rows token-major ([`KvRowsLayout::TokenMajor`]).
+    Stacked(&'a WeightBuf),
+    /// The layers' own matrices, their k|v rows from row `q` on: one projection per layer, rows
+    /// layer-major ([`KvRowsLayout::LayerMajor`]). Five launches where the stacked copy takes one
+    /// (each 16.8 MB projection of DSpark-8B runs at about a third of the copy ceiling), for the
+    /// copy's bytes: the plan of a small card (`--embeddings host`).
+    Layers(&'a [GpuLayer], usize),
+}
+
+impl CtxKv<'_> {
+    pub fn layout(&self) -> KvRowsLayout {
+        match self {
+            CtxKv::Stacked(_) => KvRowsLayout::TokenMajor,
+            CtxKv::Layers(..) => KvRowsLayout::LayerMajor,
+        }
+    }
+
+    /// A matrix of the projection's dtype (the layers share one: the draft's build checks it).
+    pub fn dtype_of(&self) -> Option<&WeightBuf> {
+        match self {
+            CtxKv::Stacked(w) => Some(w),
+            CtxKv::Layers(layers, _) => layers.first().map(|l| &l.qkv_proj),
+        }
+    }
+
+    /// `y = W_kv · u` for `n` rows of `u` into `y` (`[n, width]`, `width = layers · 2·kv`, in
+    /// [`CtxKv::layout`]'s order): by `matvec` for a few rows, by GEMM (`blas`) for many.
+    pub fn project(
+        &self,
+        gpu: &Gpu,
+        blas: Option<&Blas>,
+        u: &GemmIn<'_>,
+        y: &mut CudaViewMut<f32>,
+        (n, h, width): (usize, usize, usize),
+    ) -> Result<()> {
+        let run = |w: &WeightBuf, row0: usize, y: &mut CudaViewMut<f32>, out: usize| match (blas, u) {
+            (Some(blas), u) => gpu.gemm_rows(blas, w, row0, u, y, (n, h, out), false),
+            (None, GemmIn::F32(u)) => gpu.matvec_rows(w, row0, u, y, (n, h, out), false),
+            (None, GemmIn::Half(_)) => {
+                Err(dspark_kernels::cuda::CudaError::Shape("the draft's context k|v matvec takes f32 rows".into()))
+            }
+        };
+        match *self {
+            CtxKv::Stacked(w) => run(w, 0, &mut y.slice_mut(..n * width), width).map_err(gpu_err),
+            CtxKv::Layers(layers, q) => {
+                let per = width / layers.len().max(1);
+                for (l, lw) in layers.iter().enumerate() {
+                    run(&lw.qkv_proj, q, &mut y.slice_mut(l * n * per..(l + 1) * n * per), per).map_err(gpu_err)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Rows of one chunk of a draft's context prefill: 1,024 rows keep its buffers at ~185 MB for
 /// DSpark-8B while every GEMM stays past cuBLAS's plateau (1024 × 20480 × 4096 for fc).
 pub const MAX_DRAFT_PREFILL_ROWS: usize = 1024;
@@ -328,16 +389,17 @@ impl DraftPrefill {
         rows: usize,
         (t, h, width): (usize, usize, usize),
         fc: &WeightBuf,
-        ctx_kv: &WeightBuf,
+        ctx_kv: CtxKv<'_>,
     ) -> Result<DraftPrefill> {
-        let any_half = Half::of(fc).is_some() || Half::of(ctx_kv).is_some();
+        let kv_half = ctx_kv.dtype_of().and_then(Half::of).is_some();
+        let any_half = Half::of(fc).is_some() || kv_half;
         let z = |n: usize| arena.zeros::<f32>(n).map_err(drv);
         Ok(DraftPrefill {
             rows,
             blas,
             features: Some(z(rows * t * h)?),
             half_in: arena.zeros::<u16>(if any_half { rows * t * h } else { 1 }).map_err(drv)?,
-            f32_in: z(if Half::of(ctx_kv).is_none() { rows * h } else { 1 })?,
+            f32_in: z(if kv_half { 1 } else { rows * h })?,
             c: z(rows * h)?,
             ctx_out: z(rows * width)?,
         })
@@ -352,7 +414,7 @@ impl DraftPrefill {
         features: &CudaView<f32>,
         fc: &WeightBuf,
         hidden_norm: &CudaSlice<f32>,
-        ctx_kv: &WeightBuf,
+        ctx_kv: CtxKv<'_>,
         n: usize,
         (t, h, width): (usize, usize, usize),
         eps: f32,
@@ -369,8 +431,8 @@ impl DraftPrefill {
         };
         gpu.gemm(&self.blas, fc, &input, &mut self.c.slice_mut(..n * h), (n, th, h), false).map_err(e)?;
         let c = self.c.slice(..n * h);
-        let u = normed_input(gpu, ctx_kv, &c, hidden_norm, eps, n, &mut self.half_in, &mut self.f32_in)?;
-        gpu.gemm(&self.blas, ctx_kv, &u, &mut self.ctx_out.slice_mut(..n * width), (n, h, width), false).map_err(e)?;
-        Ok(())
+        let probe = ctx_kv.dtype_of().unwrap_or(fc);
+        let u = normed_input(gpu, probe, &c, hidden_norm, eps, n, &mut self.half_in, &mut self.f32_in)?;
+        ctx_kv.project(gpu, Some(&self.blas), &u, &mut self.ctx_out.slice_mut(..n * width), (n, h, width))
     }
 }

@@ -207,7 +207,7 @@ impl CudaQwen3 {
         let inv = arena.upload(&inv_freq(cfg.rope_theta as f32, cfg.head_dim)).map_err(drv)?;
         let (kv, n) = (cfg.kv_dim(), cfg.num_hidden_layers);
         let caches = kv_caches(&arena, kv_dtype, n, max_len * kv)?;
-        let scratch = Scratch::new(&arena, &cfg, CHUNK)?;
+        let scratch = Scratch::new(&arena, &cfg, CHUNK, gpu.sms)?;
         let step_in = arena.zeros::<u32>(2 + CHUNK + CFG_WORDS).map_err(drv)?;
         let sample = sampled::plan(&arena, sampled::SAMPLE_ROWS, v)?;
         let x = arena.zeros::<f32>(CHUNK * h).map_err(drv)?;

@@ -9,9 +9,12 @@
 //!   speculative = greedy on the host table = greedy on the device table, and each round
 //!   accepts what the same draft on the device table accepts. A tied target refuses
 //!   the plan, naming the flag.
+//! * Each draft's arena equals what its loader checks for before it loads — the tensors it
+//!   uploads plus `CudaDraft::planned_bytes` — within 1%.
 //! * `--prefill-chunk`: a target planned for 48-row chunks prefills a 200-token prompt in five
 //!   GEMM chunks within the GEMM bound of the CPU (3e-2), the draft's prefill buffers follow the
-//!   target's rows, and speculative = greedy after it.
+//!   target's rows, and speculative = greedy after it; with the small card's plan too, whose
+//!   draft projects context rows a layer at a time (GEMMs for the prompt, matvecs each round).
 
 use super::*;
 use dspark_kernels::KvDtype;
@@ -32,6 +35,26 @@ fn shared_draft(ddir: &std::path::Path, tdir: &std::path::Path, t: &CudaQwen3) -
     let shared = SharedHeads::find(&dck, &tck, c.tie_word_embeddings, [c.vocab_size, c.hidden_size]);
     let d = CudaDraft::from_source_sharing(DraftConfig::from_dir(ddir).unwrap(), &dck, t, shared).unwrap();
     (d, shared)
+}
+
+/// The draft's arena against what its loader checks before it loads: the checkpoint tensors it
+/// uploads (`device_bytes_without`, the heads it shares and W1 on the host left out) plus its
+/// plan (`CudaDraft::planned_bytes`), within 1% (or 4 KiB: the plan leaves out buffers of less
+/// than a kilobyte).
+fn check_planned(d: &CudaDraft, ddir: &std::path::Path, t: &CudaQwen3, shared: SharedHeads, what: &str) {
+    use dspark_model::cuda::dspark::DraftHost;
+    let ck = Checkpoint::open_dir(ddir).unwrap();
+    let host = DraftHost::of(t);
+    let host_tables = t.host_bytes() > 0;
+    let skip = CudaDraft::kept_off_device(d.config(), shared, host_tables);
+    let weights = dspark_model::cuda::upload::device_bytes_without(&ck, &skip);
+    let planned = CudaDraft::planned_bytes(d.config(), &host, CudaDraft::layer_elem(&ck));
+    let (want, got) = (weights + planned, d.arena.bytes());
+    let off = want.abs_diff(got);
+    assert!(
+        off <= (got / 100).max(4096),
+        "{what}: the draft's arena holds {got} bytes; its weights {weights} + plan {planned} = {want}"
+    );
 }
 
 #[test]
@@ -89,11 +112,17 @@ fn host_embeddings_give_the_device_tables_bits() {
         let (mut dr, shared) = shared_draft(own.path(), tdir, &host);
         assert!(shared.embed_tokens && shared.lm_head, "{name}: the draft's copies should equal the target's");
         let (mut dr_dev, _) = shared_draft(own.path(), tdir, &dev);
-        // Markov W1 follows the embedding to the host: out of the draft's arena, byte for byte.
+        check_planned(&dr, own.path(), &host, shared, &format!("{name}, host tables"));
+        check_planned(&dr_dev, own.path(), &dev, shared, &format!("{name}, device tables"));
+        // Markov W1 follows the embedding to the host: out of the draft's arena, byte for byte;
+        // and the small card's draft keeps no stacked copy of its layers' k|v rows.
         let w1 = dr.host_bytes();
         assert!(w1 >= 300 * spec.markov_rank * 2, "{name}: W1 [300, {}] on the host: {w1} bytes", spec.markov_rank);
         assert_eq!(dr_dev.host_bytes(), 0, "{name}: W1 on the device");
-        assert_eq!(dr_dev.arena.bytes() - dr.arena.bytes(), w1, "{name}: the draft's arena keeps W1");
+        let l = &dr.config().layer;
+        let stacked = l.num_hidden_layers * 2 * l.kv_dim() * l.hidden_size * 2;
+        assert_eq!((dr.ctx_kv_bytes(), dr_dev.ctx_kv_bytes()), (0, stacked), "{name}: the stacked k|v copy");
+        assert_eq!(dr_dev.arena.bytes() - dr.arena.bytes(), w1 + stacked, "{name}: the draft's arena keeps W1 + k|v");
         for k in [7, 1 + rng.below(7)] {
             let run = |t: &mut CudaQwen3, d: &mut CudaDraft| {
                 speculative(t, d, &prompt, &opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(())).unwrap()
@@ -146,8 +175,23 @@ fn short_prefill_chunks_plan_less_and_stay_lossless() {
     let opts = GenerateOptions { max_tokens: 40, eos_token_ids: vec![], logprobs: None };
     let plain = greedy(&mut short, &long, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
     let (mut dr, _) = shared_draft(&ddir, &tdir, &short);
-    let out = speculative(&mut short, &mut dr, &long, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
-    assert_eq!(out, plain, "speculative != greedy after a 48-row-chunk prefill");
+    let g =
+        speculative(&mut short, &mut dr, &long, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(g.tokens, plain, "speculative != greedy after a 48-row-chunk prefill");
+    let stacked = g.spec.map(|s| s.accepted);
+    drop((short, dr));
+
+    // The small card's plan: the draft projects its context a layer at a time (no stacked k|v
+    // copy), on the GEMM path for the prompt's chunks and the matvec for each round's rows. It
+    // stays lossless and accepts what the stacked projection accepts.
+    let host = plan.with_prefill_rows(48).with_embeddings(Embeddings::Host);
+    let mut small = CudaQwen3::load_plan(gpu(), &tdir, host).unwrap();
+    small.set_prefill(PrefillMode::Gemm);
+    let (mut dr, shared) = shared_draft(&ddir, &tdir, &small);
+    assert_eq!(dr.ctx_kv_bytes(), 0, "the small plan's draft holds no stacked k|v");
+    check_planned(&dr, &ddir, &small, shared, "48-row chunks, host tables");
+    let g =
+        speculative(&mut small, &mut dr, &long, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(g.tokens, plain, "speculative (k|v a layer at a time) != greedy after a 48-row-chunk prefill");
+    assert_eq!(g.spec.map(|s| s.accepted), stacked, "k|v a layer at a time accepted otherwise");
 }

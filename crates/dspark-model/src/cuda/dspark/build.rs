@@ -1,6 +1,7 @@
 //! Building a CUDA draft: its weights from a checkpoint or any [`WeightSource`], the target
 //! side it drafts for ([`DraftHost`]: heads lent or its own copies, captures, proposal rows),
-//! and every buffer planned once on its arena — the stacked context k|v rows, the caches, the
+//! and every buffer planned once on its arena — the stacked context k|v rows (unless a small
+//! card's plan leaves them out), the caches, the
 //! GEMM prefill, the step and sampler words — so nothing is allocated while it drafts.
 
 use super::{cfg_at, Confidence, CudaDraft, DraftHost, Markov, Variant};
@@ -10,7 +11,7 @@ use crate::checkpoint::shared_heads::SharedHeads;
 use crate::cpu::dspark::check_tensors;
 use crate::cuda::graphs::StepGraphs;
 use crate::cuda::layers::{drv, gpu_err, kv_caches, GpuLayer, Scratch};
-use crate::cuda::prefill::{DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
+use crate::cuda::prefill::{CtxKv, DraftPrefill, MAX_DRAFT_PREFILL_ROWS};
 use crate::cuda::qwen3::{plan_sample, CudaQwen3, DraftRows, SharedDraftRows, CHUNK};
 use crate::cuda::weights::{CheckpointUpload, WeightSource};
 use crate::error::{Error, Result};
@@ -47,6 +48,16 @@ impl CudaDraft {
         } else {
             &[]
         }
+    }
+
+    /// The draft checkpoint's tensors a loader leaves off the device (and out of its memory
+    /// check): the copies of the target's heads that `shared` found equal, and what follows a
+    /// host embedding ([`CudaDraft::host_tensors`]).
+    pub fn kept_off_device(cfg: &DraftConfig, shared: SharedHeads, host_tables: bool) -> Vec<&'static str> {
+        let heads = [("embed_tokens.weight", shared.embed_tokens), ("lm_head.weight", shared.lm_head)];
+        let mut skip: Vec<&'static str> = heads.into_iter().filter_map(|(n, s)| s.then_some(n)).collect();
+        skip.extend(Self::host_tensors(cfg, host_tables));
+        skip
     }
 
     /// Builds the draft from any [`WeightSource`] (a checkpoint, or random bench weights).
@@ -163,7 +174,9 @@ impl CudaDraft {
         let layers = (0..n_layers)
             .map(|i| GpuLayer::load(&arena, l, ck, &format!("layers.{i}.")))
             .collect::<Result<Vec<_>>>()?;
-        let ctx_kv = stack_kv_rows(&arena, &gpu, &layers, (l.q_dim(), kv, h))?;
+        check_one_dtype(&layers)?;
+        // A small card's plan (the target's embedding in host memory) keeps no stacked copy.
+        let ctx_kv = if host_tables { None } else { Some(stack_kv_rows(&arena, &gpu, &layers, (l.q_dim(), kv, h))?) };
         let hd = l.head_dim;
         let mut ctx_k_norm = z(n_layers * hd)?;
         for (i, lw) in layers.iter().enumerate() {
@@ -179,7 +192,8 @@ impl CudaDraft {
             Some(blas) if max_len > CHUNK => {
                 // No more rows than the target's chunks hand over (`--prefill-chunk`).
                 let rows = max_len.min(MAX_DRAFT_PREFILL_ROWS).min(host.prefill_rows.max(1));
-                Some(DraftPrefill::new(&arena, blas, rows, (t, h, n_layers * 2 * kv), &fc, &ctx_kv)?)
+                let ctx = ctx_kv_of(&ctx_kv, &layers, l.q_dim());
+                Some(DraftPrefill::new(&arena, blas, rows, (t, h, n_layers * 2 * kv), &fc, ctx)?)
             }
             _ => None,
         };
@@ -198,7 +212,7 @@ impl CudaDraft {
             ctx_kv,
             ctx_k_norm,
             ctx_out: z(CHUNK * n_layers * 2 * kv)?,
-            scratch: Scratch::new(&arena, l, rows)?,
+            scratch: Scratch::new(&arena, l, rows, gpu.sms)?,
             features: Some(z(CHUNK * t * h)?),
             capture: host.capture.clone(),
             c: z(CHUNK * h)?,
@@ -244,6 +258,33 @@ fn install_rows(arena: &Arena, host: &DraftHost, logits: usize, state: usize) ->
     Ok(shared)
 }
 
+/// The context k|v projection of a draft holding `stacked` (or not) over `layers` of `q` query
+/// rows each.
+pub(super) fn ctx_kv_of<'a>(stacked: &'a Option<WeightBuf>, layers: &'a [GpuLayer], q: usize) -> CtxKv<'a> {
+    match stacked {
+        Some(w) => CtxKv::Stacked(w),
+        None => CtxKv::Layers(layers, q),
+    }
+}
+
+/// Refuses layers whose q|k|v matrices differ in dtype: the context rows enter every layer's
+/// projection as one input, in that dtype.
+fn check_one_dtype(layers: &[GpuLayer]) -> Result<()> {
+    let Some(first) = layers.first() else { return Ok(()) };
+    let same = |a: &WeightBuf, b: &WeightBuf| std::mem::discriminant(a) == std::mem::discriminant(b);
+    match layers.iter().position(|lw| !same(&lw.qkv_proj, &first.qkv_proj)) {
+        Some(i) => Err(mixed_dtypes(i)),
+        None => Ok(()),
+    }
+}
+
+fn mixed_dtypes(layer: usize) -> Error {
+    Error::Request(format!(
+        "draft layers.{layer}.self_attn: q/k/v_proj load in another dtype than layers.0's; \
+         the CUDA draft needs one dtype for all layers' k_proj|v_proj"
+    ))
+}
+
 /// Every layer's k_proj|v_proj rows — rows `q .. q + 2·kv` of its stacked q|k|v matrix — in one
 /// `[layers · 2·kv, H]` matrix, copied on the device so it always matches the layers' own.
 fn stack_kv_rows(
@@ -268,12 +309,7 @@ fn stack_kv_rows(
             (WeightBuf::F32(s), WeightBuf::F32(d)) => {
                 gpu.stream.memcpy_dtod(&s.slice(src.clone()), &mut d.slice_mut(dst(i)))
             }
-            _ => {
-                return Err(Error::Request(format!(
-                    "draft layers.{i}.self_attn: q/k/v_proj load in another dtype than layers.0's; \
-                     the CUDA draft needs one dtype for all layers' k_proj|v_proj"
-                )))
-            }
+            _ => return Err(mixed_dtypes(i)),
         }
         .map_err(drv)?;
     }

@@ -1,6 +1,7 @@
 //! `CudaDraft`'s context append of a prompt on the GEMM path (crate::cuda::prefill's
 //! `DraftPrefill`): from host rows, or straight from the target's prefill capture buffer.
 
+use super::build::ctx_kv_of;
 use super::CudaDraft;
 use crate::cuda::layers::{drv, gpu_err};
 use crate::cuda::qwen3::{SharedCapture, CHUNK};
@@ -56,7 +57,7 @@ impl CudaDraft {
     }
 
     /// `n` feature rows `[n, T·H]` into every layer's cache on the GEMM path: fc and the
-    /// stacked k|v projection as GEMMs ([`DraftPrefill::project`]), then the one-launch
+    /// k|v projection (stacked, or a layer at a time) as GEMMs ([`DraftPrefill::project`]), then the one-launch
     /// norm + RoPE + append of every layer, as [`CudaDraft::launch_append`] ends.
     fn gemm_append(&mut self, features: &CudaView<f32>, n: usize) -> Result<()> {
         let l = &self.cfg.layer;
@@ -71,7 +72,8 @@ impl CudaDraft {
         let lens = [first_pos as u32, (first_pos + n) as u32];
         // The copy also orders the append after every earlier kernel (ARCHITECTURE.md).
         gpu.stream.memcpy_htod(&lens, &mut self.step_in.slice_mut(..2)).map_err(drv)?;
-        pf.project(&gpu, features, &self.fc, &self.hidden_norm, &self.ctx_kv, n, (t, h, width), eps)?;
+        let ctx_kv = ctx_kv_of(&self.ctx_kv, &self.layers, l.q_dim());
+        pf.project(&gpu, features, &self.fc, &self.hidden_norm, ctx_kv, n, (t, h, width), eps)?;
         let lens = StepLens { dev: self.step_in.slice(..2), first_pos, kv_cap: first_pos + n };
         gpu.kv_rope_append_layers(
             &pf.ctx_out.slice(..n * width),
@@ -80,6 +82,7 @@ impl CudaDraft {
             (n, nkv),
             &lens,
             eps,
+            ctx_kv.layout(),
         )
         .map_err(gpu_err)?;
         self.ctx_len += n;

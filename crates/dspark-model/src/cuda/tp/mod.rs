@@ -366,7 +366,7 @@ impl Rank {
         let norm = src.vector(&arena, "model.norm.weight", &[h])?;
         let inv = arena.upload(&inv_freq(full.rope_theta as f32, full.head_dim)).map_err(drv)?;
         let caches = kv_caches(&arena, kv, full.num_hidden_layers, max_len * cfg.kv_dim())?;
-        let scratch = Scratch::new(&arena, &cfg, CHUNK)?;
+        let scratch = Scratch::new(&arena, &cfg, CHUNK, gpu.sms)?;
         Ok(Rank {
             step_in: arena.zeros::<u32>(2 + CHUNK).map_err(drv)?,
             x: arena.zeros::<f32>(CHUNK * h).map_err(drv)?,
