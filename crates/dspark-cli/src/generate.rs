@@ -186,7 +186,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
             draft_src,
             cfg,
             device,
-            args.memory.plan(device, args.max_context, args.kv_cache)?,
+            &args.memory.plans(device, args.max_context, args.kv_cache)?,
             args.prefill,
         )?
         .boxed(),

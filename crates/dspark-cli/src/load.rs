@@ -15,7 +15,7 @@ use dspark_model::checkpoint::shared_heads::SharedHeads;
 use dspark_model::checkpoint::tokenizer::{eos_ids, eos_ids_from, Tokenizer};
 use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
 use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
-use dspark_model::cuda::dspark::{CudaDraft, DraftHost};
+use dspark_model::cuda::dspark::{CudaDraft, DraftHost, DraftSide};
 use dspark_model::cuda::plan::{Embeddings, TargetPlan};
 use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
@@ -132,10 +132,11 @@ pub(crate) fn load_typed(
     draft_src: Option<Source<'_>>,
     cfg: Qwen3Config,
     device: Device,
-    plan: TargetPlan,
+    plans: &[TargetPlan],
     prefill: PrefillMode,
 ) -> Result<Loaded> {
-    let kv_cache = plan.kv;
+    let Some(&first) = plans.first() else { bail!("no memory plan to load with") };
+    let kv_cache = first.kv;
     Ok(match device {
         Device::Cpu => {
             // The target's checkpoint stays mapped until the draft is in: the draft's own
@@ -160,24 +161,31 @@ pub(crate) fn load_typed(
         Device::Cuda => {
             let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
             let tck = target_src.checkpoint()?;
+            let (tied, shape) = (cfg.tie_word_embeddings, [cfg.vocab_size, cfg.hidden_size]);
+            // The draft is opened first: the fit counts its bytes too.
+            let draft = match draft_src {
+                Some(src) => {
+                    let (dcfg, ck) = (src.draft_config()?, src.checkpoint()?);
+                    check_tensors(&dcfg, &ck)?;
+                    let shared = SharedHeads::find(&ck, &tck, tied, shape);
+                    Some((dcfg, ck, shared))
+                }
+                None => None,
+            };
+            let plan = fit(&gpu, &cfg, &tck, draft.as_ref(), plans, prefill)?;
             // Weights through pinned staging buffers, after a check that those the device keeps
             // and the plan's buffers fit (a host embedding is read straight from the file).
             plan.check(&cfg)?;
             let up = CheckpointUpload::new_without(&tck, &gpu.ctx, plan.device_bytes(&cfg), plan.host_tensors())?
                 .with_progress(crate::progress::load_bar(), "target");
-            let (tied, shape) = (cfg.tie_word_embeddings, [cfg.vocab_size, cfg.hidden_size]);
             let mut t = CudaQwen3::from_source_plan(gpu, cfg, &up, plan)?;
             up.finish()?;
             t.set_prefill(prefill);
-            let d = match draft_src {
-                Some(src) => {
-                    let dcfg = src.draft_config()?;
-                    let ck = src.checkpoint()?;
-                    check_tensors(&dcfg, &ck)?;
+            let d = match draft {
+                Some((dcfg, ck, shared)) => {
                     // The draft's copies of the target's matrices, when byte-equal, stay on the
                     // host (the draft uses the target's buffers), as does what follows the
                     // target's embedding there (Markov W1).
-                    let shared = SharedHeads::find(&ck, &tck, tied, shape);
                     let skip = CudaDraft::kept_off_device(&dcfg, shared, plan.embeddings == Embeddings::Host);
                     // Beside the weights, the caches and buffers the draft plans (dspark/plan.rs).
                     let planned = CudaDraft::planned_bytes(&dcfg, &DraftHost::of(&t), CudaDraft::layer_elem(&ck));
@@ -192,6 +200,39 @@ pub(crate) fn load_typed(
             Loaded::Cuda(t, d)
         }
     })
+}
+
+/// The plan to load with (`memory::choose`): each of `plans` counted as the loads below count
+/// it — the target's device-resident weights and planned buffers, and the draft's, beside the
+/// target's side that plan gives (`DraftSide::of_plan`) — against the GPU's free memory.
+fn fit(
+    gpu: &dspark_kernels::cuda::Gpu,
+    cfg: &Qwen3Config,
+    tck: &Checkpoint,
+    draft: Option<&(DraftConfig, Checkpoint, SharedHeads)>,
+    plans: &[TargetPlan],
+    prefill: PrefillMode,
+) -> Result<TargetPlan> {
+    use dspark_model::cuda::upload::device_bytes_without;
+    let need: Vec<Option<usize>> = plans
+        .iter()
+        .map(|plan| {
+            plan.check(cfg).ok()?;
+            let target = device_bytes_without(tck, plan.host_tensors()) + plan.device_bytes(cfg);
+            let draft = draft.map_or(0, |(dcfg, ck, shared)| {
+                let skip = CudaDraft::kept_off_device(dcfg, *shared, plan.embeddings == Embeddings::Host);
+                let side = DraftSide::of_plan(cfg, plan, prefill, gpu.sms);
+                device_bytes_without(ck, &skip) + CudaDraft::planned_bytes_for(dcfg, &side, CudaDraft::layer_elem(ck))
+            });
+            Some(target + draft)
+        })
+        .collect();
+    let free = if plans.len() > 1 { gpu.ctx.mem_get_info()?.0 } else { 0 };
+    let (plan, note) = crate::memory::choose(plans, &need, free)?;
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
+    Ok(plan)
 }
 
 /// `--tensor-parallel N` (N ≥ 2): the target split over GPUs 0..N (`cuda::tp`), and the draft,

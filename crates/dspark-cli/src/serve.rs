@@ -122,9 +122,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if max_batch > 1 && draft_src.is_none() {
             anyhow::bail!("--max-batch {max_batch}: batched rounds need a draft (--draft)");
         }
-        let plan = memory.plan(device, max_context, kv_cache)?;
+        let plans = memory.plans(device, max_context, kv_cache)?;
         let loaded =
-            load_typed(target_src, draft_src, cfg, device, plan, dspark_model::cuda::prefill::PrefillMode::Gemm)?;
+            load_typed(target_src, draft_src, cfg, device, &plans, dspark_model::cuda::prefill::PrefillMode::Gemm)?;
         let loaded = match kv_capacity {
             Some(cap) => loaded.with_kv_capacity(cap)?,
             None => loaded,

@@ -429,11 +429,12 @@ fn generate_with_a_bf16_kv_cache_stays_lossless() {
 }
 
 /// `--embeddings` and `--prefill-chunk` (the CUDA memory plan): a bad value, or a flag the CPU
-/// backend has no use for, is a one-line error naming the flag and what it takes.
+/// backend has no use for, is a one-line error naming the flag and what it takes; `auto` is taken.
 #[test]
 fn memory_flags_are_checked_and_named() {
-    let cases: [(&[&str], &[&str]); 5] = [
-        (&["--embeddings", "disk"], &["--embeddings", "expected device or host"]),
+    let cases: [(&[&str], &[&str]); 6] = [
+        (&["--embeddings", "disk"], &["--embeddings", "expected auto, device or host"]),
+        (&["--prefill-chunk", "lots"], &["--prefill-chunk", "expected auto or a number of rows"]),
         (&["--prefill-chunk", "0"], &["--prefill-chunk 0: must be 1 to 2048 rows"]),
         (&["--prefill-chunk", "4096"], &["--prefill-chunk 4096: must be 1 to 2048 rows"]),
         (&["--embeddings", "host"], &["--embeddings host:", "--device cuda"]),
@@ -449,10 +450,13 @@ fn memory_flags_are_checked_and_named() {
             assert!(e.contains(w), "{flags:?}: {e}");
         }
     }
-    // The default plan on the CPU runs.
-    let out =
-        dspark(&["generate", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cpu", "--embeddings", "device"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The default plan on the CPU runs, named or left to `auto`.
+    for flags in [&["--embeddings", "device"][..], &["--embeddings", "auto", "--prefill-chunk", "auto"]] {
+        let mut args = vec!["generate", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cpu"];
+        args.extend(flags);
+        let out = dspark(&args);
+        assert!(out.status.success(), "{flags:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
 }
 
 /// `--tensor-parallel`: a bad count, the embedded demo and the CPU are refused in one line naming

@@ -38,6 +38,7 @@ use dspark_kernels::cuda::sample::{sample_cfg, SampleIo, SampleScratch, SampleSh
 use dspark_kernels::cuda::Gpu;
 use dspark_tensor::arena::Arena;
 pub use host::DraftHost;
+pub use plan::DraftSide;
 pub use sequences::DraftSeq;
 use std::sync::Arc;
 

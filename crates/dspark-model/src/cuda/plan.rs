@@ -175,4 +175,29 @@ mod tests {
         let e = host.check(&tied).unwrap_err().to_string();
         assert!(e.contains("--embeddings host") && e.contains("tie_word_embeddings"), "{e}");
     }
+
+    /// The draft's target side foreseen from a plan, as a loader fitting both counts it (the
+    /// GPU tier checks it against built targets: `gpu_model::memory_plan`).
+    #[test]
+    fn the_draft_side_follows_the_plan() {
+        use crate::cuda::dspark::DraftSide;
+        use crate::cuda::prefill::PrefillMode;
+        let cfg = qwen3_8b();
+        let plan = TargetPlan::new(8192, KvDtype::Bf16);
+        let side = |p: &TargetPlan, mode| DraftSide::of_plan(&cfg, p, mode, 132);
+        let want = DraftSide {
+            sms: 132,
+            max_len: 8192,
+            kv_dtype: KvDtype::Bf16,
+            host_tables: false,
+            prefill_rows: Some(2048),
+        };
+        assert_eq!(side(&plan, PrefillMode::Gemm), want);
+        assert_eq!(side(&plan, PrefillMode::Exact).prefill_rows, None, "no GEMM prefill: no draft GEMM buffers");
+        let small = plan.with_embeddings(Embeddings::Host).with_prefill_rows(256);
+        assert_eq!(side(&small, PrefillMode::Gemm), DraftSide { host_tables: true, prefill_rows: Some(256), ..want });
+        // A context of one decode chunk plans no prefill; one past max_position_embeddings is capped.
+        assert_eq!(side(&TargetPlan::new(CHUNK, KvDtype::Bf16), PrefillMode::Gemm).prefill_rows, None);
+        assert_eq!(side(&TargetPlan::new(1 << 20, KvDtype::Bf16), PrefillMode::Gemm).max_len, 40960);
+    }
 }

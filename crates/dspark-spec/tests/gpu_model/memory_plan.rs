@@ -40,11 +40,21 @@ fn shared_draft(ddir: &std::path::Path, tdir: &std::path::Path, t: &CudaQwen3) -
 /// The draft's arena against what its loader checks before it loads: the checkpoint tensors it
 /// uploads (`device_bytes_without`, the heads it shares and W1 on the host left out) plus its
 /// plan (`CudaDraft::planned_bytes`), within 1% (or 4 KiB: the plan leaves out buffers of less
-/// than a kilobyte).
-fn check_planned(d: &CudaDraft, ddir: &std::path::Path, t: &CudaQwen3, shared: SharedHeads, what: &str) {
-    use dspark_model::cuda::dspark::DraftHost;
+/// than a kilobyte). The target side the loader's fit derives from `t`'s plan before anything
+/// loads (`DraftSide::of_plan`) must be the built target's.
+fn check_planned(
+    d: &CudaDraft,
+    ddir: &std::path::Path,
+    t: &CudaQwen3,
+    plan: TargetPlan,
+    shared: SharedHeads,
+    what: &str,
+) {
+    use dspark_model::cuda::dspark::{DraftHost, DraftSide};
     let ck = Checkpoint::open_dir(ddir).unwrap();
     let host = DraftHost::of(t);
+    let side = DraftSide::of_plan(t.config(), &plan, PrefillMode::Gemm, host.gpu.sms);
+    assert_eq!(side, DraftSide::of_host(&host), "{what}: the target side foreseen from its plan");
     let host_tables = t.host_bytes() > 0;
     let skip = CudaDraft::kept_off_device(d.config(), shared, host_tables);
     let weights = dspark_model::cuda::upload::device_bytes_without(&ck, &skip);
@@ -112,8 +122,15 @@ fn host_embeddings_give_the_device_tables_bits() {
         let (mut dr, shared) = shared_draft(own.path(), tdir, &host);
         assert!(shared.embed_tokens && shared.lm_head, "{name}: the draft's copies should equal the target's");
         let (mut dr_dev, _) = shared_draft(own.path(), tdir, &dev);
-        check_planned(&dr, own.path(), &host, shared, &format!("{name}, host tables"));
-        check_planned(&dr_dev, own.path(), &dev, shared, &format!("{name}, device tables"));
+        check_planned(
+            &dr,
+            own.path(),
+            &host,
+            plan.with_embeddings(Embeddings::Host),
+            shared,
+            &format!("{name}, host tables"),
+        );
+        check_planned(&dr_dev, own.path(), &dev, plan, shared, &format!("{name}, device tables"));
         // Markov W1 follows the embedding to the host: out of the draft's arena, byte for byte;
         // and the small card's draft keeps no stacked copy of its layers' k|v rows.
         let w1 = dr.host_bytes();
@@ -189,7 +206,7 @@ fn short_prefill_chunks_plan_less_and_stay_lossless() {
     small.set_prefill(PrefillMode::Gemm);
     let (mut dr, shared) = shared_draft(&ddir, &tdir, &small);
     assert_eq!(dr.ctx_kv_bytes(), 0, "the small plan's draft holds no stacked k|v");
-    check_planned(&dr, &ddir, &small, shared, "48-row chunks, host tables");
+    check_planned(&dr, &ddir, &small, host, shared, "48-row chunks, host tables");
     let g =
         speculative(&mut small, &mut dr, &long, &opts, &VerifyLen::Fixed(7), |_| ControlFlow::Continue(())).unwrap();
     assert_eq!(g.tokens, plain, "speculative (k|v a layer at a time) != greedy after a 48-row-chunk prefill");
