@@ -82,6 +82,21 @@ mod tests {
             .collect()
     }
 
+    /// One noisy entry in a measured table (a forward of 6 tokens timed slower than one of 8)
+    /// stops the scan before the drafts worth verifying; the envelope the measurement applies
+    /// (`CostTable::envelope`) lets it go on.
+    #[test]
+    fn a_bump_in_the_table_stops_the_budget_early_and_the_envelope_removes_it() {
+        let a = [0.95f32, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65];
+        let smooth = table(|n| 1.0 + 0.01 * n as f64, 16);
+        let mut bumped = smooth.clone();
+        bumped.seconds[5] = 1.5;
+        let (want, got) = (verify_budget(&[&a], &[7], &smooth), verify_budget(&[&a], &[7], &bumped));
+        assert_eq!(want, vec![7], "every draft pays at this slope");
+        assert!(got[0] < 5, "the bump at 6 tokens should stop the scan: {got:?}");
+        assert_eq!(verify_budget(&[&a], &[7], &bumped.envelope()), want);
+    }
+
     #[test]
     fn one_request_is_the_auto_verify_length() {
         let mut rng = Rng(30);

@@ -42,7 +42,20 @@ impl CostTable {
             seconds.push(best);
         }
         target.truncate(0)?;
-        Ok(CostTable { seconds })
+        Ok(CostTable { seconds }.envelope())
+    }
+
+    /// The table with each entry lowered to the least time of any forward at least as long: a
+    /// forward over fewer tokens does the same work over fewer rows, so a time above a longer
+    /// forward's is noise of the measurement (a clock step, a stray launch). Left in, such a
+    /// bump ends the verify choices' scans early — the first pair whose admission does not raise
+    /// the rate stops them — and a round verifies fewer drafts than it should. The result never
+    /// decreases along n, and a table that already did not is unchanged.
+    pub fn envelope(mut self) -> CostTable {
+        for n in (1..self.seconds.len()).rev() {
+            self.seconds[n - 1] = self.seconds[n - 1].min(self.seconds[n]);
+        }
+        self
     }
 }
 
@@ -83,6 +96,26 @@ impl VerifyLen {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_envelope_lowers_bumps_and_keeps_a_monotone_table() {
+        let t = |v: &[f64]| CostTable { seconds: v.to_vec() };
+        assert_eq!(t(&[1.0, 1.1, 1.2]).envelope(), t(&[1.0, 1.1, 1.2]));
+        assert_eq!(t(&[1.0, 1.5, 1.2, 1.3]).envelope(), t(&[1.0, 1.2, 1.2, 1.3]));
+        assert_eq!(t(&[2.0, 1.0, 3.0]).envelope(), t(&[1.0, 1.0, 3.0]));
+        assert_eq!(t(&[]).envelope(), t(&[]));
+        let mut rng = dspark_model::testing::Rng(61);
+        for _ in 0..200 {
+            let raw: Vec<f64> = (0..1 + rng.below(40)).map(|_| 1.0 + rng.f32().abs() as f64).collect();
+            let e = t(&raw).envelope().seconds;
+            assert!(e.windows(2).all(|w| w[0] <= w[1]), "not monotone: {e:?}");
+            assert!(e.iter().zip(&raw).all(|(a, b)| a <= b), "raised an entry: {raw:?} → {e:?}");
+            // Each entry is the least of the raw times from it on.
+            for (n, v) in e.iter().enumerate() {
+                assert_eq!(*v, raw[n..].iter().copied().fold(f64::INFINITY, f64::min));
+            }
+        }
+    }
 
     #[test]
     fn auto_stops_where_the_rate_falls() {
