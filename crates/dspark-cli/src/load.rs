@@ -19,7 +19,7 @@ use dspark_model::cuda::dspark::{CudaDraft, DraftHost, DraftSide};
 use dspark_model::cuda::plan::{Embeddings, TargetPlan};
 use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
-use dspark_model::cuda::upload::device_bytes;
+use dspark_model::cuda::upload::{device_bytes, device_bytes_without};
 use dspark_model::cuda::weights::CheckpointUpload;
 use dspark_model::{Drafter, Qwen3Config, TargetModel};
 use std::path::{Path, PathBuf};
@@ -213,7 +213,6 @@ fn fit(
     plans: &[TargetPlan],
     prefill: PrefillMode,
 ) -> Result<TargetPlan> {
-    use dspark_model::cuda::upload::device_bytes_without;
     let need: Vec<Option<usize>> = plans
         .iter()
         .map(|plan| {

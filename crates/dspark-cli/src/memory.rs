@@ -79,7 +79,7 @@ impl MemoryArgs {
 }
 
 /// The flags that lay out `plan` (for messages).
-pub fn flags(plan: &TargetPlan) -> String {
+fn flags(plan: &TargetPlan) -> String {
     format!("--embeddings {} --prefill-chunk {}", plan.embeddings.name(), plan.prefill_rows)
 }
 
