@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${ROUNDS:-2}"
+bash scripts/unbundle.sh
 dir="${AB_DIR:-.gpu-bundle}"
 bins="${AB_BINS:-dspark-base dspark}"
 IFS='|' read -r -a envs <<<"${AB_ENVS:-}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU test tier from .gpu-bundle/ (built by `cargo xtask test --gpu`) on a machine
-# with an NVIDIA GPU and driver but no Rust: the kernel and whole-model tests (and the FP8 and
+# with an NVIDIA GPU and driver but no Rust (unpacking .gpu-bundle-xz/bundle.tar.xz first when
+# .gpu-bundle/ is empty: scripts/unbundle.sh): the kernel and whole-model tests (and the FP8 and
 # matvec ones again on the sm_80 PTX), then both under
 # compute-sanitizer memcheck and racecheck (small shapes only: DSPARK_GPU_SMALL=1, since the
 # sanitizer slows kernels 10-100×). Logs go to $OUT (or ./gpu-tier-logs) as logs.tar.gz plus
@@ -8,6 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export DSPARK_ROOT="$PWD"
+bash scripts/unbundle.sh
 out="${OUT:-$PWD/gpu-tier-logs}"
 logs="${GPU_TIER_LOGS:-$(mktemp -d)}"  # GPU_TIER_LOGS=$OUT/logs keeps them if the call is cut short
 mkdir -p "$logs"
