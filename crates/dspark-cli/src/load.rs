@@ -16,10 +16,10 @@ use dspark_model::checkpoint::tokenizer::{eos_ids, eos_ids_from, Tokenizer};
 use dspark_model::cpu::dspark::{check_tensors, CpuDraft, DraftWeights};
 use dspark_model::cpu::qwen3::{CpuQwen3, Qwen3Weights};
 use dspark_model::cuda::dspark::{CudaDraft, DraftHost, DraftSide};
+use dspark_model::cuda::fit::{device_bytes, device_bytes_without};
 use dspark_model::cuda::plan::{Embeddings, TargetPlan};
 use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::cuda::qwen3::CudaQwen3;
-use dspark_model::cuda::upload::{device_bytes, device_bytes_without};
 use dspark_model::cuda::weights::CheckpointUpload;
 use dspark_model::{Drafter, Qwen3Config, TargetModel};
 use std::path::{Path, PathBuf};
@@ -266,8 +266,8 @@ pub(crate) fn load_split(
             // Rank 0 holds the draft whole, with its own heads: its weights and planned buffers
             // must fit there, checked before any of them is allocated.
             let planned = CudaDraft::planned_bytes(&dcfg, &host, CudaDraft::layer_elem(&ck));
-            let dir = dspark_model::cuda::upload::checkpoint_dir(&ck);
-            dspark_model::cuda::upload::check_fits(&host.gpu.ctx, &dir, device_bytes(&ck), planned)?;
+            let dir = dspark_model::cuda::fit::checkpoint_dir(&ck);
+            dspark_model::cuda::fit::check_fits(&host.gpu.ctx, &dir, device_bytes(&ck), planned)?;
             let d = CudaDraft::from_host(dcfg, &ck, &host, SharedHeads::default())?;
             Some(Box::new(d) as Box<dyn Drafter>)
         }

@@ -14,6 +14,7 @@
 //!   `dspark bench`.
 
 pub mod dspark;
+pub mod fit;
 pub mod fp8;
 pub mod graphs;
 pub mod kv_vmm;

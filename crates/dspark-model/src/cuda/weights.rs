@@ -24,11 +24,10 @@
 
 use crate::checkpoint::fp8::Fp8Quant;
 use crate::checkpoint::safetensors::Checkpoint;
+use crate::cuda::fit::{check_fits, checkpoint_dir, device_bytes, device_bytes_without};
 use crate::cuda::fp8::{self, RowOrder};
 use crate::cuda::layers::{drv, gpu_err};
-use crate::cuda::upload::{
-    check_fits, checkpoint_dir, device_bytes, device_bytes_without, Image, LoadProgress, UploadOptions, Uploader,
-};
+use crate::cuda::upload::{Image, LoadProgress, UploadOptions, Uploader};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaSlice};
 use dspark_kernels::cuda::host_table::HostTable;

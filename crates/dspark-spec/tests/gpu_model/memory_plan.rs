@@ -57,7 +57,7 @@ fn check_planned(
     assert_eq!(side, DraftSide::of_host(&host), "{what}: the target side foreseen from its plan");
     let host_tables = t.host_bytes() > 0;
     let skip = CudaDraft::kept_off_device(d.config(), shared, host_tables);
-    let weights = dspark_model::cuda::upload::device_bytes_without(&ck, &skip);
+    let weights = dspark_model::cuda::fit::device_bytes_without(&ck, &skip);
     let planned = CudaDraft::planned_bytes(d.config(), &host, CudaDraft::layer_elem(&ck));
     let (want, got) = (weights + planned, d.arena.bytes());
     let off = want.abs_diff(got);
