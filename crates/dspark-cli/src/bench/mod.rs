@@ -28,6 +28,7 @@
 
 mod concurrency;
 mod configs;
+mod goals;
 mod prefill;
 mod projections;
 pub mod report;
