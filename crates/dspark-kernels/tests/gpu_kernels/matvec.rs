@@ -29,10 +29,7 @@ fn matvec_all_dtypes_and_qwen3_8b_shapes() {
             let want = cpu::matmul::linear(&x, &wf, m, d_in, d_out);
             let xd = up(&g, &x);
             let mut y = poisoned(&g, m * d_out);
-            g.set_profiling(true).unwrap();
-            g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap();
-            let ran: Vec<String> = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
-            g.set_profiling(false).unwrap();
+            let ran = matvec_profiled(&g, &w, &xd, &mut y, (m, d_in, d_out), false);
             // FP8 weights take their own kernels: the tensor-core twins where the shape allows,
             // each after x's split into f16 parts (kernels/fp8.cu) — or, for one row, with x
             // split inside the matvec's blocks (`_n1x_fp8`; these shapes fit any GPU's shared
@@ -80,10 +77,7 @@ fn tile_looping_matvec_matches_the_one_tile_kernel() {
             let base = rng.vec(m * d_out);
             let start = |g: &Gpu| if accumulate { up(g, &base) } else { poisoned(g, m * d_out) };
             let (mut y, mut y1) = (start(&g), start(&g));
-            g.set_profiling(true).unwrap();
-            g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), accumulate).unwrap();
-            let ran: Vec<String> = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
-            g.set_profiling(false).unwrap();
+            let ran = matvec_profiled(&g, &w, &xd, &mut y, (m, d_in, d_out), accumulate);
             assert_eq!(ran, ["matvec_tc_loop_bf16"], "{m}x{d_in}->{d_out}: kernels");
             let shape = (m, d_in, d_out);
             if accumulate {
@@ -125,10 +119,7 @@ fn held_k_matvec_matches_the_double_buffered_kernel() {
         let want = cpu::matmul::linear(&x, &wf, m, d_in, d_out);
         let xd = up(&g, &x);
         let mut y = poisoned(&g, m * d_out);
-        g.set_profiling(true).unwrap();
-        g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap();
-        let ran: Vec<String> = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
-        g.set_profiling(false).unwrap();
+        let ran = matvec_profiled(&g, &w, &xd, &mut y, (m, d_in, d_out), false);
         assert_eq!(ran, ["matvec_tc_u4b1h_bf16"], "{m}x{d_in}->{d_out}: kernels");
         let mut y1 = poisoned(&g, m * d_out);
         g.matvec_tc_variant("matvec_tc_u4b1_bf16@8", &w, &xd.as_view(), &mut y1.as_view_mut(), (m, d_in, d_out))
@@ -230,4 +221,20 @@ fn tensor_core_matvec_rows_and_swiglu_epilogue() {
             assert!(e <= 1e-5, "matvec_swiglu {dtype} {m}x{d_in}->{inter}: {e}");
         }
     }
+}
+
+/// `g.matvec` of `w` on `x` into `y`, with the names of the kernels it launched.
+fn matvec_profiled(
+    g: &Gpu,
+    w: &WeightBuf,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    shape: (usize, usize, usize),
+    accumulate: bool,
+) -> Vec<String> {
+    g.set_profiling(true).unwrap();
+    g.matvec(w, &x.as_view(), &mut y.as_view_mut(), shape, accumulate).unwrap();
+    let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
+    g.set_profiling(false).unwrap();
+    ran
 }
