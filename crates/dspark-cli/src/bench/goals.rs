@@ -4,8 +4,9 @@
 //! * #31 (the last 20% of decode): plain decode ≤ 1.10× its floor, bf16 and FP8; verify of 8 ≤
 //!   1.04× a decode step, at every context measured (the issue names 16,384 keys too); the draft
 //!   round ≤ 1.15× its floor.
-//! * #29 (FP8 weights): FP8 decode ≤ 1.15× its floor; every projection of 32 MB or more at ≥ 85%
-//!   of the copy ceiling; Qwen3-8B-FP8 + its bf16 draft in ≤ 12 GB at 8k context, bf16 KV.
+//! * #29 (FP8 weights): FP8 decode ≤ 1.15× its floor; every FP8 projection of 32 MB or more at
+//!   ≥ 85% of the copy ceiling (bf16 ones too, #5's goal); Qwen3-8B-FP8 + its bf16 draft in ≤ 12
+//!   GB at 8k context, bf16 KV.
 //! * #27 (sampling): a device-sampled round ≤ 1.03× a greedy one.
 //! * #30 (many requests): at 8 requests the aggregate ≥ 5× one request's and each request ≥ 0.6×
 //!   one request's alone; the verify budget ≥ 1.10× full blocks' aggregate at 16 requests and
@@ -83,7 +84,9 @@ impl Report {
         }
         for p in &self.projections {
             if p.weight_bytes >= 32e6 {
-                out.push(Goal::at_least(format!("{} % of ceiling (#29)", p.name), 85.0, p.ours_pct_ceiling));
+                // FP8 projections (`…_fp8`) are #29's; bf16 ones were #5's.
+                let issue = if p.name.ends_with("_fp8") { "#29" } else { "#5" };
+                out.push(Goal::at_least(format!("{} % of ceiling ({issue})", p.name), 85.0, p.ours_pct_ceiling));
             }
             if p.out_features == 1024 {
                 out.push(Goal::at_least(format!("{} vs cuBLAS (#5)", p.name), 2.5, p.speedup));
@@ -147,6 +150,9 @@ mod tests {
 
     #[test]
     fn goals_are_judged_in_the_right_direction() {
+        // An FP8 gate|up: 100.7 MB (one byte a weight) in 30 µs at 4000 GB/s is 83.9%.
+        let mut fp8_gate_up = Projection::new("gate_up_fp8", 24576, 4096, 7, 30.0, 60.0, 4000.0);
+        fp8_gate_up.set_weight_bytes((24576 * 4096) as f64, 4000.0);
         let r = Report {
             device: String::new(),
             date_utc: String::new(),
@@ -161,6 +167,7 @@ mod tests {
             projections: vec![
                 Projection::new("q_proj", 4096, 4096, 7, 8.388608, 20.0, 4000.0), // 100%
                 Projection::new("k_proj", 1024, 4096, 7, 4.0, 12.0, 4000.0),      // 3.0× cuBLAS
+                fp8_gate_up,
             ],
             modelled: vec![],
             profiles: vec![],
@@ -192,8 +199,9 @@ mod tests {
             ("draft_round / floor, ctx 512 (#31)", false),
             // 12.1 GB: over; the short context and the bf16 target are not judged.
             ("fp8 target + draft device memory GB, ctx 8192 (#29)", false),
-            ("q_proj % of ceiling (#29)", true),
+            ("q_proj % of ceiling (#5)", true),
             ("k_proj vs cuBLAS (#5)", true),
+            ("gate_up_fp8 % of ceiling (#29)", false),
             ("aggregate at 8 requests / one request's, ctx 512 (#30)", true),
             ("per request at 8 / one request's, ctx 512 (#30)", true),
             ("budget / full blocks at 16 requests, ctx 512 (#30)", false),
