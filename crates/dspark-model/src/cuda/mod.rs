@@ -17,6 +17,7 @@ pub mod dspark;
 pub mod fit;
 pub mod fp8;
 pub mod graphs;
+pub mod handoff;
 pub mod kv_vmm;
 pub mod layers;
 pub mod plan;

@@ -22,8 +22,8 @@
 //! Every buffer is planned at load from the arena for `rows` rows.
 
 use crate::checkpoint::config::Qwen3Config;
+use crate::cuda::handoff::{Handoff, SharedCapture};
 use crate::cuda::layers::{capture_layer, drv, gpu_err, GpuLayer};
-use crate::cuda::qwen3::{Handoff, SharedCapture};
 use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use dspark_kernels::cuda::gemm::{dequant_scratch, workspace_bytes, Blas, GemmIn, Half};

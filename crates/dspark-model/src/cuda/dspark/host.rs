@@ -8,7 +8,8 @@
 //! shards — so its draft loads its own (a published DSpark draft ships both).
 
 use crate::checkpoint::config::Qwen3Config;
-use crate::cuda::qwen3::{CudaQwen3, SharedCapture, SharedDraftRows, SharedTokens};
+use crate::cuda::handoff::{SharedCapture, SharedDraftRows, SharedTokens};
+use crate::cuda::qwen3::CudaQwen3;
 use dspark_kernels::cuda::gemm::Blas;
 use dspark_kernels::cuda::host_table::Table;
 use dspark_kernels::cuda::kv::KvDtype;

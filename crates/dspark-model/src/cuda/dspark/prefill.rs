@@ -3,8 +3,9 @@
 
 use super::build::ctx_kv_of;
 use super::CudaDraft;
+use crate::cuda::handoff::SharedCapture;
 use crate::cuda::layers::{drv, gpu_err};
-use crate::cuda::qwen3::{SharedCapture, CHUNK};
+use crate::cuda::qwen3::CHUNK;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaView;
 use dspark_kernels::cuda::ops::StepLens;

@@ -38,8 +38,9 @@ use crate::backend::{
 use crate::checkpoint::config::Qwen3Config;
 use crate::checkpoint::safetensors::Checkpoint;
 use crate::cuda::dspark::DraftHost;
+use crate::cuda::handoff::{handoff_id, Handoff, SharedCapture, SharedDraftRows, SharedTokens};
 use crate::cuda::layers::{capture_layer, drv, gpu_err};
-use crate::cuda::qwen3::{handoff_id, Handoff, SharedCapture, SharedDraftRows, SharedTokens, CHUNK};
+use crate::cuda::qwen3::CHUNK;
 use crate::cuda::weights::WeightSource;
 use crate::error::{Error, Result};
 use crate::tp::{gather_argmax, TpShard};
