@@ -21,6 +21,9 @@
 //!   and stays lossless; short prefill chunks plan fewer bytes and stay lossless
 //!   (`memory_plan.rs`).
 //!
+//! * row-exact attention: verify rows = decode rows bit for bit, batched = solo on such a GPU
+//!   (`row_exact.rs`).
+//!
 //! * tensor parallel: ranks on one GPU against the CPU reference at N = 1, 2, 4, lossless with a
 //!   CPU draft; NCCL over two GPUs where there are two (`tp.rs`).
 //!
@@ -559,6 +562,9 @@ mod memory_plan;
 
 #[path = "gpu_model/prefill.rs"]
 mod prefill;
+
+#[path = "gpu_model/row_exact.rs"]
+mod row_exact;
 
 #[path = "gpu_model/sampled.rs"]
 mod sampled;

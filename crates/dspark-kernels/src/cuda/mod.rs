@@ -114,6 +114,10 @@ pub struct Gpu {
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
+    /// Whether a one-row step (decode) attends on the tensor-core kernel that verify steps use,
+    /// without the folded RoPE, so that a row's attention is the same bits in every step that
+    /// holds it (`ops.rs` `split_plan`; `DSPARK_ROW_EXACT=1` for A/B runs).
+    pub row_exact: bool,
     /// Whether a one-row FP8 matvec splits its x itself, in shared memory, instead of after a
     /// `split_x_f16x2` launch (`matvec.rs` `fp8_n1x_twin`; the same bits;
     /// `DSPARK_NO_FP8_SPLIT_IN_BLOCK=1` keeps the two launches for A/B runs).
@@ -245,6 +249,7 @@ impl Gpu {
             rope_fold: std::env::var_os("DSPARK_NO_ROPE_FOLD").is_none(),
             wide: std::env::var_os("DSPARK_NO_WIDE").is_none(),
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
+            row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
             xsm_limits,
             profiling: AtomicBool::new(false),

@@ -172,16 +172,23 @@ pub struct OpScratch {
 /// Most key slices of one split attention launch.
 pub const MAX_SPLITS: usize = 128;
 
-/// Key slices of a split attention launch: `(grid slices, keys)`. The kernels split a step's
-/// kv_len keys into `min(grid slices, ⌈kv_len / keys⌉)` slices of equal length (`split_count`,
-/// common.cuh), so with keys = 32 a short context gets one 32-key tile per block and a long one
-/// as many slices as fill one wave of `slots` resident blocks (`blocks` per slice: KV heads ×
-/// query groups) — each block then walks several tiles. Both figures follow `kv_cap` only, as a
-/// captured graph needs. Measured on the H200 (git history of docs/perf.md): one full wave beats both fixed
-/// 64- and 128-key slices, which left half the SMs idle for part of the 2048–4096 range.
-pub fn split_plan(kv_cap: usize, blocks: usize, slots: usize) -> (usize, usize) {
-    let wave = (slots / blocks.max(1)).max(1);
-    (kv_cap.div_ceil(32).min(wave).clamp(1, MAX_SPLITS), 32)
+/// Keys of one tile of the split attentions (kernels/common.cuh `SPLIT_TILE`).
+pub const SPLIT_TILE: usize = 32;
+
+/// Key slices of a split attention launch: `(grid slices, stride)`. Slice s of a step takes the
+/// 32-key tiles s, s + stride, s + 2·stride, … of its kv_len keys, and `min(stride, ⌈kv_len / 32⌉)`
+/// slices run (`split_block_at`, common.cuh), so a short context gets one tile per block and a
+/// long one as many slices as fill one wave of `slots` resident blocks with one query group per
+/// KV head (`nkv` blocks a slice) — each block then walks several tiles. The stride depends on
+/// the kernel (its `slots`), the model and the GPU only: never on kv_len or the row count, so a
+/// query row's tiles, and the bits of its attention, are the same in every step that holds it
+/// (a decode step, a verify step, a batched step's item, a graph's wider grid). The grid's
+/// slices follow `kv_cap` only, as a captured graph needs. Measured on the H200 (git history of
+/// docs/perf.md): one full wave beats both fixed 64- and 128-key slices, which left half the
+/// SMs idle for part of the 2048–4096 range.
+pub fn split_plan(kv_cap: usize, nkv: usize, slots: usize) -> (usize, usize) {
+    let stride = (slots / nkv.max(1)).clamp(1, MAX_SPLITS);
+    (kv_cap.div_ceil(SPLIT_TILE).clamp(1, stride), stride)
 }
 /// Most query rows the split attention takes (verify and draft blocks are ≤ 8; prefill uses the
 /// per-head kernel).
@@ -214,8 +221,8 @@ impl OpScratch {
 /// each: (queries per block, blocks per SM). A block takes 4 queries (one per warp) when that is
 /// the whole group (decode); more queries (verify, the draft block) go to the tensor-core
 /// kernel, 32 per block.
-pub(crate) fn split_kernel(rows: usize, g: usize) -> (usize, usize) {
-    if rows * g <= 4 {
+pub(crate) fn split_kernel(rows: usize, g: usize, row_exact: bool) -> (usize, usize) {
+    if rows * g <= 4 && !row_exact {
         (4, 4)
     } else {
         (32, 2)
@@ -227,9 +234,10 @@ pub(crate) fn split_kernel(rows: usize, g: usize) -> (usize, usize) {
 /// times the rows.
 pub fn split_partials(rows: usize, (nh, nkv): (usize, usize), sms: usize) -> usize {
     let g = nh / nkv.max(1);
-    let (per_block, per_sm) = split_kernel(rows, g);
-    let blocks = nkv * (rows * g).div_ceil(per_block);
-    split_plan(usize::MAX, blocks, per_sm * sms).0 * rows
+    // The more of the two kernels the rows may take: a row-exact GPU runs a decode row on the
+    // tensor-core kernel, others on the four-query one.
+    let slices = |row_exact| split_plan(usize::MAX, nkv, split_kernel(rows, g, row_exact).1 * sms).0;
+    slices(false).max(slices(true)) * rows
 }
 
 /// Dynamic shared memory of the kernels that use it: `attention_tc_hd*` stages Q (split in
@@ -484,16 +492,17 @@ impl Gpu {
         // The kernel by split_kernel's rule; the decode kernel's combine is a twin launched with
         // PDL (kernels/attention.cu).
         let group_queries = rows * (n_heads / n_kv_heads);
-        let (per_block, per_sm) = split_kernel(rows, n_heads / n_kv_heads);
+        let (per_block, per_sm) = split_kernel(rows, n_heads / n_kv_heads, self.row_exact);
         let (name, combine) = if per_block == 4 {
             (format!("attention_split_q1_hd{head_dim}_f32{}", kv.kernel_suffix()), "attention_combine_q1_f32")
         } else {
             (format!("attention_tc_hd{head_dim}_f32{}", kv.kernel_suffix()), "attention_combine_f32")
         };
         let groups = group_queries.div_ceil(per_block);
-        let (splits, keys) = split_plan(kv_cap, n_kv_heads * groups, per_sm * self.sms);
+        let (splits, stride) = split_plan(kv_cap, n_kv_heads, per_sm * self.sms);
         let (r, nh, nkv, c) = (rows as i32, n_heads as i32, n_kv_heads as i32, causal as i32);
-        // attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys)
+        // attention_split_q1 / attention_tc _hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, lens,
+        // causal, stride)
         let lens_dev = dptr(self, &lens.dev);
         let args = [
             dptr(self, q),
@@ -506,14 +515,14 @@ impl Gpu {
             Arg::I32(nkv),
             lens_dev,
             Arg::I32(c),
-            Arg::I32(keys as i32),
+            Arg::I32(stride as i32),
         ];
         let grid = ((n_kv_heads * groups) as u32, splits as u32, 1);
         match dynamic_smem(&name) {
             Some(smem) => self.launch_pdl_smem(&name, grid, 256, smem as u32, &args)?,
             None => self.launch_pdl(&name, grid, 128, &args)?,
         }
-        self.attention_combine(combine, scratch, out, rows, n_heads, head_dim, lens, (keys, splits))
+        self.attention_combine(combine, scratch, out, rows, n_heads, head_dim, lens, (SPLIT_TILE, splits))
     }
 
     /// The merge of a split attention's partials (`scratch`) into `out [rows, nh·hd]`: kernel
@@ -606,11 +615,13 @@ mod tests {
 
     #[test]
     fn split_partials_bound_every_launch_and_size_the_scratch() {
-        // Qwen3-8B (32 heads over 8) on an H200's 132 SMs: eight verify rows take the most, 33
-        // slices each; 4.3 MB of partials where MAX_SPLITS × SPLIT_ROWS planned 34 MB.
+        // Qwen3-8B (32 heads over 8) on an H200's 132 SMs: a decode row takes 66 slices on the
+        // four-query kernel, a verify row 33 on the tensor-core one at any row count; sixteen rows
+        // take the most, 528 (8.7 MB of partials), where MAX_SPLITS × SPLIT_ROWS is 2,048.
         assert_eq!(split_partials(1, (32, 8), 132), 66);
         assert_eq!(split_partials(8, (32, 8), 132), 264);
-        assert_eq!(OpScratch::sizes((32, 8, 128), 132).0, 264 * 32 * 128);
+        assert_eq!(split_partials(16, (32, 8), 132), 528);
+        assert_eq!(OpScratch::sizes((32, 8, 128), 132).0, 528 * 32 * 128);
         for sms in [1, 20, 46, 108, 132, 170, 1000] {
             for (nh, nkv) in [(1, 1), (4, 1), (4, 4), (8, 2), (14, 2), (16, 8), (32, 8), (64, 8), (40, 8), (32, 32)] {
                 for hd in [64, 128] {
@@ -619,12 +630,13 @@ mod tests {
                     for rows in 1..=SPLIT_ROWS {
                         let pairs = split_partials(rows, (nh, nkv), sms);
                         assert!(ao >= pairs * nh * hd, "{nh}/{nkv} heads, {rows} rows, {sms} SMs");
-                        // What the launch takes at any context, as attention_split plans it.
-                        let g = nh / nkv;
-                        let (per_block, per_sm) = split_kernel(rows, g);
-                        let blocks = nkv * (rows * g).div_ceil(per_block);
-                        for kv_cap in [1, 31, 512, 4096, 16_384, 1 << 20] {
-                            assert!(split_plan(kv_cap, blocks, per_sm * sms).0 * rows <= pairs);
+                        // What the launch takes at any context, as attention_split plans it, on a
+                        // GPU of either mode.
+                        for row_exact in [false, true] {
+                            let per_sm = split_kernel(rows, nh / nkv, row_exact).1;
+                            for kv_cap in [1, 31, 512, 4096, 16_384, 1 << 20] {
+                                assert!(split_plan(kv_cap, nkv, per_sm * sms).0 * rows <= pairs);
+                            }
                         }
                     }
                 }
@@ -633,19 +645,24 @@ mod tests {
     }
 
     #[test]
-    fn split_plan_fills_one_wave() {
-        // An H200: 132 SMs; Qwen3-8B's 8 KV heads, one query group per head.
+    fn split_plan_fills_one_wave_at_a_stride_fixed_by_the_gpu() {
+        // An H200: 132 SMs; Qwen3-8B's 8 KV heads.
         let (q1, tc) = (4 * 132, 2 * 132);
-        // Short contexts: one 32-key tile per block.
-        assert_eq!(split_plan(512, 8, tc), (16, 32));
-        assert_eq!(split_plan(1, 8, q1), (1, 32));
-        // Long contexts: as many slices as fill one wave, each a run of tiles.
-        assert_eq!(split_plan(4096, 8, tc), (33, 32));
-        assert_eq!(split_plan(8192, 8, tc), (33, 32));
-        assert_eq!(split_plan(8192, 8, q1), (66, 32));
-        assert_eq!(split_plan(2048, 8, q1), (64, 32));
+        // Short contexts: one 32-key tile per block; the stride is one wave whatever the context.
+        assert_eq!(split_plan(512, 8, tc), (16, 33));
+        assert_eq!(split_plan(1, 8, q1), (1, 66));
+        // Long contexts: as many slices as fill one wave, each every stride-th tile.
+        assert_eq!(split_plan(4096, 8, tc), (33, 33));
+        assert_eq!(split_plan(8192, 8, tc), (33, 33));
+        assert_eq!(split_plan(8192, 8, q1), (66, 66));
+        assert_eq!(split_plan(2048, 8, q1), (64, 66));
         // Never more slices than the scratch holds, never fewer than one.
-        assert_eq!(split_plan(1 << 20, 1, 10_000), (128, 32));
-        assert_eq!(split_plan(4096, 1000, 10), (1, 32));
+        assert_eq!(split_plan(1 << 20, 1, 10_000), (128, 128));
+        assert_eq!(split_plan(4096, 1000, 10), (1, 1));
+        // The stride follows neither the context nor anything but the KV heads and slots.
+        for kv_cap in [1, 33, 100, 4096, 1 << 20] {
+            assert_eq!(split_plan(kv_cap, 8, tc).1, 33);
+            assert!(split_plan(kv_cap, 8, tc).0 <= 33);
+        }
     }
 }
