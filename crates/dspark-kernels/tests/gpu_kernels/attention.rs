@@ -303,16 +303,9 @@ fn a_row_is_the_same_bits_in_every_step_that_holds_it() {
                         let mut q = rng.vec(rows * width);
                         let j = pos - first_pos;
                         q[j * width..(j + 1) * width].copy_from_slice(&row);
-                        let qd = up(&g, &q);
-                        let lens_d = g.stream.clone_htod(&[first_pos as u32, kv_len as u32]).unwrap();
                         for kv_cap in [kv_len, kv_len.next_power_of_two().min(cap)] {
-                            let lens = StepLens { dev: lens_d.as_view(), first_pos, kv_cap };
-                            let mut out = poisoned(&g, rows * width);
-                            let heads = (nh, nkv, hd);
-                            g.attention_split(&qd.as_view(), &kd.view(), &vd.view(), &mut out.as_view_mut(), rows, &lens, heads, true, &mut sc)
-                                .unwrap();
-                            let bits: Vec<u32> = down(&g, &out)[j * width..(j + 1) * width].iter().map(|x| x.to_bits()).collect();
-                            assert!(bits.iter().all(|b| !f32::from_bits(*b).is_nan()), "an unwritten output");
+                            let bits =
+                                row_bits(&g, (&kd, &vd), &mut sc, &q, (first_pos, rows, kv_cap), (nh, nkv, hd), j);
                             let tc = usize::from(rows * (nh / nkv) > 4 || row_exact);
                             let what = format!("{rows} rows from {first_pos} (grid for {kv_cap} keys)");
                             match &first[tc] {
@@ -334,4 +327,27 @@ fn a_row_is_the_same_bits_in_every_step_that_holds_it() {
             }
         }
     }
+}
+
+/// The bits of row `j` of a causal split attention of `q`'s `rows` rows from `first_pos` over
+/// the caches, launched with its grid sized for `kv_cap` keys, its output poisoned first.
+fn row_bits(
+    g: &Gpu,
+    (k, v): (&Cache, &Cache),
+    sc: &mut OpScratch,
+    q: &[f32],
+    (first_pos, rows, kv_cap): (usize, usize, usize),
+    heads: (usize, usize, usize),
+    j: usize,
+) -> Vec<u32> {
+    let width = heads.0 * heads.2;
+    let qd = up(g, q);
+    let lens_d = g.stream.clone_htod(&[first_pos as u32, (first_pos + rows) as u32]).unwrap();
+    let lens = StepLens { dev: lens_d.as_view(), first_pos, kv_cap };
+    let mut out = poisoned(g, rows * width);
+    g.attention_split(&qd.as_view(), &k.view(), &v.view(), &mut out.as_view_mut(), rows, &lens, heads, true, sc)
+        .unwrap();
+    let bits: Vec<u32> = down(g, &out)[j * width..(j + 1) * width].iter().map(|x| x.to_bits()).collect();
+    assert!(bits.iter().all(|b| !f32::from_bits(*b).is_nan()), "an unwritten output");
+    bits
 }

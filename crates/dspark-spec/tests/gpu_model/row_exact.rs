@@ -27,7 +27,11 @@ pub(super) fn gpu_row_exact() -> Arc<Gpu> {
 
 /// For `seeds` random targets of `cfg`: (verify steps whose logits equal their tokens' decode
 /// steps bit for bit, steps compared).
-fn verify_equals_decode(g: &Arc<Gpu>, cfg: &dspark_model::checkpoint::config::Qwen3Config, graphs: bool) -> (usize, usize) {
+fn verify_equals_decode(
+    g: &Arc<Gpu>,
+    cfg: &dspark_model::checkpoint::config::Qwen3Config,
+    graphs: bool,
+) -> (usize, usize) {
     let spec = two_layer_draft(4, MarkovKind::Vanilla, false);
     let (mut equal, mut steps) = (0, 0);
     for seed in 0..6u64 {
