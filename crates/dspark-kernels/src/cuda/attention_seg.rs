@@ -26,8 +26,9 @@
 //! sequence's split partials get their own range of one buffer planned with the batch
 //! ([`SegScratch`]); a step whose partials would not fit gets `None` and launches alone.
 
+use super::attention_split::{split_plan, MAX_SPLITS, SPLIT_ROWS, SPLIT_TILE};
 use super::kv::LayersKv;
-use super::ops::{dynamic_smem, split_plan, OpScratch, StepLens, MAX_SPLITS, SPLIT_ROWS, SPLIT_TILE};
+use super::ops::{dynamic_smem, OpScratch, StepLens};
 use super::pdl::{device_addr, Arg};
 use super::rope_fold::RopeWeights;
 use super::{CudaError, CudaResult, Gpu};

@@ -13,6 +13,7 @@
 mod argmax;
 mod attention_prefill;
 pub mod attention_seg;
+pub mod attention_split;
 pub mod gemm;
 pub mod host_table;
 pub mod kv;

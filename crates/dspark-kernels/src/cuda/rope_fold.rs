@@ -14,8 +14,9 @@
 //! µs a launch at 512 / 4096 keys, kernel alone) than the append launch it saved, so the verify
 //! took 1.5–1.9% longer. `DSPARK_NO_ROPE_FOLD=1` keeps the two launches (for A/B runs).
 
+use super::attention_split::{split_plan, SPLIT_TILE};
 use super::kv::{KvView, KvViewMut};
-use super::ops::{check, split_plan, OpScratch, StepLens, SPLIT_TILE};
+use super::ops::{check, OpScratch, StepLens};
 use super::pdl::{dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut};

@@ -1,6 +1,6 @@
 //! Row-exact attention (`Gpu::row_exact`): a decode step's row takes the tensor-core split
 //! attention that verify steps use, and every split attention takes a row's keys in tiles fixed
-//! by the GPU (`dspark_kernels::cuda::ops::split_plan`), so a token's logits are the same bits
+//! by the GPU (`dspark_kernels::cuda::attention_split::split_plan`), so a token's logits are the same bits
 //! whether it is decoded alone, verified among drafts or batched with other requests:
 //!
 //! * a verify-shaped step's logits equal the same tokens decoded one at a time, bit for bit, on
