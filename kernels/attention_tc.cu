@@ -236,6 +236,10 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     // Softmax: warp w owns query rows 4w .. 4w+3 (lane = key). P·V: warp w accumulates O for
     // m-tile w & 1 and dims (hd/4)·(w >> 1) .. +hd/4 over all 32 keys.
     const int mt = warp & 1, quarter = warp >> 1;
+    // A warp whose m-tile holds no query of this block (a decode row's 4 queries, or up to four
+    // verify rows' 16, leave m-tile 1 empty) skips its S and P·V MMAs: every other row's
+    // instructions are unchanged, so their bits are too, and a one-row step costs half the MMAs.
+    const bool mt_live = q0 + mt * 16 < Q;  // warp-uniform, as mma.sync needs
     const int ra = mt * 16 + g, rb = ra + 8;  // the lane's two rows in the S and P·V fragments
     float m_row[4], l_row[4];
     int vis[4];
@@ -261,7 +265,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
         if (t0 + step < kv_len) fetch(t0 + step);
 
         // S = Q·Kᵀ for 16 queries × 8 keys (one n-tile), 3xTF32.
-        {
+        if (mt_live) {
             const int key = quarter * 8 + g, sw = (g & 1) << 2;  // rows ra, rb and the key share g's parity
             float sb[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -318,36 +322,38 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
         if (t0 == j0) TC_MARK(5);
 
         // O = O·corr + P·V for 16 rows × hd/4 dims over the tile's 32 keys (4 k8 steps), 3xTF32.
-        const float ca = scorr[ra], cb = scorr[rb];
-#pragma unroll
-        for (int n = 0; n < NQ; n++) {
-            o[n][0] *= ca; o[n][1] *= ca;
-            o[n][2] *= cb; o[n][3] *= cb;
-        }
-#pragma unroll
-        for (int ks = 0; ks < TC_TK / 8; ks++) {
-            // Slot t ↔ key 8ks + 2t, slot t+4 ↔ key 8ks + 2t + 1, in A (P) and B (V) alike.
-            const int key = 8 * ks + 2 * t;
-            uint32_t pb[4], ps[4];
-            split_tf32(sp[ra][key], pb[0], ps[0]);
-            split_tf32(sp[rb][key], pb[1], ps[1]);
-            split_tf32(sp[ra][key + 1], pb[2], ps[2]);
-            split_tf32(sp[rb][key + 1], pb[3], ps[3]);
+        if (mt_live) {
+            const float ca = scorr[ra], cb = scorr[rb];
 #pragma unroll
             for (int n = 0; n < NQ; n++) {
-                const int d = (quarter * (HD / 4) + 8 * n + g) ^ (t << 3);  // (key / 2) & 3 == t
-                // O has one accumulator, so the small terms go in before the big one.
-                if constexpr (EXACT) {
-                    const uint32_t b0 = __float_as_uint(sv[key][d]), b1 = __float_as_uint(sv[key + 1][d]);
-                    mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], b0, b1);
-                    mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], b0, b1);
-                } else {
-                    uint32_t bb[2], bs[2];
-                    split_tf32(sv[key][d], bb[0], bs[0]);
-                    split_tf32(sv[key + 1][d], bb[1], bs[1]);
-                    mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bs[0], bs[1]);
-                    mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], bb[0], bb[1]);
-                    mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bb[0], bb[1]);
+                o[n][0] *= ca; o[n][1] *= ca;
+                o[n][2] *= cb; o[n][3] *= cb;
+            }
+#pragma unroll
+            for (int ks = 0; ks < TC_TK / 8; ks++) {
+                // Slot t ↔ key 8ks + 2t, slot t+4 ↔ key 8ks + 2t + 1, in A (P) and B (V) alike.
+                const int key = 8 * ks + 2 * t;
+                uint32_t pb[4], ps[4];
+                split_tf32(sp[ra][key], pb[0], ps[0]);
+                split_tf32(sp[rb][key], pb[1], ps[1]);
+                split_tf32(sp[ra][key + 1], pb[2], ps[2]);
+                split_tf32(sp[rb][key + 1], pb[3], ps[3]);
+#pragma unroll
+                for (int n = 0; n < NQ; n++) {
+                    const int d = (quarter * (HD / 4) + 8 * n + g) ^ (t << 3);  // (key / 2) & 3 == t
+                    // O has one accumulator, so the small terms go in before the big one.
+                    if constexpr (EXACT) {
+                        const uint32_t b0 = __float_as_uint(sv[key][d]), b1 = __float_as_uint(sv[key + 1][d]);
+                        mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], b0, b1);
+                        mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], b0, b1);
+                    } else {
+                        uint32_t bb[2], bs[2];
+                        split_tf32(sv[key][d], bb[0], bs[0]);
+                        split_tf32(sv[key + 1][d], bb[1], bs[1]);
+                        mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bs[0], bs[1]);
+                        mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], bb[0], bb[1]);
+                        mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bb[0], bb[1]);
+                    }
                 }
             }
         }
