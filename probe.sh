@@ -4,6 +4,7 @@
 # gpu_kernels-x1, gpu_model-x1, dspark-x1 from x1-lean; dspark-x1e from x1-exact; dspark-main.
 #   bash probe.sh tests   # ~5 min: the new tests and the whole gpu_model of each branch
 #   bash probe.sh ab      # ~6 min: what the row-exact slicing / decode and the lean wide loads cost
+#   bash probe.sh ab1 / abx  # the row-exact A/B's first round; the x1 modes' concurrency rows
 #   bash probe.sh san     # ~3 min: memcheck / racecheck of the changed kernels
 #   bash probe.sh ncu     # ~3 min: ncu of the x1 wide matvecs at 8 / 32 / 64 rows
 set -u
@@ -36,11 +37,15 @@ ncu)  # where the x1 wide matvecs' time goes at 8 / 32 / 64 rows (L1 hits, L2 an
         timeout 60 ncu --clock-control none --launch-count 4 -k regex:matvec_tc --metrics gpu__time_duration.sum,l1tex__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum --csv --page raw $B/dspark-x1 bench --projections-only --projection-rows $r --iters 1 --activations bf16 2>/dev/null | grep -E '^"(ID|[0-9])' | cut -c1-600
     done
     ;;
-ab)
-    for r in 1 2; do for c in "dspark-main|" "dspark|" "dspark|DSPARK_ROW_EXACT=1"; do
+ab|ab1)  # ab1: one round of the row-exact A/B (~2 min); ab: two rounds, then abx
+    [ "$part" = ab1 ] && rounds=1 || rounds="1 2"
+    for r in $rounds; do for c in "dspark-main|" "dspark|" "dspark|DSPARK_ROW_EXACT=1"; do
         b=${c%%|*}; e=${c#*|}; echo "== $r $b $e"
         timeout 100 env $e $B/$b bench --no-projections --contexts 512,4096 --iters 10 2>&1 | grep -E '^\| (decode|verify8|draft_round|round) '
     done; done
+    [ "$part" = ab1 ] && continue
+    ;&
+abx)  # the x1 modes' concurrency rows (~2 min)
     for c in "dspark-x1e bf16" "dspark-x1 bf16" "dspark-x1 f32"; do set -- $c; echo "== $1 --activations $2"
         timeout 100 $B/$1 bench --concurrency 1,4,8,16 --concurrency-only --contexts 512 --iters 6 --kv-cache bf16 --activations $2 2>&1 | grep -E "^\|" | head -40
     done
