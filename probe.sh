@@ -22,6 +22,10 @@ tests)
     t x1_kernels 150 $B/gpu_kernels-x1 --test-threads=1 wide matvec a_row_is
     t x1_model 150 $B/gpu_model-x1 --test-threads=1 activations row_exact batched
     ;;
+quick)  # ~3 min: the row-bits kernel test and the x1 mode's model tests alone
+    t k_rows 120 $B/gpu_kernels --test-threads=1 a_row_is
+    t x1_model 150 $B/gpu_model-x1 --test-threads=1 activations row_exact batched
+    ;;
 san)  # the sanitizers on what exact-rows changed (small shapes), ~3 min
     export DSPARK_GPU_SMALL=1
     c="compute-sanitizer --error-exitcode 9"
