@@ -50,6 +50,17 @@ __device__ __forceinline__ void mma_chunk3(float (*acc)[4], const uint4& va, con
     mma_bf16(acc[2], va.z, vb.z, va.w, vb.w, lo[2], lo[3]);
 }
 
+// The same chunk with x rounded to bf16 (`--activations bf16`, the `_x1` kernels): one part, two
+// MMAs into the first accumulator — a third of the tensor work and of the split's instructions,
+// which is what bounds launches of more than 8 rows; x loses its f32 exactness.
+__device__ __forceinline__ void mma_chunk1(float (*acc)[4], const uint4& va, const uint4& vb, const float* xv) {
+    uint32_t h[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) h[j] = pack_bf16(xv[2 * j], xv[2 * j + 1]);
+    mma_bf16(acc[0], va.x, vb.x, va.y, vb.y, h[0], h[1]);
+    mma_bf16(acc[0], va.z, vb.z, va.w, vb.w, h[2], h[3]);
+}
+
 __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, float* v) {
     const float* p = x + (size_t)row * in + k;
     float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);

@@ -15,6 +15,7 @@
 //! * many requests in one target (`batched.rs`): a batched forward's items = each sequence
 //!   alone, bit for bit; batched rounds = each request's solo greedy and solo round count.
 //! * a bf16 KV cache against the CPU reference rounded alike, and lossless on it (`kv_bf16.rs`).
+//! * bf16 activations: near the f32 reference, lossless, batched = solo (`activations.rs`).
 //! * FP8 targets in Qwen's block-scaled layout: logits against the CPU's dequantized reference,
 //!   the GEMM prefill, greedy = CPU greedy = speculative (`fp8.rs`).
 //! * the memory plan: the embedding in host memory gives the device table's logits bit for bit
@@ -544,6 +545,9 @@ fn graph_replays_match_eager_launches_bit_for_bit() {
         token = ga.ids[0];
     }
 }
+
+#[path = "gpu_model/activations.rs"]
+mod activations;
 
 #[path = "gpu_model/batched.rs"]
 mod batched;

@@ -116,7 +116,7 @@ impl Gpu {
             && nh % nkv == 0
             && rows > 0
             && rows <= SPLIT_ROWS
-            && (rows * (nh / nkv) > 4 || self.row_exact)
+            && (rows * (nh / nkv) > 4 || self.rows_exact())
             && ops.holds(rows, (nh, nkv, hd), self.sms)
     }
 

@@ -162,7 +162,7 @@ impl Gpu {
         // The kernel by split_kernel's rule; the decode kernel's combine is a twin launched with
         // PDL (kernels/attention.cu).
         let group_queries = rows * (n_heads / n_kv_heads);
-        let (per_block, per_sm) = split_kernel(rows, n_heads / n_kv_heads, self.row_exact);
+        let (per_block, per_sm) = split_kernel(rows, n_heads / n_kv_heads, self.rows_exact());
         let (name, combine) = if per_block == 4 {
             (format!("attention_split_q1_hd{head_dim}_f32{}", kv.kernel_suffix()), "attention_combine_q1_f32")
         } else {

@@ -82,11 +82,13 @@ pub fn available() -> bool {
 /// the decode's combine, `attention_combine_q1_f32` (not on the list), launches with PDL. The
 /// FP8 SwiGLU matvec follows its bf16 twin (not measured separately).
 /// The segmented combine (`attention_seg.rs`) follows the tensor-core kernel's, as its twin does,
-/// and the one-row FP8 SwiGLU that splits its own x (`_n1x`) its two-launch twin.
-const NO_PDL: [&str; 6] = [
+/// and the one-row FP8 SwiGLU that splits its own x (`_n1x`) its two-launch twin, and the bf16
+/// SwiGLU on bf16-rounded x (`_x1`) its three-part twin.
+const NO_PDL: [&str; 7] = [
     "attention_combine_f32",
     "attention_combine_seg_f32",
     "matvec_tc_swiglu_bf16",
+    "matvec_tc_swiglu_x1_bf16",
     "matvec_tc_swiglu_fp8",
     "matvec_tc_swiglu_n1_fp8",
     "matvec_tc_swiglu_n1x_fp8",
@@ -112,6 +114,9 @@ pub struct Gpu {
     /// Whether launches of more than 8 rows take the wide bf16 kernels, 16 or 32 rows a launch
     /// on one weight read (`matvec.rs` `wide_twin`; `DSPARK_NO_WIDE=1` turns it off for A/B runs).
     pub wide: bool,
+    /// The activations' precision in the bf16 tensor-core matvecs (`--activations`; bf16: the
+    /// one-part `_x1` kernels, `matvec.rs` `x1_twin`). Set before the models load.
+    pub activations: crate::Activations,
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
@@ -184,6 +189,13 @@ pub struct KernelTime {
 }
 
 impl Gpu {
+    /// Whether a row's attention must be the same bits in every step that holds it: asked for
+    /// (`row_exact`), or implied by bf16 activations, whose rounding of x would turn the decode
+    /// kernel's ~2⁻²² difference from the verify kernel's into a whole bf16 step.
+    pub fn rows_exact(&self) -> bool {
+        self.row_exact || self.activations == crate::Activations::Bf16
+    }
+
     /// Opens device `ordinal`, loads every kernel module, and creates the op stream.
     pub fn new(ordinal: usize) -> CudaResult<Gpu> {
         if !available() {
@@ -249,6 +261,7 @@ impl Gpu {
             pdl,
             rope_fold: std::env::var_os("DSPARK_NO_ROPE_FOLD").is_none(),
             wide: std::env::var_os("DSPARK_NO_WIDE").is_none(),
+            activations: crate::Activations::F32,
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),

@@ -49,7 +49,7 @@ impl Gpu {
         causal: bool,
         scratch: &mut OpScratch,
     ) -> CudaResult<()> {
-        if !(self.rope_fold && !self.row_exact && folds(rows, (nh, nkv, hd), scratch, self.sms)) {
+        if !(self.rope_fold && !self.rows_exact() && folds(rows, (nh, nkv, hd), scratch, self.sms)) {
             let values = lens.kv_cap * nkv * hd;
             let (q_norm, k_norm, inv_freq, eps) = (rope.q_norm, rope.k_norm, rope.inv_freq, rope.eps);
             let heads = (rows, nh, nkv);

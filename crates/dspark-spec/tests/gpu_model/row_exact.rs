@@ -27,7 +27,7 @@ pub(super) fn gpu_row_exact() -> Arc<Gpu> {
 
 /// For `seeds` random targets of `cfg`: (verify steps whose logits equal their tokens' decode
 /// steps bit for bit, steps compared).
-fn verify_equals_decode(
+pub(super) fn verify_equals_decode(
     g: &Arc<Gpu>,
     cfg: &dspark_model::checkpoint::config::Qwen3Config,
     graphs: bool,
