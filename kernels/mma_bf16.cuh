@@ -67,6 +67,15 @@ __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, 
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
+// Four f32 of what another kernel produced, by a plain (weak, coherent) global load: neither
+// the non-coherent path nor a strong load. After pdl_wait only: the asm is volatile, so it stays
+// below the wait's.
+__device__ __forceinline__ float4 ld_global_f4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
 // Streams a weight chunk past L1 (it is read once; x stays cached there) and asks L2 to fetch
 // the row's whole 256-byte block: the neighbouring 64-byte chunks belong to the same warp's
 // next chunk or to its sibling warps, so one DRAM burst serves four requests.
