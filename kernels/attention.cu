@@ -79,6 +79,8 @@ extern "C" __global__ void attention_f32_kvbf16(const float* q, const __nv_bfloa
 // KV head and slice). The block stages tiles of 32 keys' K and V rows in shared memory with
 // coalesced 16-byte loads, the next tile's loads in flight while it computes on this one (the
 // first tile by cp.async straight into shared memory, so the first two are in flight at once).
+// A slice's tiles interleave with the other slices' at a stride fixed for the kernel and GPU
+// (common.cuh split_block_at), so a row's bits do not depend on the step's length.
 //
 // Warp w takes keys 8w .. 8w + 7 of each tile for all four queries, so the block reads each K
 // and V element from shared memory once. (Earlier each warp took one query and all 32 keys, so
@@ -105,6 +107,7 @@ extern "C" __global__ void attention_f32_kvbf16(const float* q, const __nv_bfloa
 #define Q1_MARK(i, dep)
 #endif
 #define TK 32  // keys per tile
+static_assert(TK == SPLIT_TILE, "a slice's tiles are split_block_at's");
 
 // A lane's PER consecutive floats of a shared-memory row (PER·lane …), in vector reads.
 template <int PER>
@@ -144,7 +147,7 @@ __device__ __forceinline__ void load_row(const float* row, int lane, float (&out
 template <int PER, typename E = float, bool ROPE = false>
 __device__ void attention_split(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                                 float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens,
-                                int causal, int keys, RopeIn<E> rp = {}) {
+                                int causal, int stride, RopeIn<E> rp = {}) {
     using KE = KvElem<E>;
     using Chunk = typename KE::Chunk;
     constexpr bool F32 = KE::PER_CHUNK == 4;
@@ -162,9 +165,9 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     Q1_MARK(0, 0.f);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int first_pos = lens[0], kv_len = lens[1];  // host-written: safe before the wait
-    const SplitBlock sb = split_block(rows, nh, nkv, kv_len, keys, SPLIT_Q);
+    const SplitBlock sb = split_block(rows, nh, nkv, kv_len, stride, SPLIT_Q);
     if (!sb.active) return;
-    const int Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
+    const int Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, step = sb.step;
     const float scale = rsqrtf((float)HD);
 
     // The first tile goes straight to shared memory with cp.async (no registers held) and the
@@ -185,7 +188,7 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     const Chunk *kb = tr.k, *vb = tr.v;
     uint4* raw = reinterpret_cast<uint4*>(&sv[0][0]);  // bf16: the first tile, K then V, unwidened
     auto first_tile = [&]() {
-        const int rem = j1 - j0 - key0;  // load n is in the slice while KSTEP·n < rem
+        const int rem = kv_len - j0 - key0;  // load n is in the step's keys while KSTEP·n < rem
         const size_t o = (size_t)j0 * rs;
 #pragma unroll
         for (int i = 0; i < LOADS; i++) {
@@ -206,10 +209,9 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
     if (early) first_tile();
 
     // ROPE: the rows' rotations (by the whole block), the norm weights of the warp's query and of
-    // the new row the warp appends (its slice holds the row, or the row lies past the last
-    // slice's keys), all before the wait.
+    // the new row the warp appends (its slice holds the row's tile), all before the wait.
     const int new_pos = first_pos + warp;
-    const bool appends = ROPE && warp < rows && new_pos >= j0 && (new_pos < j1 || j1 == kv_len);
+    const bool appends = ROPE && warp < rows && (new_pos / TK) % stride == sb.split;
     __shared__ float2 srot[ROPE ? SPLIT_Q * HD / 2 : 1];  // the rows' rotations (rows ≤ SPLIT_Q)
     float qw[PER];
     FoldRow<PER, E> nr;
@@ -234,7 +236,7 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
 
     Chunk pk[LOADS], pv[LOADS];
     auto fetch = [&](int t0) {
-        const int rem = j1 - t0 - key0;
+        const int rem = kv_len - t0 - key0;
         const size_t o = (size_t)t0 * rs;
 #pragma unroll
         for (int i = 0; i < LOADS; i++) {
@@ -289,7 +291,7 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
         }
     }
     if (!early) first_tile();
-    if (j0 + TK < j1) fetch(j0 + TK);
+    if (j0 + step < kv_len) fetch(j0 + step);
 
     if constexpr (ROPE) {
         float* sqw = reinterpret_cast<float*>(&sq[warp][0]);
@@ -309,7 +311,7 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
         }
     }
     Q1_MARK(2, 0.f);
-    for (int t0 = j0; t0 < j1; t0 += TK) {
+    for (int t0 = j0; t0 < kv_len; t0 += step) {
         if (t0 == j0) {
             cp_async_wait_all();  // this thread's part of the first tile has landed
             if constexpr (!F32) {  // widen it in place: every thread reads its raw chunks first
@@ -330,8 +332,8 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
         if constexpr (ROPE) {
             // The step's new rows in this tile replace what the tile's loads found in the cache
             // (a condition uniform over the block, so the barrier is too).
-            if (max(t0, first_pos) < min(min(t0 + TK, j1), first_pos + rows)) {
-                if (appends && new_pos >= t0 && new_pos < min(t0 + TK, j1)) {
+            if (max(t0, first_pos) < min(min(t0 + TK, kv_len), first_pos + rows)) {
+                if (appends && new_pos >= t0 && new_pos < t0 + TK) {
                     float* kr = reinterpret_cast<float*>(&sk[new_pos - t0][0]);
 #pragma unroll
                     for (int e = 0; e < PER; e++) {
@@ -343,8 +345,8 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
             }
         }
         if (t0 == j0) Q1_MARK(3, 0.f);
-        if (t0 != j0 && t0 + TK < j1) fetch(t0 + TK);  // in flight while this tile is computed
-        const int n = min(TK, j1 - t0);                 // the tile's keys in the slice
+        if (t0 != j0 && t0 + step < kv_len) fetch(t0 + step);  // in flight while this tile is computed
+        const int n = min(TK, kv_len - t0);                     // the tile's keys in the step
         if (warp * KW >= n) continue;                   // none of this warp's keys (the last tile)
         const int jl = warp * KW + kk;
         // The score of (query kq, key jl): each K element read serves four lanes' queries.
@@ -381,7 +383,7 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
             for (int i = 0; i < SPLIT_Q; i++) p4[i] = sp[warp][i * (KW / 4) + c];
 #pragma unroll
             for (int k4 = 0; k4 < 4; k4++) {
-                if (4 * c + k4 >= nk) break;  // past the slice: zero-filled rows, p = 0
+                if (4 * c + k4 >= nk) break;  // past the step's keys: zero-filled rows, p = 0
                 float vv[PER];
                 load_row<PER>(&sv[warp * KW + 4 * c + k4][0], lane, vv);
 #pragma unroll
@@ -393,7 +395,7 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
             }
         }
         __syncwarp();  // this tile's p are read before the next tile's overwrite them
-        if (t0 + TK >= j1) Q1_MARK(6, o[0][0]);
+        if (t0 + step >= kv_len) Q1_MARK(6, o[0][0]);
     }
     // The four warps' states of each query, merged in a fixed order (warp 0 first) by the warp
     // of that query; the K tile's room holds them once every warp is done with the last tile.
@@ -438,8 +440,8 @@ __device__ void attention_split(const float* __restrict__ q, const E* __restrict
 #define SPLIT_KERNEL_E(PER, E, NAME)                                                                                \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)                                               \
         NAME(const float* q, const E* k, const E* v, float* part_o, float* part_ml, int rows, int nh, int nkv,       \
-             const int* lens, int causal, int keys) {                                                               \
-        attention_split<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys);                       \
+             const int* lens, int causal, int stride) {                                                             \
+        attention_split<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, stride);                     \
     }
 #define SPLIT_KERNEL(PER, NAME) SPLIT_KERNEL_E(PER, float, NAME)
 SPLIT_KERNEL(2, attention_split_q1_hd64_f32)
@@ -452,9 +454,9 @@ SPLIT_KERNEL_E(4, __nv_bfloat16, attention_split_q1_hd128_f32_kvbf16)
 #define SPLIT_ROPE_KERNEL(PER, E, NAME)                                                                            \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4)                                               \
         NAME(const float* qkv, const float* q_norm, const float* k_norm, const float* inv_freq, E* k, E* v,         \
-             float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens, int causal, int keys,       \
+             float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens, int causal, int stride,     \
              float eps) {                                                                                          \
-        attention_split<PER, E, true>(qkv, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys,               \
+        attention_split<PER, E, true>(qkv, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, stride,             \
                                                 RopeIn<E>{qkv, q_norm, k_norm, inv_freq, k, v, eps});              \
     }
 SPLIT_ROPE_KERNEL(2, float, attention_split_rope_q1_hd64_f32)

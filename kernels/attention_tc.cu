@@ -48,6 +48,7 @@
 #define TC_MARK(i)
 #endif
 #define TC_TK 32  // keys per tile
+static_assert(TC_TK == SPLIT_TILE, "a slice's tiles are split_block_at's");
 #define TC_Q 32   // queries per block: 2 m-tiles of 16
 #define TC_SP (TC_TK + 1)  // row stride of the score/P tile (padded against bank conflicts)
 
@@ -98,7 +99,7 @@ __device__ __forceinline__ void mma_2xtf32(float* big, float* small, const uint3
 template <int PER, typename E = float>
 __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                              float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens, int causal,
-                             int keys, unsigned bx, unsigned by, int max_splits) {
+                             int stride, unsigned bx, unsigned by) {
     using KE = KvElem<E>;
     using Chunk = typename KE::Chunk;
     constexpr bool F32 = KE::PER_CHUNK == 4, EXACT = KE::exact_tf32;
@@ -122,9 +123,9 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int first_pos = lens[0], kv_len = lens[1];  // host-written: safe before the wait
-    const SplitBlock sb = split_block_at(rows, nh, nkv, kv_len, keys, TC_Q, bx, by, max_splits);
+    const SplitBlock sb = split_block_at(rows, nh, nkv, kv_len, stride, TC_Q, bx, by);
     if (!sb.active) return;
-    const int Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, j1 = sb.j1;
+    const int Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, step = sb.step;
     const float scale = rsqrtf((float)HD);
     auto slot_of = [&](int qi) { return sb.slot(qi, rows, nh); };
 
@@ -137,7 +138,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     const int key0 = tr.key0;
     const size_t rs = tr.row;
     const Chunk *kb = tr.k, *vb = tr.v;
-    // Loads past the slice's last key are skipped and leave the registers as they were: zeros
+    // Loads past the step's last key are skipped and leave the registers as they were: zeros
     // before the first fetch, else the previous tile's (finite) cache rows. Such keys are masked
     // (S = −inf, p = 0), so their K is never used and their V only as 0 · v = 0. Zeroing them on
     // every tile, and each load's address from its key by a 64-bit multiply, took 28 more
@@ -148,7 +149,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     for (int i = 0; i < LOADS; i++) pk[i] = pv[i] = KE::zero();
     const size_t step_rs = (size_t)KSTEP * rs;
     auto fetch = [&](int t0) {
-        const int rem = j1 - t0 - key0;  // load n is in the slice while KSTEP·n < rem
+        const int rem = kv_len - t0 - key0;  // load n is in the step's keys while KSTEP·n < rem
         const Chunk* kt = kb + (size_t)t0 * rs;
         const Chunk* vt = vb + (size_t)t0 * rs;
 #pragma unroll
@@ -181,7 +182,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     if (early) fetch(j0);
     pdl_wait();
     TC_MARK(1);
-    if (!early) fetch(j0);  // all zeros when the slice is empty
+    if (!early) fetch(j0);
     // Q, pre-scaled by 1/√hd and split once per block into TF32 big and small parts, stored in
     // fragment order. Thread i builds lane (g, t)'s fragments of m-tile mt, chunk ch from the
     // float4s of dims 16·ch + 4t .. +3 of its rows mt·16 + g (a0, a2) and mt·16 + g + 8 (a1, a3):
@@ -235,6 +236,10 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     // Softmax: warp w owns query rows 4w .. 4w+3 (lane = key). P·V: warp w accumulates O for
     // m-tile w & 1 and dims (hd/4)·(w >> 1) .. +hd/4 over all 32 keys.
     const int mt = warp & 1, quarter = warp >> 1;
+    // A warp whose m-tile holds no query of this block (a decode row's 4 queries, or up to four
+    // verify rows' 16, leave m-tile 1 empty) skips its S and P·V MMAs: every other row's
+    // instructions are unchanged, so their bits are too, and a one-row step costs half the MMAs.
+    const bool mt_live = q0 + mt * 16 < Q;  // warp-uniform, as mma.sync needs
     const int ra = mt * 16 + g, rb = ra + 8;  // the lane's two rows in the S and P·V fragments
     float m_row[4], l_row[4];
     int vis[4];
@@ -249,7 +254,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
 #pragma unroll
     for (int n = 0; n < NQ; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-    for (int t0 = j0; t0 < j1; t0 += TC_TK) {
+    for (int t0 = j0; t0 < kv_len; t0 += step) {
         if (t0 != j0) {  // later tiles: their loads went out during the previous tile's compute
             __syncthreads();  // the previous tile is no longer being read
             store_tile();
@@ -257,10 +262,10 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
         __syncthreads();
         if (t0 == j0) TC_MARK(3);
         // The next tile's K/V loads are in flight (in registers) while this tile is computed.
-        if (t0 + TC_TK < j1) fetch(t0 + TC_TK);
+        if (t0 + step < kv_len) fetch(t0 + step);
 
         // S = Q·Kᵀ for 16 queries × 8 keys (one n-tile), 3xTF32.
-        {
+        if (mt_live) {
             const int key = quarter * 8 + g, sw = (g & 1) << 2;  // rows ra, rb and the key share g's parity
             float sb[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -302,7 +307,7 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = 4 * warp + i, key = t0 + lane;
-            const bool valid = key < j1 && key < vis[i];
+            const bool valid = key < vis[i];  // vis ≤ kv_len
             const float s = valid ? sp[r][lane] : -INFINITY;
             const float m_new = fmaxf(m_row[i], warp_max(s));
             // A row with no visible key so far keeps m = −inf, l = 0 and O = 0 (all its p are 0).
@@ -317,36 +322,38 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
         if (t0 == j0) TC_MARK(5);
 
         // O = O·corr + P·V for 16 rows × hd/4 dims over the tile's 32 keys (4 k8 steps), 3xTF32.
-        const float ca = scorr[ra], cb = scorr[rb];
-#pragma unroll
-        for (int n = 0; n < NQ; n++) {
-            o[n][0] *= ca; o[n][1] *= ca;
-            o[n][2] *= cb; o[n][3] *= cb;
-        }
-#pragma unroll
-        for (int ks = 0; ks < TC_TK / 8; ks++) {
-            // Slot t ↔ key 8ks + 2t, slot t+4 ↔ key 8ks + 2t + 1, in A (P) and B (V) alike.
-            const int key = 8 * ks + 2 * t;
-            uint32_t pb[4], ps[4];
-            split_tf32(sp[ra][key], pb[0], ps[0]);
-            split_tf32(sp[rb][key], pb[1], ps[1]);
-            split_tf32(sp[ra][key + 1], pb[2], ps[2]);
-            split_tf32(sp[rb][key + 1], pb[3], ps[3]);
+        if (mt_live) {
+            const float ca = scorr[ra], cb = scorr[rb];
 #pragma unroll
             for (int n = 0; n < NQ; n++) {
-                const int d = (quarter * (HD / 4) + 8 * n + g) ^ (t << 3);  // (key / 2) & 3 == t
-                // O has one accumulator, so the small terms go in before the big one.
-                if constexpr (EXACT) {
-                    const uint32_t b0 = __float_as_uint(sv[key][d]), b1 = __float_as_uint(sv[key + 1][d]);
-                    mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], b0, b1);
-                    mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], b0, b1);
-                } else {
-                    uint32_t bb[2], bs[2];
-                    split_tf32(sv[key][d], bb[0], bs[0]);
-                    split_tf32(sv[key + 1][d], bb[1], bs[1]);
-                    mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bs[0], bs[1]);
-                    mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], bb[0], bb[1]);
-                    mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bb[0], bb[1]);
+                o[n][0] *= ca; o[n][1] *= ca;
+                o[n][2] *= cb; o[n][3] *= cb;
+            }
+#pragma unroll
+            for (int ks = 0; ks < TC_TK / 8; ks++) {
+                // Slot t ↔ key 8ks + 2t, slot t+4 ↔ key 8ks + 2t + 1, in A (P) and B (V) alike.
+                const int key = 8 * ks + 2 * t;
+                uint32_t pb[4], ps[4];
+                split_tf32(sp[ra][key], pb[0], ps[0]);
+                split_tf32(sp[rb][key], pb[1], ps[1]);
+                split_tf32(sp[ra][key + 1], pb[2], ps[2]);
+                split_tf32(sp[rb][key + 1], pb[3], ps[3]);
+#pragma unroll
+                for (int n = 0; n < NQ; n++) {
+                    const int d = (quarter * (HD / 4) + 8 * n + g) ^ (t << 3);  // (key / 2) & 3 == t
+                    // O has one accumulator, so the small terms go in before the big one.
+                    if constexpr (EXACT) {
+                        const uint32_t b0 = __float_as_uint(sv[key][d]), b1 = __float_as_uint(sv[key + 1][d]);
+                        mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], b0, b1);
+                        mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], b0, b1);
+                    } else {
+                        uint32_t bb[2], bs[2];
+                        split_tf32(sv[key][d], bb[0], bs[0]);
+                        split_tf32(sv[key + 1][d], bb[1], bs[1]);
+                        mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bs[0], bs[1]);
+                        mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], bb[0], bb[1]);
+                        mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bb[0], bb[1]);
+                    }
                 }
             }
         }
@@ -380,9 +387,9 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
 #define TC_KERNEL_E(PER, E, NAME)                                                                                  \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
         NAME(const float* q, const E* k, const E* v, float* part_o, float* part_ml, int rows, int nh, int nkv,      \
-             const int* lens, int causal, int keys) {                                                              \
-        attention_tc<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys, blockIdx.x, blockIdx.y, \
-                             gridDim.y);                                                                           \
+             const int* lens, int causal, int stride) {                                                            \
+        attention_tc<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, stride, blockIdx.x,            \
+                             blockIdx.y);                                                                          \
     }
 #define TC_KERNEL(PER, NAME) TC_KERNEL_E(PER, float, NAME)
 TC_KERNEL(2, attention_tc_hd64_f32)
@@ -397,13 +404,12 @@ TC_KERNEL_E(4, __nv_bfloat16, attention_tc_hd128_f32_kvbf16)
 // would: the same bits.
 #define TC_SEG_KERNEL(PER, E, NAME)                                                                                \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
-        NAME(const AttnSeg* segs, int nh, int nkv, int causal, int keys) {                                         \
+        NAME(const AttnSeg* segs, int nh, int nkv, int causal, int stride) {                                       \
         const AttnSeg sg = segs[blockIdx.z];                                                                       \
         const int groups = (sg.rows * (nh / nkv) + TC_Q - 1) / TC_Q;                                               \
         if ((int)blockIdx.x >= nkv * groups || (int)blockIdx.y >= sg.splits) return;                               \
         attention_tc<PER, E>(sg.q, reinterpret_cast<const E*>(sg.k), reinterpret_cast<const E*>(sg.v), sg.part_o,  \
-                             sg.part_ml, sg.rows, nh, nkv, sg.lens, causal, keys, blockIdx.x, blockIdx.y,          \
-                             sg.splits);                                                                           \
+                             sg.part_ml, sg.rows, nh, nkv, sg.lens, causal, stride, blockIdx.x, blockIdx.y);       \
     }
 TC_SEG_KERNEL(2, float, attention_tc_seg_hd64_f32)
 TC_SEG_KERNEL(4, float, attention_tc_seg_hd128_f32)

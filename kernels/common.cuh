@@ -108,14 +108,14 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 //
 // x = KV head × query group (the groups of one head adjacent), y = key slice. Query qi of the
 // head's group (0 ≤ qi < Q = rows · G) is query head kvh·G + qi % G of row qi / G; the block
-// takes queries q0 .. q0 + per_block and keys j0 .. j1. Partials are laid out [slice, row, nh].
+// takes queries q0 .. q0 + per_block and its slice's tiles (split_block_at). Partials are laid out [slice, row, nh].
 // qi / G by a multiply: a runtime division compiles to ~20 instructions (signed, through a float
 // reciprocal), and a block decomposed up to a dozen query indices per thread that way — a tenth
 // of the tensor-core kernel's instructions at one tile per block. With ginv = ⌈2³²/G⌉ (64-bit, so
 // that G = 1 gives 2³²), ⌊qi·ginv / 2³²⌋ = ⌊qi / G⌋ exactly while qi·G < 2³² (here qi < 2¹⁶ and
 // G < 2¹⁶); the one division is per thread, not per query.
 struct SplitBlock {
-    int G, Q, kvh, q0, split, j0, j1;
+    int G, Q, kvh, q0, split, stride, j0, step;  // the slice's first tile at j0, then every step keys
     unsigned long long ginv;
     bool active;  // false for slices past this step's keys (the grid is sized for a graph's most)
     // The query's row, its head, its row's partial slot in this slice.
@@ -181,16 +181,25 @@ struct KvElem<__nv_bfloat16> {
     __device__ static __forceinline__ uint4 zero() { return make_uint4(0u, 0u, 0u, 0u); }
 };
 
-// The step's slice count: kv_len / keys rounded up, at least 1, at most the grid's (the host
-// sizes the grid for the most keys a captured graph may see; attention_combine_f32 uses the same
-// count).
+// The step's slice count: kv_len / keys rounded up, at least 1, at most max_splits (the
+// attention kernels pass their fixed stride, attention_combine_f32 the grid's slices, which the
+// host sizes as min(stride, the most keys a captured graph may see / keys): the same count).
 __device__ __forceinline__ int split_count(int kv_len, int keys, int max_splits) {
     return max(1, min(max_splits, (kv_len + keys - 1) / keys));
 }
-// The block (bx, by) of a grid whose y extent is max_splits: split_block below takes its own
-// block and grid; a segmented launch (attention_seg) passes each segment's block and its own plan.
-__device__ __forceinline__ SplitBlock split_block_at(int rows, int nh, int nkv, int kv_len, int keys, int per_block,
-                                                     unsigned bx, unsigned by, int max_splits) {
+// The keys of one tile of the split attentions (attention.cu TK, attention_tc.cu TC_TK).
+#define SPLIT_TILE 32
+// The block (bx, by) of a split attention whose slices interleave `stride` ways: slice s takes
+// the 32-key tiles s, s + stride, s + 2·stride, … of the step's keys, in that order. stride is
+// fixed for a kernel, a model and a GPU (the host's split_plan), never derived from kv_len or
+// the row count, so a query row's tiles, and hence its partials' bits, are the same in every
+// step that holds it: a decode step of one row, a verify step of eight, a longer step after
+// it (lens[1] larger), a graph's wider grid. Keys past the row's last visible one are masked
+// (p = 0, an exact no-op on the running max, sum and Σ p·v), so they change nothing.
+// (A slice used to take one contiguous run of ⌈kv_len / splits⌉ keys: its boundaries moved
+// with kv_len, and a row's sums with them.)
+__device__ __forceinline__ SplitBlock split_block_at(int rows, int nh, int nkv, int kv_len, int stride, int per_block,
+                                                     unsigned bx, unsigned by) {
     SplitBlock b;
     b.G = nh / nkv;
     b.ginv = b.G == 1 ? 1ull << 32 : 0xffffffffu / (unsigned)b.G + 1u;
@@ -199,15 +208,14 @@ __device__ __forceinline__ SplitBlock split_block_at(int rows, int nh, int nkv, 
     b.kvh = bx / groups;
     b.q0 = (bx % groups) * per_block;
     b.split = by;
-    const int splits = split_count(kv_len, keys, max_splits);
-    b.active = b.split < splits;
-    const int chunk = (kv_len + splits - 1) / splits;
-    b.j0 = b.split * chunk;
-    b.j1 = min(kv_len, b.j0 + chunk);
+    b.stride = stride;
+    b.active = b.split < split_count(kv_len, SPLIT_TILE, stride);
+    b.j0 = b.split * SPLIT_TILE;
+    b.step = stride * SPLIT_TILE;
     return b;
 }
-__device__ __forceinline__ SplitBlock split_block(int rows, int nh, int nkv, int kv_len, int keys, int per_block) {
-    return split_block_at(rows, nh, nkv, kv_len, keys, per_block, blockIdx.x, blockIdx.y, gridDim.y);
+__device__ __forceinline__ SplitBlock split_block(int rows, int nh, int nkv, int kv_len, int stride, int per_block) {
+    return split_block_at(rows, nh, nkv, kv_len, stride, per_block, blockIdx.x, blockIdx.y);
 }
 
 // One sequence of a segmented attention launch (a batched step's rows of several sequences,

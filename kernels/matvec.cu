@@ -174,7 +174,7 @@ __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("pref
 // a row are summed, and its scale undone, in the epilogue. Whatever m, a row's columns and sums
 // are the same: the bits do not depend on the batch. FP8 takes no XP / HOLD.
 template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false, int NT = 2, int NG = 1,
-          bool XSM = false>
+          bool XSM = false, int XPARTS = 3>
 __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__ x, float* y, int m, int in, int out,
                           int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
                           const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am,
@@ -182,6 +182,15 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     static_assert(!FP8 || (!XP && HOLD == 0), "FP8 loads x inside the multiply");
     static_assert(NG == 1 || (!FP8 && !XP && !ARGMAX && HOLD == 0), "wide launches: bf16, x loaded in the multiply");
     static_assert(!XSM || (FP8 && NT == 1), "x split in the block: the one-row FP8 kernels");
+    static_assert(XPARTS == 3 || (XPARTS == 1 && !FP8), "x rounded to bf16: the bf16 kernels");
+    // x in three bf16 parts (f32-exact), or rounded to one (`_x1`: bf16 activations).
+    auto chunk_mma = [](float (*a)[4], const uint4& va, const uint4& vb, const float* xv) {
+        if constexpr (XPARTS == 1) {
+            mma_chunk1(a, va, vb, xv);
+        } else {
+            mma_chunk3(a, va, vb, xv);
+        }
+    };
     constexpr int EPV = FP8 ? 16 : 8;  // weights per 16-byte load
     constexpr int CW = 4 * EPV;        // k per chunk (4 lanes of a row)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -223,14 +232,19 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     // NG groups of 8 activation rows (wide launches): group r's rows are 8r .. 8r + 7, each
     // group's three part n-tiles its own accumulators, fed the same weight fragments in the same
     // order as an 8-row launch of those rows, so every row's sums are that launch's bit for bit.
-    float accg[NG][3][4];
+    constexpr int NACC = XPARTS == 1 ? 1 : 3;  // one accumulator a part (FP8: an n-tile)
+    float accg[NG][NACC][4];
 #pragma unroll
     for (int r = 0; r < NG; r++)
 #pragma unroll
-        for (int p = 0; p < 3; p++)
+        for (int p = 0; p < NACC; p++)
 #pragma unroll
             for (int i = 0; i < 4; i++) accg[r][p][i] = 0.f;
     auto& acc = accg[0];
+    // Wide launches: each group's x row for this lane (row 8r + g, or m − 1 past m; see compute_at).
+    const float* xrow[NG];
+#pragma unroll
+    for (int r = 0; r < NG; r++) xrow[r] = x + (size_t)min(8 * r + g, m - 1) * in;
 
     // Warp kpart takes chunks kpart, kpart + ksplit, … (stride ksplit·32), so the block's warps
     // together read each row's k contiguously. The loop bounds are per warp, not per lane:
@@ -249,23 +263,30 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     auto compute_at = [&](const uint4* va, const uint4* vb, float (*xv)[8], int chunk) {
         if constexpr (!FP8 && NG == 1) {
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++) mma_chunk3(acc, va[u], vb[u], xv[u]);
+            for (int u = 0; u < UNROLL; u++) chunk_mma(acc, va[u], vb[u], xv[u]);
         } else if constexpr (!FP8) {
             // Wide: each group's x row loaded just before its MMAs (x is L1-resident; holding
-            // NG groups' x a step ahead would not fit the registers).
+            // NG groups' x a step ahead would not fit the registers). The loads are unconditional,
+            // from the row pointers set up before the loop (xrow): a lane past kend reads the
+            // row's last 8 values, which meet its zero weights (0 · finite = 0, the sum's bits
+            // unchanged), and a group's lanes past m read row m − 1 into columns the epilogue
+            // never writes (an MMA's columns are independent). Bounds checks and zero fills per
+            // group and chunk had taken a third of the loop: sm_90 SASS, instructions in the main
+            // loop, x1_w4 468 → 363, x1_w8 1,066 → 695 (and its spills gone), u4_x1_w4
+            // 1,055 → 731, swiglu_x1_w4 532 → 376, the three-part w4 1,446 → 1,314.
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) {
-                const int k = chunk + u * stride + 8 * t;
+                const int kx = min(chunk + u * stride + 8 * t, in - 8);
 #pragma unroll
                 for (int r = 0; r < NG; r++) {
                     float xr[8];
-                    if (8 * r + g < m && k < kend) {
-                        load_x8(x, 8 * r + g, k, in, xr);
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < 8; i++) xr[i] = 0.f;
-                    }
-                    mma_chunk3(accg[r], va[u], vb[u], xr);
+                    // A plain ld.global: x is the previous kernel's output, so never the
+                    // non-coherent path (common.cuh), which unconditional reads through x's
+                    // __restrict__ became; __ldca gave strong loads (LDG.STRONG.SM).
+                    const float4 a = ld_global_f4(xrow[r] + kx), b = ld_global_f4(xrow[r] + kx + 4);
+                    xr[0] = a.x; xr[1] = a.y; xr[2] = a.z; xr[3] = a.w;
+                    xr[4] = b.x; xr[5] = b.y; xr[6] = b.z; xr[7] = b.w;
+                    chunk_mma(accg[r], va[u], vb[u], xr);
                 }
             }
         } else {
@@ -403,7 +424,12 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         if constexpr (!FP8) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                float s = (accg[grp][2][i] + accg[grp][1][i]) + accg[grp][0][i];
+                float s;
+                if constexpr (XPARTS == 1) {
+                    s = accg[grp][0][i];
+                } else {
+                    s = (accg[grp][2][i] + accg[grp][1][i]) + accg[grp][0][i];
+                }
                 int r = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
                 part[warp][r][col] = s;
             }
@@ -608,16 +634,17 @@ __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float*
 // The argmax variant (one row, the draft's Markov step) is the first shape with the argmax
 // epilogue. Every variant takes the argmax epilogue's arguments (null and unused in the others).
 // NG > 1: the wide twins below (NG groups of 8 rows a launch).
-#define MATVEC_TC_HN(NAME, U, SW, XP, AM, MINB, HOLD, NG)                                                       \
+#define MATVEC_TC_HNP(NAME, U, SW, XP, AM, MINB, HOLD, NG, XPARTS)                                              \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
              uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
              float* am_gathered, int am_dim) {                                                                    \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, XP, AM, HOLD, false, 2, NG>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma,  \
-                                                     xg, ss_out, am, Fp8Scales{});                               \
+        matvec_tc<U, SW, XP, AM, HOLD, false, 2, NG, false, XPARTS>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, \
+                                                                     eps, gamma, xg, ss_out, am, Fp8Scales{});   \
     }
+#define MATVEC_TC_HN(NAME, U, SW, XP, AM, MINB, HOLD, NG) MATVEC_TC_HNP(NAME, U, SW, XP, AM, MINB, HOLD, NG, 3)
 #define MATVEC_TC_H(NAME, U, SW, XP, AM, MINB, HOLD) MATVEC_TC_HN(NAME, U, SW, XP, AM, MINB, HOLD, 1)
 #define MATVEC_TC(NAME, U, SW, XP, AM, MINB) MATVEC_TC_H(NAME, U, SW, XP, AM, MINB, 0)
 MATVEC_TC(matvec_tc_bf16, 2, false, false, false, 3)
@@ -640,6 +667,26 @@ MATVEC_TC_W(matvec_tc_u4_w2_bf16, 4, false, 1, 2)
 MATVEC_TC_W(matvec_tc_u4_w4_bf16, 4, false, 1, 4)
 MATVEC_TC_W(matvec_tc_swiglu_w2_bf16, 2, true, 2, 2)
 MATVEC_TC_W(matvec_tc_swiglu_w4_bf16, 2, true, 2, 4)
+
+// The `_x1` twins of the plain, wide and SwiGLU kernels above (`--activations bf16`): x rounded
+// to bf16, one MMA part (mma_chunk1), otherwise the same K split, chunks and epilogue, so a row's
+// bits still do not depend on the launch's rows (nor on wide or 8-row launches).
+#define MATVEC_TC_X1(NAME, U, SW, XP, MINB, HOLD, NG) MATVEC_TC_HNP(NAME, U, SW, XP, false, MINB, HOLD, NG, 1)
+MATVEC_TC_X1(matvec_tc_x1_bf16, 2, false, false, 3, 0, 1)
+MATVEC_TC_X1(matvec_tc_u4_x1_bf16, 4, false, false, 2, 0, 1)
+MATVEC_TC_X1(matvec_tc_u4b1_x1_bf16, 4, false, true, 1, 0, 1)
+MATVEC_TC_X1(matvec_tc_u4b1h_x1_bf16, 4, false, true, 1, 4, 1)
+MATVEC_TC_X1(matvec_tc_swiglu_x1_bf16, 2, true, false, 3, 0, 1)
+MATVEC_TC_X1(matvec_tc_x1_w2_bf16, 2, false, false, 2, 0, 2)
+MATVEC_TC_X1(matvec_tc_x1_w4_bf16, 2, false, false, 2, 0, 4)
+MATVEC_TC_X1(matvec_tc_u4_x1_w2_bf16, 4, false, false, 1, 0, 2)
+MATVEC_TC_X1(matvec_tc_u4_x1_w4_bf16, 4, false, false, 1, 0, 4)
+MATVEC_TC_X1(matvec_tc_swiglu_x1_w2_bf16, 2, true, false, 2, 0, 2)
+MATVEC_TC_X1(matvec_tc_swiglu_x1_w4_bf16, 2, true, false, 2, 0, 4)
+// 64 rows a launch: one part leaves the registers for eight groups' accumulators.
+MATVEC_TC_X1(matvec_tc_x1_w8_bf16, 2, false, false, 2, 0, 8)
+MATVEC_TC_X1(matvec_tc_u4_x1_w8_bf16, 4, false, false, 1, 0, 8)
+MATVEC_TC_X1(matvec_tc_swiglu_x1_w8_bf16, 2, true, false, 2, 0, 8)
 
 // The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
 // k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block

@@ -50,10 +50,30 @@ __device__ __forceinline__ void mma_chunk3(float (*acc)[4], const uint4& va, con
     mma_bf16(acc[2], va.z, vb.z, va.w, vb.w, lo[2], lo[3]);
 }
 
+// The same chunk with x rounded to bf16 (`--activations bf16`, the `_x1` kernels): one part, two
+// MMAs into the first accumulator — a third of the tensor work and of the split's instructions,
+// which is what bounds launches of more than 8 rows; x loses its f32 exactness.
+__device__ __forceinline__ void mma_chunk1(float (*acc)[4], const uint4& va, const uint4& vb, const float* xv) {
+    uint32_t h[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) h[j] = pack_bf16(xv[2 * j], xv[2 * j + 1]);
+    mma_bf16(acc[0], va.x, vb.x, va.y, vb.y, h[0], h[1]);
+    mma_bf16(acc[0], va.z, vb.z, va.w, vb.w, h[2], h[3]);
+}
+
 __device__ __forceinline__ void load_x8(const float* x, int row, int k, int in, float* v) {
     const float* p = x + (size_t)row * in + k;
     float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+// Four f32 of what another kernel produced, by a plain (weak, coherent) global load: neither
+// the non-coherent path nor a strong load. After pdl_wait only: the asm is volatile, so it stays
+// below the wait's.
+__device__ __forceinline__ float4 ld_global_f4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
 }
 
 // Streams a weight chunk past L1 (it is read once; x stays cached there) and asks L2 to fetch

@@ -80,6 +80,12 @@ pub struct GenerateArgs {
     /// small-M kernels, ~30× slower). Decoding is lossless either way.
     #[arg(long, default_value = "gemm", value_parser = parse_prefill)]
     prefill: PrefillMode,
+    /// Precision of the activations the GPU's bf16 projections take: `f32` (exact: three bf16
+    /// parts a value, the CPU reference's products) or `bf16` (rounded once, as bf16 engines do;
+    /// a third of the tensor work, which pays beyond 8 rows a step: `serve --max-batch`).
+    /// Speculative decoding is lossless against plain decoding in either. CUDA only.
+    #[arg(long, default_value = "f32", value_parser = crate::parse_activations)]
+    activations: dspark_kernels::Activations,
     #[command(flatten)]
     memory: crate::memory::MemoryArgs,
     /// Split the target over this many GPUs of the host (tensor parallel over NCCL; needs
@@ -188,9 +194,10 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
             device,
             &args.memory.plans(device, args.max_context, args.kv_cache)?,
             args.prefill,
+            args.activations,
         )?
         .boxed(),
-        n => load_split(n, target_src, draft_src, device, args.max_context, args.kv_cache)?,
+        n => load_split(n, target_src, draft_src, device, args.max_context, args.kv_cache, args.activations)?,
     };
     let load = load_start.elapsed();
     let verify_len = match &draft {

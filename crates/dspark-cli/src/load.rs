@@ -7,7 +7,7 @@
 use crate::demo::EmbeddedModel;
 use anyhow::{bail, Result};
 use clap::ValueEnum;
-use dspark_kernels::KvDtype;
+use dspark_kernels::{Activations, KvDtype};
 use dspark_model::checkpoint::draft_config::DraftConfig;
 use dspark_model::checkpoint::generation_config::GenerationConfig;
 use dspark_model::checkpoint::safetensors::Checkpoint;
@@ -134,8 +134,10 @@ pub(crate) fn load_typed(
     device: Device,
     plans: &[TargetPlan],
     prefill: PrefillMode,
+    activations: Activations,
 ) -> Result<Loaded> {
     let Some(&first) = plans.first() else { bail!("no memory plan to load with") };
+    check_activations(device, activations)?;
     let kv_cache = first.kv;
     Ok(match device {
         Device::Cpu => {
@@ -159,7 +161,9 @@ pub(crate) fn load_typed(
             Loaded::Cpu(t, d)
         }
         Device::Cuda => {
-            let gpu = std::sync::Arc::new(dspark_kernels::cuda::Gpu::new(0)?);
+            let mut gpu = dspark_kernels::cuda::Gpu::new(0)?;
+            gpu.activations = activations;
+            let gpu = std::sync::Arc::new(gpu);
             let tck = target_src.checkpoint()?;
             let (tied, shape) = (cfg.tie_word_embeddings, [cfg.vocab_size, cfg.hidden_size]);
             // The draft is opened first: the fit counts its bytes too.
@@ -243,6 +247,7 @@ pub(crate) fn load_split(
     device: Device,
     max_context: usize,
     kv_cache: KvDtype,
+    activations: Activations,
 ) -> Result<Models> {
     let Source::Dir(dir) = target_src else {
         bail!("--tensor-parallel {n}: give --target DIR (the embedded demo runs on one device)");
@@ -255,7 +260,12 @@ pub(crate) fn load_split(
         bail!("--tensor-parallel {n}: this machine has {have} GPU(s)");
     }
     let gpus = (0..n)
-        .map(|i| dspark_kernels::cuda::Gpu::new(i).map(std::sync::Arc::new))
+        .map(|i| {
+            dspark_kernels::cuda::Gpu::new(i).map(|mut g| {
+                g.activations = activations;
+                std::sync::Arc::new(g)
+            })
+        })
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut target = dspark_model::cuda::tp::CudaQwen3Tp::load(gpus, dir, max_context, kv_cache)?;
     let draft = match draft_src {
@@ -278,6 +288,14 @@ pub(crate) fn load_split(
 
 /// The device a run takes: the one asked for, else CUDA when a GPU is present, else the CPU;
 /// asking for CUDA without one is a one-line error (`generate` and `serve`).
+/// `--activations bf16` needs the GPU: the CPU reference keeps its activations f32.
+pub(crate) fn check_activations(device: Device, activations: Activations) -> Result<()> {
+    if activations == Activations::Bf16 && device != Device::Cuda {
+        bail!("--activations bf16: needs --device cuda (the CPU reference keeps f32 activations)");
+    }
+    Ok(())
+}
+
 pub(crate) fn resolve_device(asked: Option<Device>) -> Result<Device> {
     let device = match asked {
         Some(d) => d,

@@ -53,6 +53,10 @@ pub(crate) fn parse_kv_cache(s: &str) -> Result<KvDtype, String> {
     KvDtype::parse(s).ok_or_else(|| format!("expected f32 or bf16, got {s:?}"))
 }
 
+pub(crate) fn parse_activations(s: &str) -> Result<dspark_kernels::Activations, String> {
+    dspark_kernels::Activations::parse(s).ok_or_else(|| format!("expected f32 or bf16, got {s:?}"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {

@@ -18,6 +18,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use dspark_model::checkpoint::chat_template::ChatTemplate;
 use dspark_model::checkpoint::generation_config::SamplingDefaults;
+use dspark_model::cuda::prefill::PrefillMode;
 use dspark_model::{BatchDrafter, BatchTarget, Sequences};
 use dspark_serve::{Engine, Models, ServeOptions};
 use dspark_spec::{DraftLaw, VerifyLen};
@@ -73,6 +74,12 @@ pub struct ServeArgs {
     /// keep for a bf16 model; `f32` keeps the CPU reference's bits).
     #[arg(long, default_value = "f32", value_parser = crate::parse_kv_cache)]
     kv_cache: dspark_kernels::KvDtype,
+    /// Precision of the activations the GPU's bf16 projections take: `f32` (exact: three bf16
+    /// parts a value, the CPU reference's products) or `bf16` (rounded once, as bf16 engines do;
+    /// a third of the tensor work, which pays beyond 8 rows a step: `serve --max-batch`).
+    /// Speculative decoding is lossless against plain decoding in either. CUDA only.
+    #[arg(long, default_value = "f32", value_parser = crate::parse_activations)]
+    activations: dspark_kernels::Activations,
     #[command(flatten)]
     memory: crate::memory::MemoryArgs,
 }
@@ -104,7 +111,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let (target, draft, max_batch, kv_cache, kv_capacity) =
         (args.target.clone(), args.draft.clone(), args.max_batch, args.kv_cache, args.kv_capacity);
-    let memory = args.memory;
+    let (memory, activations) = (args.memory, args.activations);
+    crate::load::check_activations(device, activations)?;
     let load = Box::new(move || -> Result<Engine> {
         let (target_src, draft_src) = match &target {
             Some(dir) => (Source::Dir(dir), draft.as_deref().map(Source::Dir)),
@@ -123,8 +131,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             anyhow::bail!("--max-batch {max_batch}: batched rounds need a draft (--draft)");
         }
         let plans = memory.plans(device, max_context, kv_cache)?;
-        let loaded =
-            load_typed(target_src, draft_src, cfg, device, &plans, dspark_model::cuda::prefill::PrefillMode::Gemm)?;
+        let loaded = load_typed(target_src, draft_src, cfg, device, &plans, PrefillMode::Gemm, activations)?;
         let loaded = match kv_capacity {
             Some(cap) => loaded.with_kv_capacity(cap)?,
             None => loaded,

@@ -428,11 +428,14 @@ fn generate_with_a_bf16_kv_cache_stays_lossless() {
     assert!(e.contains("--kv-cache") && e.contains("expected f32 or bf16"), "{e}");
 }
 
-/// `--embeddings` and `--prefill-chunk` (the CUDA memory plan): a bad value, or a flag the CPU
-/// backend has no use for, is a one-line error naming the flag and what it takes; `auto` is taken.
+/// `--embeddings` and `--prefill-chunk` (the CUDA memory plan) and `--activations`: a bad value,
+/// or a flag the CPU backend has no use for, is a one-line error naming the flag and what it
+/// takes; `auto` (and `--activations f32`) is taken.
 #[test]
 fn memory_flags_are_checked_and_named() {
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 8] = [
+        (&["--activations", "fp8"], &["--activations", "expected f32 or bf16"]),
+        (&["--activations", "bf16"], &["--activations bf16:", "--device cuda"]),
         (&["--embeddings", "disk"], &["--embeddings", "expected auto, device or host"]),
         (&["--prefill-chunk", "lots"], &["--prefill-chunk", "expected auto or a number of rows"]),
         (&["--prefill-chunk", "0"], &["--prefill-chunk 0: must be 1 to 2048 rows"]),
@@ -451,7 +454,11 @@ fn memory_flags_are_checked_and_named() {
         }
     }
     // The default plan on the CPU runs, named or left to `auto`.
-    for flags in [&["--embeddings", "device"][..], &["--embeddings", "auto", "--prefill-chunk", "auto"]] {
+    for flags in [
+        &["--embeddings", "device"][..],
+        &["--embeddings", "auto", "--prefill-chunk", "auto"],
+        &["--activations", "f32"],
+    ] {
         let mut args = vec!["generate", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cpu"];
         args.extend(flags);
         let out = dspark(&args);

@@ -596,8 +596,9 @@ fn logprobs_on_chat_and_completions() {
 fn bad_flags_are_refused_before_serving() {
     let exe = env!("CARGO_BIN_EXE_dspark");
     let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3-tiny-f32");
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["serve", "--device", "cpu", "--max-batch", "0"], "--max-batch: at least 1"),
+        (&["serve", "--device", "cpu", "--activations", "bf16"], "--activations bf16: needs --device cuda"),
         (&["serve", "--device", "cpu", "--embeddings", "host"], "--embeddings host: the CPU backend"),
         (&["serve", "--device", "cpu", "--prefill-chunk", "0"], "--prefill-chunk 0: must be 1 to 2048"),
         (&["serve", "--device", "cpu", "--kv-capacity", "0"], "at least 1 position"),

@@ -8,8 +8,10 @@
 //! This crate depends on nothing else in the workspace (Architecture Invariant: layers import
 //! only downward, kernels → tensor → model → spec → cli).
 
+pub mod activations;
 pub mod cpu;
 pub mod cuda;
 pub mod kv_dtype;
 
+pub use activations::Activations;
 pub use kv_dtype::KvDtype;

@@ -15,11 +15,15 @@
 //! * many requests in one target (`batched.rs`): a batched forward's items = each sequence
 //!   alone, bit for bit; batched rounds = each request's solo greedy and solo round count.
 //! * a bf16 KV cache against the CPU reference rounded alike, and lossless on it (`kv_bf16.rs`).
+//! * bf16 activations: near the f32 reference, lossless, batched = solo (`activations.rs`).
 //! * FP8 targets in Qwen's block-scaled layout: logits against the CPU's dequantized reference,
 //!   the GEMM prefill, greedy = CPU greedy = speculative (`fp8.rs`).
 //! * the memory plan: the embedding in host memory gives the device table's logits bit for bit
 //!   and stays lossless; short prefill chunks plan fewer bytes and stay lossless
 //!   (`memory_plan.rs`).
+//!
+//! * row-exact attention: verify rows = decode rows bit for bit, batched = solo on such a GPU
+//!   (`row_exact.rs`).
 //!
 //! * tensor parallel: ranks on one GPU against the CPU reference at N = 1, 2, 4, lossless with a
 //!   CPU draft; NCCL over two GPUs where there are two (`tp.rs`).
@@ -542,6 +546,9 @@ fn graph_replays_match_eager_launches_bit_for_bit() {
     }
 }
 
+#[path = "gpu_model/activations.rs"]
+mod activations;
+
 #[path = "gpu_model/batched.rs"]
 mod batched;
 
@@ -559,6 +566,9 @@ mod memory_plan;
 
 #[path = "gpu_model/prefill.rs"]
 mod prefill;
+
+#[path = "gpu_model/row_exact.rs"]
+mod row_exact;
 
 #[path = "gpu_model/sampled.rs"]
 mod sampled;

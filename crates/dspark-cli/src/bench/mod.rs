@@ -112,6 +112,10 @@ pub struct BenchArgs {
     pub paged: bool,
     /// Where the target's token embedding lives and how many rows a prefill chunk plans (as
     /// `generate`): the memory line reports the device bytes this plan takes.
+    /// Precision of the activations of the bf16 projections (as `generate --activations`): the
+    /// phases, the projections and the batched rounds all run in it.
+    #[arg(long, default_value = "f32", value_parser = crate::parse_activations)]
+    pub activations: dspark_kernels::Activations,
     #[command(flatten)]
     pub memory: crate::memory::MemoryArgs,
     /// Also measure the target split over GPUs 0..N (`bench/tp.rs`: Qwen3-8B and 14B shapes,
@@ -157,7 +161,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.contexts.is_empty() || args.iters == 0 {
         bail!("--contexts and --iters must be non-empty / positive");
     }
-    let gpu = Arc::new(Gpu::new(0).context("dspark bench needs a CUDA GPU")?);
+    let mut gpu = Gpu::new(0).context("dspark bench needs a CUDA GPU")?;
+    gpu.activations = args.activations;
+    let gpu = Arc::new(gpu);
     if let Some(n) = args.tensor_parallel {
         // Checked before the other phases run, not after.
         let have = cudarc::driver::CudaContext::device_count().map_or(0, |c| c as usize);
@@ -357,6 +363,9 @@ fn measure_model(
     target.set_capture(draft.target_layer_ids())?;
     gpu.stream.synchronize()?;
     let after = in_use()?;
+    if gpu.activations != dspark_kernels::Activations::F32 {
+        out.notes.push(format!("--activations {}: every bf16 projection rounds its x once.", gpu.activations.name()));
+    }
     out.notes.push(format!(
         "{format:?}: device memory in use by this process (cuMemGetInfo, total − free): {:.2} GB before the models were built, {:.2} GB after ({:.3} GiB).",
         before as f64 / 1e9,

@@ -15,8 +15,8 @@
 //! ```
 //!
 //! A block past its sequence's rows, groups or slices leaves; every other block runs the same
-//! body as the sequence's own launch with the same rows, caches and slice count (`split_plan`
-//! of its own `kv_cap` and query groups), so each sequence's outputs are those of its own
+//! body as the sequence's own launch with the same rows, caches, slice count and stride
+//! (`split_plan` of its own `kv_cap`), so each sequence's outputs are those of its own
 //! launches bit for bit — the per-request lossless invariant. Only sequences whose own launch
 //! would take the tensor-core kernel (more than 4 queries per KV head, at most `SPLIT_ROWS`
 //! rows; [`Gpu::segment_fits`]) go here; the caller launches the others alone.
@@ -26,8 +26,9 @@
 //! sequence's split partials get their own range of one buffer planned with the batch
 //! ([`SegScratch`]); a step whose partials would not fit gets `None` and launches alone.
 
+use super::attention_split::{split_plan, MAX_SPLITS, SPLIT_ROWS, SPLIT_TILE};
 use super::kv::LayersKv;
-use super::ops::{dynamic_smem, split_plan, OpScratch, StepLens, MAX_SPLITS, SPLIT_ROWS};
+use super::ops::{dynamic_smem, OpScratch, StepLens};
 use super::pdl::{device_addr, Arg};
 use super::rope_fold::RopeWeights;
 use super::{CudaError, CudaResult, Gpu};
@@ -96,6 +97,8 @@ pub struct SegPlan {
     max_rows: usize,
     max_groups: usize,
     max_splits: usize,
+    /// The slices' tile stride, the same for every sequence (`split_plan`).
+    stride: usize,
     dtype: KvDtype,
 }
 
@@ -113,7 +116,7 @@ impl Gpu {
             && nh % nkv == 0
             && rows > 0
             && rows <= SPLIT_ROWS
-            && rows * (nh / nkv) > 4
+            && (rows * (nh / nkv) > 4 || self.rows_exact())
             && ops.holds(rows, (nh, nkv, hd), self.sms)
     }
 
@@ -146,12 +149,10 @@ impl Gpu {
         let mut plan = Vec::with_capacity(s_count);
         let (mut o_at, mut ml_at) = (0usize, 0usize);
         let (mut max_rows, mut max_groups, mut max_splits) = (0, 0, 0);
+        let stride = split_plan(1, nkv, TC_PER_SM * self.sms).1;
         for it in items.iter() {
             let groups = (it.rows * (nh / nkv)).div_ceil(TC_Q);
-            let (splits, keys) = split_plan(it.lens.kv_cap, nkv * groups, TC_PER_SM * self.sms);
-            if keys != 32 {
-                return Err(shape("a key slice other than 32"));
-            }
+            let (splits, _) = split_plan(it.lens.kv_cap, nkv, TC_PER_SM * self.sms);
             plan.push((splits, o_at, ml_at));
             o_at += splits * it.rows * nh * hd;
             ml_at += splits * it.rows * nh * 2;
@@ -195,7 +196,7 @@ impl Gpu {
             }
         }
         self.stream.memcpy_htod(words.as_slice(), &mut scratch.table.slice_mut(..words.len()))?;
-        Ok(Some(SegPlan { segments: s_count, max_rows, max_groups, max_splits, dtype }))
+        Ok(Some(SegPlan { segments: s_count, max_rows, max_groups, max_splits, stride, dtype }))
     }
 
     /// Layer `layer`'s norm + RoPE + append, attention and combine for every sequence of
@@ -229,14 +230,15 @@ impl Gpu {
         let threads = (hd / 2).div_ceil(32) * 32;
         let rope_grid = ((plan.max_rows * (nh + 2 * nkv)) as u32, 1, z);
         self.launch_pdl(&format!("qkv_rope_append_seg_f32{sfx}"), rope_grid, threads as u32, &args)?;
-        // attention_tc_seg_hd*_f32*(segs, nh, nkv, causal, keys)
+        // attention_tc_seg_hd*_f32*(segs, nh, nkv, causal, stride)
         let name = format!("attention_tc_seg_hd{hd}_f32{sfx}");
         let smem = dynamic_smem(&name).ok_or_else(|| shape(&format!("no kernel for head dim {hd}")))?;
-        let args = [table, Arg::I32(nh as i32), Arg::I32(nkv as i32), Arg::I32(causal as i32), Arg::I32(32)];
+        let stride = Arg::I32(plan.stride as i32);
+        let args = [table, Arg::I32(nh as i32), Arg::I32(nkv as i32), Arg::I32(causal as i32), stride];
         let grid = ((nkv * plan.max_groups) as u32, plan.max_splits as u32, z);
         self.launch_pdl_smem(&name, grid, 256, smem as u32, &args)?;
         // attention_combine_seg_f32(segs, nh, hd, keys)
-        let args = [table, Arg::I32(nh as i32), Arg::I32(hd as i32), Arg::I32(32)];
+        let args = [table, Arg::I32(nh as i32), Arg::I32(hd as i32), Arg::I32(SPLIT_TILE as i32)];
         self.launch_pdl("attention_combine_seg_f32", ((plan.max_rows * nh) as u32, 1, z), 4 * hd as u32, &args)
     }
 }

@@ -134,25 +134,51 @@ fn n1x_smem(d_in: usize) -> usize {
     (4 * d_in + 4).next_multiple_of(16)
 }
 
-/// The wide twin of an 8-row bf16 kernel for `rows` rows still to launch: 32 rows a launch
-/// (`_w4`) past 16, 16 (`_w2`) past 8; `None` for 8 or fewer, and for the kernels without one
-/// (FP8, argmax, tile-looping). The twins take their shape's K split and grid, so every row's
-/// sums are the 8-row kernel's bit for bit (kernels/matvec.cu).
+/// The wide twin of an 8-row bf16 kernel for `rows` rows still to launch: 64 rows a launch
+/// (`_w8`, the `_x1` kernels only) past 32, 32 (`_w4`) past 16, 16 (`_w2`) past 8; `None` for 8
+/// or fewer, and for the kernels without one (FP8, argmax, tile-looping). The twins take their
+/// shape's K split and grid, so every row's sums are the 8-row kernel's bit for bit
+/// (kernels/matvec.cu).
 fn wide_twin(name: &str, rows: usize) -> Option<(&'static str, usize)> {
-    let four = rows > 16;
     if rows <= 8 {
         return None;
     }
-    let twin = match (name, four) {
-        ("matvec_tc_bf16", false) => "matvec_tc_w2_bf16",
-        ("matvec_tc_bf16", true) => "matvec_tc_w4_bf16",
-        ("matvec_tc_u4_bf16" | "matvec_tc_u4b1_bf16" | "matvec_tc_u4b1h_bf16", false) => "matvec_tc_u4_w2_bf16",
-        ("matvec_tc_u4_bf16" | "matvec_tc_u4b1_bf16" | "matvec_tc_u4b1h_bf16", true) => "matvec_tc_u4_w4_bf16",
-        ("matvec_tc_swiglu_bf16", false) => "matvec_tc_swiglu_w2_bf16",
-        ("matvec_tc_swiglu_bf16", true) => "matvec_tc_swiglu_w4_bf16",
+    let [w2, w4, w8] = match name {
+        "matvec_tc_bf16" => ["matvec_tc_w2_bf16", "matvec_tc_w4_bf16", ""],
+        "matvec_tc_u4_bf16" | "matvec_tc_u4b1_bf16" | "matvec_tc_u4b1h_bf16" => {
+            ["matvec_tc_u4_w2_bf16", "matvec_tc_u4_w4_bf16", ""]
+        }
+        "matvec_tc_swiglu_bf16" => ["matvec_tc_swiglu_w2_bf16", "matvec_tc_swiglu_w4_bf16", ""],
+        "matvec_tc_x1_bf16" => ["matvec_tc_x1_w2_bf16", "matvec_tc_x1_w4_bf16", "matvec_tc_x1_w8_bf16"],
+        "matvec_tc_u4_x1_bf16" | "matvec_tc_u4b1_x1_bf16" | "matvec_tc_u4b1h_x1_bf16" => {
+            ["matvec_tc_u4_x1_w2_bf16", "matvec_tc_u4_x1_w4_bf16", "matvec_tc_u4_x1_w8_bf16"]
+        }
+        "matvec_tc_swiglu_x1_bf16" => {
+            ["matvec_tc_swiglu_x1_w2_bf16", "matvec_tc_swiglu_x1_w4_bf16", "matvec_tc_swiglu_x1_w8_bf16"]
+        }
         _ => return None,
     };
-    Some((twin, if four { 32 } else { 16 }))
+    Some(if rows > 32 && !w8.is_empty() {
+        (w8, 64)
+    } else if rows > 16 {
+        (w4, 32)
+    } else {
+        (w2, 16)
+    })
+}
+
+/// The `_x1` twin of a bf16 tensor-core kernel (x rounded to bf16, one MMA part;
+/// `Gpu::activations`);
+/// the others (FP8, argmax, tile-looping, wide twins) as they are.
+fn x1_twin(name: &str) -> &str {
+    match name {
+        "matvec_tc_bf16" => "matvec_tc_x1_bf16",
+        "matvec_tc_u4_bf16" => "matvec_tc_u4_x1_bf16",
+        "matvec_tc_u4b1_bf16" => "matvec_tc_u4b1_x1_bf16",
+        "matvec_tc_u4b1h_bf16" => "matvec_tc_u4b1h_x1_bf16",
+        "matvec_tc_swiglu_bf16" => "matvec_tc_swiglu_x1_bf16",
+        other => other,
+    }
 }
 
 /// Whether `name` is one of the tile-looping kernels (grid of one wave, no K split, no norm fold).
@@ -351,6 +377,7 @@ impl Gpu {
         ks_override: Option<usize>,
         epi: Epilogue,
     ) -> CudaResult<usize> {
+        let name = if self.activations == crate::Activations::Bf16 { x1_twin(name) } else { name };
         let tiles = d_out.div_ceil(16);
         if looping(name) && (ks_override.is_some() || epi.norm_in.is_some() || epi.norm_out.is_some()) {
             return Err(CudaError::Shape(format!("{name}: the tile-looping kernel has no K split or RMSNorm fold")));
@@ -379,7 +406,7 @@ impl Gpu {
             }
             _ => return Err(CudaError::Shape(format!("{name}: the weights are not in this kernel's dtype"))),
         };
-        if name == "matvec_tc_u4b1h_bf16" && !holds(d_in, ks) {
+        if name.starts_with("matvec_tc_u4b1h") && !holds(d_in, ks) {
             return Err(CudaError::Shape(format!("{name}: K {d_in} at K split {ks} does not fit a warp's registers")));
         }
         if let Some(n) = &epi.norm_in {
@@ -591,7 +618,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{ksplit, tc_argmax_kernel, tc_grid, tc_kernel, tc_kernel_plain, tc_launch_grid, wide_twin};
+    use super::{ksplit, tc_argmax_kernel, tc_grid, tc_kernel, tc_kernel_plain, tc_launch_grid, wide_twin, x1_twin};
     use half::bf16;
 
     /// kernels/matvec.cu `split3`, as it was (seven conversions: every part rounded) and as it is
@@ -649,6 +676,13 @@ mod tests {
         assert_eq!(wide_twin("matvec_tc_swiglu_bf16", 64), Some(("matvec_tc_swiglu_w4_bf16", 32)));
         assert_eq!(wide_twin("matvec_tc_fp8", 32), None);
         assert_eq!(wide_twin("matvec_tc_argmax_bf16", 32), None);
+        // The one-part kernels also take 64 rows a launch.
+        assert_eq!(wide_twin("matvec_tc_x1_bf16", 33), Some(("matvec_tc_x1_w8_bf16", 64)));
+        assert_eq!(wide_twin("matvec_tc_u4b1h_x1_bf16", 64), Some(("matvec_tc_u4_x1_w8_bf16", 64)));
+        assert_eq!(wide_twin("matvec_tc_swiglu_x1_bf16", 20), Some(("matvec_tc_swiglu_x1_w4_bf16", 32)));
+        assert_eq!(x1_twin("matvec_tc_u4b1h_bf16"), "matvec_tc_u4b1h_x1_bf16");
+        assert_eq!(x1_twin("matvec_tc_argmax_bf16"), "matvec_tc_argmax_bf16");
+        assert_eq!(x1_twin("matvec_tc_fp8"), "matvec_tc_fp8");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 mod argmax;
 mod attention_prefill;
 pub mod attention_seg;
+pub mod attention_split;
 pub mod gemm;
 pub mod host_table;
 pub mod kv;
@@ -81,11 +82,13 @@ pub fn available() -> bool {
 /// the decode's combine, `attention_combine_q1_f32` (not on the list), launches with PDL. The
 /// FP8 SwiGLU matvec follows its bf16 twin (not measured separately).
 /// The segmented combine (`attention_seg.rs`) follows the tensor-core kernel's, as its twin does,
-/// and the one-row FP8 SwiGLU that splits its own x (`_n1x`) its two-launch twin.
-const NO_PDL: [&str; 6] = [
+/// and the one-row FP8 SwiGLU that splits its own x (`_n1x`) its two-launch twin, and the bf16
+/// SwiGLU on bf16-rounded x (`_x1`) its three-part twin.
+const NO_PDL: [&str; 7] = [
     "attention_combine_f32",
     "attention_combine_seg_f32",
     "matvec_tc_swiglu_bf16",
+    "matvec_tc_swiglu_x1_bf16",
     "matvec_tc_swiglu_fp8",
     "matvec_tc_swiglu_n1_fp8",
     "matvec_tc_swiglu_n1x_fp8",
@@ -111,9 +114,16 @@ pub struct Gpu {
     /// Whether launches of more than 8 rows take the wide bf16 kernels, 16 or 32 rows a launch
     /// on one weight read (`matvec.rs` `wide_twin`; `DSPARK_NO_WIDE=1` turns it off for A/B runs).
     pub wide: bool,
+    /// The activations' precision in the bf16 tensor-core matvecs (`--activations`; bf16: the
+    /// one-part `_x1` kernels, `matvec.rs` `x1_twin`). Set before the models load.
+    pub activations: crate::Activations,
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
+    /// Whether a one-row step (decode) attends on the tensor-core kernel that verify steps use,
+    /// without the folded RoPE, so that a row's attention is the same bits in every step that
+    /// holds it (`ops.rs` `split_plan`; `DSPARK_ROW_EXACT=1` for A/B runs).
+    pub row_exact: bool,
     /// Whether a one-row FP8 matvec splits its x itself, in shared memory, instead of after a
     /// `split_x_f16x2` launch (`matvec.rs` `fp8_n1x_twin`; the same bits;
     /// `DSPARK_NO_FP8_SPLIT_IN_BLOCK=1` keeps the two launches for A/B runs).
@@ -179,6 +189,13 @@ pub struct KernelTime {
 }
 
 impl Gpu {
+    /// Whether a row's attention must be the same bits in every step that holds it: asked for
+    /// (`row_exact`), or implied by bf16 activations, whose rounding of x would turn the decode
+    /// kernel's ~2⁻²² difference from the verify kernel's into a whole bf16 step.
+    pub fn rows_exact(&self) -> bool {
+        self.row_exact || self.activations == crate::Activations::Bf16
+    }
+
     /// Opens device `ordinal`, loads every kernel module, and creates the op stream.
     pub fn new(ordinal: usize) -> CudaResult<Gpu> {
         if !available() {
@@ -244,7 +261,9 @@ impl Gpu {
             pdl,
             rope_fold: std::env::var_os("DSPARK_NO_ROPE_FOLD").is_none(),
             wide: std::env::var_os("DSPARK_NO_WIDE").is_none(),
+            activations: crate::Activations::F32,
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
+            row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
             xsm_limits,
             profiling: AtomicBool::new(false),

@@ -1,13 +1,14 @@
 //! Typed launch wrappers: the weight and scratch types every family uses, the shared checks and
-//! launch helpers, and the wrappers of embedding, RMSNorm, RoPE/append and attention. The
-//! matvec, argmax and Markov-head families have their own files (`matvec.rs`, `argmax.rs`,
-//! `markov.rs`).
+//! launch helpers, and the wrappers of embedding, RMSNorm and RoPE/append. Attention
+//! (`attention_split.rs`), the matvec, argmax and Markov-head families have their own files
+//! (`matvec.rs`, `argmax.rs`, `markov.rs`).
 //!
 //! Each wrapper checks every buffer length against the shape it is given, then launches on the
 //! GPU's stream. Activations are f32 views; large weights are a [`WeightBuf`] in the
 //! checkpoint's dtype, small per-channel weights (norms, head vectors) f32.
 
-use super::kv::{KvView, KvViewMut};
+use super::attention_split::{split_partials, SPLIT_ROWS};
+use super::kv::KvViewMut;
 use super::pdl::{dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
@@ -169,23 +170,6 @@ pub struct OpScratch {
     pub argmax_tickets: CudaSlice<u32>,
 }
 
-/// Most key slices of one split attention launch.
-pub const MAX_SPLITS: usize = 128;
-
-/// Key slices of a split attention launch: `(grid slices, keys)`. The kernels split a step's
-/// kv_len keys into `min(grid slices, ⌈kv_len / keys⌉)` slices of equal length (`split_count`,
-/// common.cuh), so with keys = 32 a short context gets one 32-key tile per block and a long one
-/// as many slices as fill one wave of `slots` resident blocks (`blocks` per slice: KV heads ×
-/// query groups) — each block then walks several tiles. Both figures follow `kv_cap` only, as a
-/// captured graph needs. Measured on the H200 (git history of docs/perf.md): one full wave beats both fixed
-/// 64- and 128-key slices, which left half the SMs idle for part of the 2048–4096 range.
-pub fn split_plan(kv_cap: usize, blocks: usize, slots: usize) -> (usize, usize) {
-    let wave = (slots / blocks.max(1)).max(1);
-    (kv_cap.div_ceil(32).min(wave).clamp(1, MAX_SPLITS), 32)
-}
-/// Most query rows the split attention takes (verify and draft blocks are ≤ 8; prefill uses the
-/// per-head kernel).
-pub const SPLIT_ROWS: usize = 16;
 /// Most logits rows and segments per row of one split argmax.
 pub const ARGMAX_ROWS: usize = 64;
 pub const ARGMAX_SEGMENTS: usize = 256;
@@ -194,8 +178,8 @@ impl OpScratch {
     /// Element counts of the buffers for `nh × hd` query heads over `nkv` KV heads on `sms`
     /// SMs: (attn_o, attn_ml, argmax pairs, tickets). The partials hold the most (slice, row)
     /// pairs any split launch of up to [`SPLIT_ROWS`] rows takes on this GPU at any context
-    /// ([`split_partials`]): 264 for Qwen3-8B on 132 SMs (4.3 MB), where [`MAX_SPLITS`] ×
-    /// [`SPLIT_ROWS`] = 2,048 planned 34 MB a model.
+    /// ([`split_partials`]): 528 for Qwen3-8B on 132 SMs (8.7 MB: sixteen rows at 33 slices),
+    /// where [`MAX_SPLITS`](super::attention_split::MAX_SPLITS) × [`SPLIT_ROWS`] = 2,048 would plan 34 MB a model.
     pub fn sizes((nh, nkv, hd): (usize, usize, usize), sms: usize) -> (usize, usize, usize, usize) {
         let most = (1..=SPLIT_ROWS).map(|rows| split_partials(rows, (nh, nkv), sms)).max().unwrap_or(1);
         let q = most * nh;
@@ -208,28 +192,6 @@ impl OpScratch {
         let pairs = split_partials(rows, (nh, nkv), sms);
         self.attn_o.len() >= pairs * nh * hd && self.attn_ml.len() >= pairs * nh * 2
     }
-}
-
-/// The kernel shape of a split attention launch of `rows` rows over KV heads of `g` query heads
-/// each: (queries per block, blocks per SM). A block takes 4 queries (one per warp) when that is
-/// the whole group (decode); more queries (verify, the draft block) go to the tensor-core
-/// kernel, 32 per block.
-pub(crate) fn split_kernel(rows: usize, g: usize) -> (usize, usize) {
-    if rows * g <= 4 {
-        (4, 4)
-    } else {
-        (32, 2)
-    }
-}
-
-/// (slice, row) pairs of the partials a split launch of `rows` rows writes at most, at any
-/// context: [`split_plan`]'s slices at an unbounded `kv_cap` (each shorter context takes fewer)
-/// times the rows.
-pub fn split_partials(rows: usize, (nh, nkv): (usize, usize), sms: usize) -> usize {
-    let g = nh / nkv.max(1);
-    let (per_block, per_sm) = split_kernel(rows, g);
-    let blocks = nkv * (rows * g).div_ceil(per_block);
-    split_plan(usize::MAX, blocks, per_sm * sms).0 * rows
 }
 
 /// Dynamic shared memory of the kernels that use it: `attention_tc_hd*` stages Q (split in
@@ -252,14 +214,6 @@ pub(crate) fn aligned16<T>(gpu: &Gpu, v: &CudaView<T>) -> bool {
     ptr % 16 == 0
 }
 
-/// The element type of a K and V cache pair, which must agree.
-fn same_kv(what: &str, k: &KvView<'_>, v: &KvView<'_>) -> CudaResult<super::kv::KvDtype> {
-    if k.dtype() != v.dtype() {
-        return Err(CudaError::Shape(format!("{what}: K cache is {}, V cache {}", k.dtype().name(), v.dtype().name())));
-    }
-    Ok(k.dtype())
-}
-
 pub(crate) fn check(what: &str, got: usize, want: usize) -> CudaResult<()> {
     if got < want {
         return Err(CudaError::Shape(format!("{what}: buffer holds {got} values, needs {want}")));
@@ -267,7 +221,6 @@ pub(crate) fn check(what: &str, got: usize, want: usize) -> CudaResult<()> {
     Ok(())
 }
 
-/// Buffer lengths (q, k, v, out) of an attention call against its shape.
 /// A step's positions, for the kernels that depend on them (kernels/common.cuh): `dev` holds
 /// `[first_pos, kv_len]` in device memory, written by the caller before the step's launches, so
 /// that one captured CUDA graph serves every position. The host's `first_pos` and `kv_cap` are
@@ -277,18 +230,6 @@ pub struct StepLens<'a> {
     pub dev: CudaView<'a, u32>,
     pub first_pos: usize,
     pub kv_cap: usize,
-}
-
-fn check_attention(
-    (q, k, v, out): (usize, usize, usize, usize),
-    rows: usize,
-    kv_len: usize,
-    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
-) -> CudaResult<()> {
-    check("attention q", q, rows * n_heads * head_dim)?;
-    check("attention k", k, kv_len * n_kv_heads * head_dim)?;
-    check("attention v", v, kv_len * n_kv_heads * head_dim)?;
-    check("attention out", out, rows * n_heads * head_dim)
 }
 
 pub(crate) fn cfg(grid: usize, block: u32) -> LaunchConfig {
@@ -412,139 +353,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// Attention of `rows` queries over the first `kv_len` cache rows (both from `lens`).
-    /// `causal`: row r sits at `first_pos + r` and sees keys `0..=first_pos + r`; otherwise every
-    /// key.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention(
-        &self,
-        q: &CudaView<f32>,
-        k: &KvView<'_>,
-        v: &KvView<'_>,
-        out: &mut CudaViewMut<f32>,
-        rows: usize,
-        lens: &StepLens<'_>,
-        (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
-        causal: bool,
-    ) -> CudaResult<()> {
-        if head_dim % 32 != 0 || head_dim > 256 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
-            return Err(CudaError::Shape(format!(
-                "attention: head_dim {head_dim} must be a multiple of 32 up to 256, heads {n_heads} a multiple of kv heads {n_kv_heads}"
-            )));
-        }
-        let heads = (n_heads, n_kv_heads, head_dim);
-        check_attention((q.len(), k.len(), v.len(), out.len()), rows, lens.kv_cap, heads)?;
-        check("attention lens", lens.dev.len(), 2)?;
-        let kv = same_kv("attention", k, v)?;
-        let (nh, nkv, hd, c) = (n_heads as i32, n_kv_heads as i32, head_dim as i32, causal as i32);
-        let name = format!("attention_f32{}", kv.kernel_suffix());
-        let mut b = self.stream.launch_builder(self.function(&name)?);
-        b.arg(q);
-        match (k, v) {
-            (KvView::F32(k), KvView::F32(v)) => b.arg(k).arg(v),
-            (KvView::Bf16(k), KvView::Bf16(v)) => b.arg(k).arg(v),
-            _ => unreachable!("same_kv checked the pair"),
-        };
-        b.arg(out).arg(&nh).arg(&nkv).arg(&hd).arg(&lens.dev).arg(&c);
-        // SAFETY: matches attention_f32[_kvbf16](q, k, v, out, nh, nkv, hd, lens, causal).
-        launch!(self, &name, b, cfg(rows * n_heads, 128));
-        Ok(())
-    }
-
-    /// Attention of `rows` queries over the first `kv_len` cache rows (as [`Gpu::attention`]),
-    /// on the split-KV kernel when the query group fits it, else the per-head kernel.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_split(
-        &self,
-        q: &CudaView<f32>,
-        k: &KvView<'_>,
-        v: &KvView<'_>,
-        out: &mut CudaViewMut<f32>,
-        rows: usize,
-        lens: &StepLens<'_>,
-        (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
-        causal: bool,
-        scratch: &mut OpScratch,
-    ) -> CudaResult<()> {
-        let fits = matches!(head_dim, 64 | 128)
-            && n_kv_heads > 0
-            && n_heads % n_kv_heads == 0
-            && rows <= SPLIT_ROWS
-            && scratch.holds(rows, (n_heads, n_kv_heads, head_dim), self.sms);
-        if !fits {
-            return self.attention(q, k, v, out, rows, lens, (n_heads, n_kv_heads, head_dim), causal);
-        }
-        let kv_cap = lens.kv_cap;
-        check_attention((q.len(), k.len(), v.len(), out.len()), rows, kv_cap, (n_heads, n_kv_heads, head_dim))?;
-        check("attention lens", lens.dev.len(), 2)?;
-        let kv = same_kv("attention_split", k, v)?;
-        if !k.aligned16(self) || !v.aligned16(self) {
-            return Err(CudaError::Shape("attention_split: K/V cache views must be 16-byte aligned".into()));
-        }
-        // The kernel by split_kernel's rule; the decode kernel's combine is a twin launched with
-        // PDL (kernels/attention.cu).
-        let group_queries = rows * (n_heads / n_kv_heads);
-        let (per_block, per_sm) = split_kernel(rows, n_heads / n_kv_heads);
-        let (name, combine) = if per_block == 4 {
-            (format!("attention_split_q1_hd{head_dim}_f32{}", kv.kernel_suffix()), "attention_combine_q1_f32")
-        } else {
-            (format!("attention_tc_hd{head_dim}_f32{}", kv.kernel_suffix()), "attention_combine_f32")
-        };
-        let groups = group_queries.div_ceil(per_block);
-        let (splits, keys) = split_plan(kv_cap, n_kv_heads * groups, per_sm * self.sms);
-        let (r, nh, nkv, c) = (rows as i32, n_heads as i32, n_kv_heads as i32, causal as i32);
-        // attention_split_hd*_f32(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, keys)
-        let lens_dev = dptr(self, &lens.dev);
-        let args = [
-            dptr(self, q),
-            k.arg(self),
-            v.arg(self),
-            dptr_mut(self, &mut scratch.attn_o),
-            dptr_mut(self, &mut scratch.attn_ml),
-            Arg::I32(r),
-            Arg::I32(nh),
-            Arg::I32(nkv),
-            lens_dev,
-            Arg::I32(c),
-            Arg::I32(keys as i32),
-        ];
-        let grid = ((n_kv_heads * groups) as u32, splits as u32, 1);
-        match dynamic_smem(&name) {
-            Some(smem) => self.launch_pdl_smem(&name, grid, 256, smem as u32, &args)?,
-            None => self.launch_pdl(&name, grid, 128, &args)?,
-        }
-        self.attention_combine(combine, scratch, out, rows, n_heads, head_dim, lens, (keys, splits))
-    }
-
-    /// The merge of a split attention's partials (`scratch`) into `out [rows, nh·hd]`: kernel
-    /// `name` (`attention_combine_f32`, or its PDL twin after the decode kernel).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attention_combine(
-        &self,
-        name: &str,
-        scratch: &OpScratch,
-        out: &mut CudaViewMut<f32>,
-        rows: usize,
-        nh: usize,
-        hd: usize,
-        lens: &StepLens<'_>,
-        (keys, splits): (usize, usize),
-    ) -> CudaResult<()> {
-        // attention_combine[_q1]_f32(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits)
-        let args = [
-            dptr(self, &scratch.attn_o),
-            dptr(self, &scratch.attn_ml),
-            dptr_mut(self, out),
-            Arg::I32(rows as i32),
-            Arg::I32(nh as i32),
-            Arg::I32(hd as i32),
-            dptr(self, &lens.dev),
-            Arg::I32(keys as i32),
-            Arg::I32(splits as i32),
-        ];
-        self.launch_pdl(name, ((rows * nh) as u32, 1, 1), 4 * hd as u32, &args)
-    }
-
     /// Fused norm + RoPE + cache append of a q|k|v projection output `[rows, (nq + 2·nkv)·hd]`
     /// for rows at positions `first_pos ..` (from `lens`): q into `q_out`, k and v into the
     /// caches at the same rows. `nq = 0` for key/value-only input (the draft's context rows).
@@ -597,55 +405,5 @@ impl Gpu {
         ];
         self.launch_pdl(&name, ((rows * (nq + 2 * nkv)) as u32, 1, 1), threads, &args)?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{split_kernel, split_partials, split_plan, OpScratch, MAX_SPLITS, SPLIT_ROWS};
-
-    #[test]
-    fn split_partials_bound_every_launch_and_size_the_scratch() {
-        // Qwen3-8B (32 heads over 8) on an H200's 132 SMs: eight verify rows take the most, 33
-        // slices each; 4.3 MB of partials where MAX_SPLITS × SPLIT_ROWS planned 34 MB.
-        assert_eq!(split_partials(1, (32, 8), 132), 66);
-        assert_eq!(split_partials(8, (32, 8), 132), 264);
-        assert_eq!(OpScratch::sizes((32, 8, 128), 132).0, 264 * 32 * 128);
-        for sms in [1, 20, 46, 108, 132, 170, 1000] {
-            for (nh, nkv) in [(1, 1), (4, 1), (4, 4), (8, 2), (14, 2), (16, 8), (32, 8), (64, 8), (40, 8), (32, 32)] {
-                for hd in [64, 128] {
-                    let (ao, aml, ..) = OpScratch::sizes((nh, nkv, hd), sms);
-                    assert!(ao <= MAX_SPLITS * SPLIT_ROWS * nh * hd && aml == ao / hd * 2);
-                    for rows in 1..=SPLIT_ROWS {
-                        let pairs = split_partials(rows, (nh, nkv), sms);
-                        assert!(ao >= pairs * nh * hd, "{nh}/{nkv} heads, {rows} rows, {sms} SMs");
-                        // What the launch takes at any context, as attention_split plans it.
-                        let g = nh / nkv;
-                        let (per_block, per_sm) = split_kernel(rows, g);
-                        let blocks = nkv * (rows * g).div_ceil(per_block);
-                        for kv_cap in [1, 31, 512, 4096, 16_384, 1 << 20] {
-                            assert!(split_plan(kv_cap, blocks, per_sm * sms).0 * rows <= pairs);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn split_plan_fills_one_wave() {
-        // An H200: 132 SMs; Qwen3-8B's 8 KV heads, one query group per head.
-        let (q1, tc) = (4 * 132, 2 * 132);
-        // Short contexts: one 32-key tile per block.
-        assert_eq!(split_plan(512, 8, tc), (16, 32));
-        assert_eq!(split_plan(1, 8, q1), (1, 32));
-        // Long contexts: as many slices as fill one wave, each a run of tiles.
-        assert_eq!(split_plan(4096, 8, tc), (33, 32));
-        assert_eq!(split_plan(8192, 8, tc), (33, 32));
-        assert_eq!(split_plan(8192, 8, q1), (66, 32));
-        assert_eq!(split_plan(2048, 8, q1), (64, 32));
-        // Never more slices than the scratch holds, never fewer than one.
-        assert_eq!(split_plan(1 << 20, 1, 10_000), (128, 32));
-        assert_eq!(split_plan(4096, 1000, 10), (1, 32));
     }
 }

@@ -14,8 +14,9 @@
 //! µs a launch at 512 / 4096 keys, kernel alone) than the append launch it saved, so the verify
 //! took 1.5–1.9% longer. `DSPARK_NO_ROPE_FOLD=1` keeps the two launches (for A/B runs).
 
+use super::attention_split::{split_plan, SPLIT_TILE};
 use super::kv::{KvView, KvViewMut};
-use super::ops::{check, split_plan, OpScratch, StepLens};
+use super::ops::{check, OpScratch, StepLens};
 use super::pdl::{dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut};
@@ -48,7 +49,7 @@ impl Gpu {
         causal: bool,
         scratch: &mut OpScratch,
     ) -> CudaResult<()> {
-        if !(self.rope_fold && folds(rows, (nh, nkv, hd), scratch, self.sms)) {
+        if !(self.rope_fold && !self.rows_exact() && folds(rows, (nh, nkv, hd), scratch, self.sms)) {
             let values = lens.kv_cap * nkv * hd;
             let (q_norm, k_norm, inv_freq, eps) = (rope.q_norm, rope.k_norm, rope.inv_freq, rope.eps);
             let heads = (rows, nh, nkv);
@@ -83,10 +84,10 @@ impl Gpu {
         }
         let name = format!("attention_split_rope_q1_hd{hd}_f32{}", k_cache.dtype().kernel_suffix());
         // One block of four queries per KV head and key slice, four blocks per SM (ops.rs).
-        let (splits, keys) = split_plan(lens.kv_cap, nkv, 4 * self.sms);
+        let (splits, stride) = split_plan(lens.kv_cap, nkv, 4 * self.sms);
         let lens_dev = dptr(self, &lens.dev);
         // attention_split_rope_q1_*(qkv, q_norm, k_norm, inv_freq, k, v, part_o, part_ml, rows,
-        // nh, nkv, lens, causal, keys, eps)
+        // nh, nkv, lens, causal, stride, eps)
         let args = [
             dptr(self, qkv),
             dptr(self, rope.q_norm),
@@ -101,11 +102,11 @@ impl Gpu {
             Arg::I32(nkv as i32),
             lens_dev,
             Arg::I32(causal as i32),
-            Arg::I32(keys as i32),
+            Arg::I32(stride as i32),
             Arg::F32(rope.eps),
         ];
         self.launch_pdl(&name, (nkv as u32, splits as u32, 1), 128, &args)?;
-        self.attention_combine("attention_combine_q1_f32", scratch, out, rows, nh, hd, lens, (keys, splits))
+        self.attention_combine("attention_combine_q1_f32", scratch, out, rows, nh, hd, lens, (SPLIT_TILE, splits))
     }
 }
 

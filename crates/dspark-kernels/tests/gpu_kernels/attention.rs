@@ -257,3 +257,97 @@ fn qkv_rope_append_matches_reference() {
         }
     }
 }
+
+/// A query row's attention is the same bits in every step that holds it — the invariant that
+/// makes batched rounds equal solo runs and speculative decoding equal plain decoding by
+/// construction (`split_plan`: a slice takes every stride-th tile, the stride fixed by the
+/// kernel, model and GPU). One random row at a random position goes through causal steps of 1
+/// to 16 rows that hold it at random offsets, each launched as an eager step (grid for kv_len)
+/// and as a graph's (grid for the next power of two of keys), over one cache; every launch must
+/// give the row the same bits as the first one on the same kernel. On a row-exact GPU a one-row
+/// step (decode) takes the tensor-core kernel too, so there all steps agree; on the default
+/// GPU it takes the four-query kernel, whose steps are compared among themselves.
+#[test]
+fn a_row_is_the_same_bits_in_every_step_that_holds_it() {
+    let mut rng = Rng(61);
+    let shapes: &[(usize, usize, usize, usize)] = if full_size() {
+        &[(32, 8, 128, 600), (32, 8, 128, 4300), (8, 2, 64, 300), (40, 8, 128, 200), (8, 8, 64, 100)]
+    } else {
+        &[(32, 8, 128, 600), (8, 2, 64, 300), (40, 8, 128, 200), (8, 8, 64, 100)]
+    };
+    for row_exact in [true, false] {
+        let mut g = gpu();
+        g.row_exact = row_exact;
+        for kv in KV_DTYPES {
+            for &(nh, nkv, hd, max_len) in shapes {
+                let cap = max_len.next_power_of_two();
+                let mut k = rng.vec(cap * nkv * hd);
+                let mut v = rng.vec(cap * nkv * hd);
+                if kv == KvDtype::Bf16 {
+                    k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = round_bf16(*x));
+                }
+                let (kd, vd) = (Cache::up(&g, &k, kv), Cache::up(&g, &v, kv));
+                let mut sc = scratch(&g, nh, hd);
+                let width = nh * hd;
+                for _ in 0..4 {
+                    let pos = rng.below(max_len);
+                    let row = rng.vec(width);
+                    // The first bits seen on each kernel: [four-query, tensor-core].
+                    let mut first: [Option<(String, Vec<u32>)>; 2] = [None, None];
+                    let mut compared = 0;
+                    for rows in [1, 2, 3, 5, 8, 16, 1, 8] {
+                        let lo = pos.saturating_sub(rows - 1);
+                        let hi = pos.min(max_len - rows);
+                        let first_pos = lo + rng.below(hi - lo + 1);
+                        let kv_len = first_pos + rows;
+                        let mut q = rng.vec(rows * width);
+                        let j = pos - first_pos;
+                        q[j * width..(j + 1) * width].copy_from_slice(&row);
+                        for kv_cap in [kv_len, kv_len.next_power_of_two().min(cap)] {
+                            let bits =
+                                row_bits(&g, (&kd, &vd), &mut sc, &q, (first_pos, rows, kv_cap), (nh, nkv, hd), j);
+                            let tc = usize::from(rows * (nh / nkv) > 4 || row_exact);
+                            let what = format!("{rows} rows from {first_pos} (grid for {kv_cap} keys)");
+                            match &first[tc] {
+                                None => first[tc] = Some((what, bits)),
+                                Some((w0, b0)) => {
+                                    assert!(
+                                        *b0 == bits,
+                                        "row exact {row_exact}, {} cache, {nh}/{nkv} heads hd {hd}: the row at {pos} \
+                                         differs between {w0} and {what}",
+                                        kv.name()
+                                    );
+                                    compared += 1;
+                                }
+                            }
+                        }
+                    }
+                    assert!(compared >= 10, "{compared} comparisons");
+                }
+            }
+        }
+    }
+}
+
+/// The bits of row `j` of a causal split attention of `q`'s `rows` rows from `first_pos` over
+/// the caches, launched with its grid sized for `kv_cap` keys, its output poisoned first.
+fn row_bits(
+    g: &Gpu,
+    (k, v): (&Cache, &Cache),
+    sc: &mut OpScratch,
+    q: &[f32],
+    (first_pos, rows, kv_cap): (usize, usize, usize),
+    heads: (usize, usize, usize),
+    j: usize,
+) -> Vec<u32> {
+    let width = heads.0 * heads.2;
+    let qd = up(g, q);
+    let lens_d = g.stream.clone_htod(&[first_pos as u32, (first_pos + rows) as u32]).unwrap();
+    let lens = StepLens { dev: lens_d.as_view(), first_pos, kv_cap };
+    let mut out = poisoned(g, rows * width);
+    g.attention_split(&qd.as_view(), &k.view(), &v.view(), &mut out.as_view_mut(), rows, &lens, heads, true, sc)
+        .unwrap();
+    let bits: Vec<u32> = down(g, &out)[j * width..(j + 1) * width].iter().map(|x| x.to_bits()).collect();
+    assert!(bits.iter().all(|b| !f32::from_bits(*b).is_nan()), "an unwritten output");
+    bits
+}

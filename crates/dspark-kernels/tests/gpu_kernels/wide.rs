@@ -4,9 +4,13 @@
 //! and both sides of the RMSNorm fold (the producer's residual, x·γ and partial sums of
 //! squares; the consumer scaling by 1/rms) — at row counts that split into wide and 8-row
 //! launches. Outputs are poisoned first, and held to the f32 reference at 1e-5 as well.
+//! Each also runs with x rounded to bf16 (`Gpu::activations` bf16, the one-part `_x1` kernels and their
+//! 64-row twins): wide launches against 8-row ones bit for bit, every row against the same row
+//! launched alone, and the products against the reference fed the rounded x.
 
 use super::*;
 use dspark_kernels::cuda::norm_fold::Normed;
+use dspark_kernels::Activations;
 
 const ROWS: [usize; 6] = [9, 16, 23, 32, 40, 64];
 
@@ -29,24 +33,47 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// x rounded to the nearest bf16, as the `_x1` kernels feed it to the MMAs.
+fn round_bf16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect()
+}
+
 #[test]
 fn wide_launches_equal_eight_row_launches_bit_for_bit() {
     let mut g = gpu();
+    for x1 in [false, true] {
+        g.activations = if x1 { Activations::Bf16 } else { Activations::F32 };
+        wide_products(&mut g, x1);
+    }
+    g.activations = Activations::F32;
+}
+
+fn wide_products(g: &mut Gpu, x1: bool) {
     let mut rng = Rng(71);
     // (out, in): many tiles (matvec_tc_bf16), K split over a block (u4), one layer's k|v (u4b1h).
     let shapes: &[(usize, usize)] =
         if full_size() { &[(6144, 4096), (4096, 4096), (1024, 4096), (200, 136)] } else { &[(200, 136), (96, 64)] };
     for &(out, k) in shapes {
-        let (w, wf) = weight_cols(&g, &rng.vec(out * k), k, "bf16");
+        let (w, wf) = weight_cols(g, &rng.vec(out * k), k, "bf16");
         for &m in &ROWS {
             let x = rng.vec(m * k);
-            let xd = up(&g, &x);
-            let [wide, eight] = both(&mut g, &[m * out], |g, o| {
+            let xd = up(g, &x);
+            let [wide, eight] = both(g, &[m * out], |g, o| {
                 g.matvec(&w, &xd.as_view(), &mut o[0].as_view_mut(), (m, k, out), false).unwrap();
             });
-            assert!(same_bits(&wide[0], &eight[0]), "{out}x{k}, {m} rows: wide launches differ");
-            let e = rel_err(&wide[0], &cpu::matmul::linear(&x, &wf, m, k, out));
-            assert!(e <= 1e-5, "{out}x{k}, {m} rows: rel err {e}");
+            assert!(same_bits(&wide[0], &eight[0]), "{out}x{k}, {m} rows, x1 {x1}: wide launches differ");
+            let xr = if x1 { round_bf16(&x) } else { x.clone() };
+            let e = rel_err(&wide[0], &cpu::matmul::linear(&xr, &wf, m, k, out));
+            assert!(e <= 1e-5, "{out}x{k}, {m} rows, x1 {x1}: rel err {e}");
+            // The last row launched alone: the same bits as inside the wide launch.
+            let r = m - 1;
+            let mut one = poisoned(g, out);
+            let xs = xd.slice(r * k..m * k);
+            g.matvec(&w, &xs, &mut one.as_view_mut(), (1, k, out), false).unwrap();
+            assert!(
+                same_bits(&down(g, &one), &wide[0][r * out..]),
+                "{out}x{k}, row {r} of {m}, x1 {x1}: alone differs"
+            );
         }
     }
 }
@@ -54,17 +81,25 @@ fn wide_launches_equal_eight_row_launches_bit_for_bit() {
 #[test]
 fn wide_swiglu_and_norm_fold_equal_eight_row_launches() {
     let mut g = gpu();
+    for x1 in [false, true] {
+        g.activations = if x1 { Activations::Bf16 } else { Activations::F32 };
+        wide_mlp(&mut g, x1);
+    }
+    g.activations = Activations::F32;
+}
+
+fn wide_mlp(g: &mut Gpu, x1: bool) {
     let mut rng = Rng(73);
     let (h, k, inter) = if full_size() { (4096, 4096, 12288) } else { (256, 136, 96) };
-    let (wp, _) = weight_cols(&g, &rng.vec(h * k), k, "bf16");
-    let (wgu, _) = weight_cols(&g, &rng.vec(2 * inter * h), h, "bf16");
-    let gamma = up(&g, &rng.vec(h).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>());
+    let (wp, _) = weight_cols(g, &rng.vec(h * k), k, "bf16");
+    let (wgu, _) = weight_cols(g, &rng.vec(2 * inter * h), h, "bf16");
+    let gamma = up(g, &rng.vec(h).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>());
     for &m in &ROWS {
-        let (x, y0) = (up(&g, &rng.vec(m * k)), rng.vec(m * h));
+        let (x, y0) = (up(g, &rng.vec(m * k)), rng.vec(m * h));
         let parts_max = h.div_ceil(16);
         // Producer (residual add, x·γ, partial Σ y²), then the SwiGLU consumer scaling by 1/rms.
         let lens = [m * h, m * h, m * parts_max, m * 2 * inter, m * inter];
-        let [wide, eight] = both(&mut g, &lens, |g, o| {
+        let [wide, eight] = both(g, &lens, |g, o| {
             let [y, ud, ss, gu, act] = o else { unreachable!("five outputs") };
             g.stream.memcpy_htod(&y0, y).unwrap();
             let normed = g
@@ -96,7 +131,10 @@ fn wide_swiglu_and_norm_fold_equal_eight_row_launches() {
         for (i, what) in what.iter().enumerate() {
             // Entries a kernel never writes (partials past the grid's width) hold the same poison
             // in both runs.
-            assert!(same_bits(&wide[i], &eight[i]), "{m} rows: {what} differs between wide and 8-row launches");
+            assert!(
+                same_bits(&wide[i], &eight[i]),
+                "{m} rows, x1 {x1}: {what} differs between wide and 8-row launches"
+            );
         }
         assert!(wide[4].iter().all(|v| v.is_finite()), "{m} rows: SwiGLU output left unwritten");
         assert!(wide[0].iter().all(|v| v.is_finite()), "{m} rows: residual left unwritten");

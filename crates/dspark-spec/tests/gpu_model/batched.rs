@@ -28,16 +28,21 @@ fn same(a: &[f32], b: &[f32]) -> bool {
 
 #[test]
 fn batched_forward_items_equal_each_sequence_alone() {
+    forward_items_equal_each_sequence_alone(gpu());
+}
+
+/// Random batched forwards on `g` against each item's sequence alone (also `row_exact.rs`).
+pub(super) fn forward_items_equal_each_sequence_alone(g: Arc<Gpu>) {
     let (_dir, tdir, _ddir) = write_bf16_pair(3, &two_layer_draft(4, MarkovKind::Vanilla, false), DType::BF16);
     let seqs = 4;
-    let mut batch = CudaBatch::new(CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap(), seqs).unwrap();
+    let mut batch = CudaBatch::new(CudaQwen3::load(g.clone(), &tdir, MAX_LEN).unwrap(), seqs).unwrap();
     let taps = [0usize, 2];
     batch.set_capture(&taps).unwrap();
     let vocab = batch.config().vocab_size;
     let ids: Vec<usize> = (0..seqs).map(|_| batch.open().unwrap()).collect();
     let err = batch.open().unwrap_err().to_string();
     assert!(err.contains("in use"), "a fifth sequence: {err}");
-    let mut solo: Vec<CudaQwen3> = (0..seqs).map(|_| CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap()).collect();
+    let mut solo: Vec<CudaQwen3> = (0..seqs).map(|_| CudaQwen3::load(g.clone(), &tdir, MAX_LEN).unwrap()).collect();
     for s in &mut solo {
         s.set_capture(&taps).unwrap();
     }
@@ -107,8 +112,14 @@ fn batched_forward_items_equal_each_sequence_alone() {
 
 #[test]
 fn batched_rounds_equal_solo_runs_on_the_gpu() {
+    rounds_equal_solo_runs(gpu(), 0..6);
+}
+
+/// Batched rounds of random requests on `g`'s targets and drafts against each request's solo
+/// runs on it, for the target/draft pairs of `seeds` (also `row_exact.rs`).
+pub(super) fn rounds_equal_solo_runs(g: Arc<Gpu>, seeds: std::ops::Range<u64>) {
     let kinds = [MarkovKind::Vanilla, MarkovKind::Gated, MarkovKind::Rnn];
-    for seed in 0..6u64 {
+    for seed in seeds {
         let mut rng = Rng(seed * 131 + 7);
         let spec = two_layer_draft(2 + rng.below(6), kinds[rng.below(3)], rng.below(2) == 1);
         let (_dir, tdir, ddir) = write_bf16_pair(seed + 20, &spec, DType::BF16);
@@ -143,7 +154,7 @@ fn batched_rounds_equal_solo_runs_on_the_gpu() {
                 BatchVerify::Budget(CostTable { seconds: (1..=tokens).map(|n| 1.0 + 0.05 * n as f64).collect() })
             }
         };
-        let target = CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap();
+        let target = CudaQwen3::load(g.clone(), &tdir, MAX_LEN).unwrap();
         let mut draft = CudaDraft::load(&ddir, &target).unwrap();
         // Every third seed on paged caches (`--kv-capacity`), the draft's contexts too: one
         // 2 MiB page holds 8,192 of these rows, so the budget is one page and the requests run
@@ -161,8 +172,9 @@ fn batched_rounds_equal_solo_runs_on_the_gpu() {
             }
         };
         // The draft's blocks one sequence at a time, or in batched passes (`CudaDrafts`).
+        let seq = seed % 2 == 0;
         let mut draft: Box<dyn BatchDrafter> =
-            if seed % 2 == 0 { Box::new(Sequences::new(draft)) } else { Box::new(CudaDrafts::new(draft)) };
+            if seq { Box::new(Sequences::new(draft)) } else { Box::new(CudaDrafts::new(draft)) };
         let law = if seed % 2 == 0 { DraftLaw::Greedy } else { DraftLaw::Sampled };
         let limits = BatchLimits { max_batch, kv_capacity: None, prefill_chunk: None, law };
         let out = batched(&mut target, draft.as_mut(), &requests, &verify, limits).unwrap();
@@ -177,7 +189,7 @@ fn batched_rounds_equal_solo_runs_on_the_gpu() {
             }
         }
 
-        let mut alone = CudaQwen3::load(gpu(), &tdir, MAX_LEN).unwrap();
+        let mut alone = CudaQwen3::load(g.clone(), &tdir, MAX_LEN).unwrap();
         let mut alone_draft = CudaDraft::load(&ddir, &alone).unwrap();
         for (i, r) in requests.iter().enumerate() {
             if !r.params.is_greedy() {
