@@ -58,9 +58,9 @@ impl Normed {
 impl Gpu {
     /// `y (+)= W x` for `m` rows, and the RMSNorm of the new `y` with weight `gamma` left in `u`
     /// for the next matvec (pending in `ss` on the tensor-core path; `ss` needs `m · ⌈d_out/16⌉`
-    /// values). `bf16_rows`: the caller's consumer is a bf16 tensor-core projection, so with
-    /// `--activations bf16` `u` may hold bf16 rows — half the bytes it reads, the same bits
-    /// (`Gpu::x_bf16_rows`; not for the final norm, whose lm_head kernels read f32).
+    /// values). `bf16_rows`: the caller's consumer reads bf16 rows ([`Gpu::reads_bf16_rows`]
+    /// of its weights), so `u` may hold them — half the bytes it reads, the same bits (not for
+    /// the final norm, whose lm_head kernels read f32).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_norm_out(
         &self,
@@ -83,7 +83,7 @@ impl Gpu {
             return Ok(Normed::Done);
         }
         let name = self.tc_name(w, d_out, d_in);
-        let bf16 = bf16_rows && self.x_bf16_rows && self.activations == crate::Activations::Bf16 && d_out % 16 == 0;
+        let bf16 = bf16_rows && self.reads_bf16_rows(w, d_out);
         let out = NormOut {
             gamma: addr(self, gamma, gamma.len()),
             xg: addr(self, &u.as_view(), u.len()),
@@ -93,6 +93,17 @@ impl Gpu {
         let epi = Epilogue { norm_out: Some(out), ..Epilogue::default() };
         let parts = self.matvec_tc_epi(name, w, x, y, (m, d_in, d_out), d_out, accumulate, epi)?;
         Ok(Normed::Pending { parts, eps, bf16 })
+    }
+
+    /// Whether a norm's rows may go as bf16 between a producer and a consumer of `d` inputs
+    /// over `w` (each side asks for its own weights): bf16 activations with `x_bf16_rows`, bf16
+    /// weights (the `_x1h` kernels; FP8 and f32 / f16 weights read f32 rows) and `d` a multiple
+    /// of 16 (16-byte rows).
+    pub fn reads_bf16_rows(&self, w: &super::ops::WeightBuf, d: usize) -> bool {
+        self.x_bf16_rows
+            && self.activations == crate::Activations::Bf16
+            && matches!(w, super::ops::WeightBuf::Bf16(_))
+            && d.is_multiple_of(16)
     }
 
     /// `y (+)= W u` for `m` rows of `u` as [`Gpu::matvec_norm_out`] left them (`norm`, with its

@@ -232,10 +232,10 @@ pub fn run_layers(
     let seg = step_segments(gpu, cfg, s, segments, n, layers.len())?;
     let mut normed = None;
     for (l, lw) in layers.iter().enumerate() {
-        // The next layer's norm feeds its q|k|v (a bf16 projection: bf16 rows may serve it);
-        // the final norm feeds the caller's head, which reads f32 rows.
+        // The next layer's norm feeds its q|k|v, which may read bf16 rows; the final norm
+        // feeds the caller's head, which reads f32 rows.
         let next_norm = match layers.get(l + 1) {
-            Some(next) => Some((&next.input_layernorm, true)),
+            Some(next) => Some((&next.input_layernorm, gpu.reads_bf16_rows(&next.qkv_proj, cfg.hidden_size))),
             None => final_norm.map(|g| (g, false)),
         };
         let step = (&mut *segments, l, seg.as_ref());
@@ -365,7 +365,7 @@ fn layer_step(
             (&lw.post_attention_layernorm.as_view(), eps),
             &mut s.u.slice_mut(..n * h),
             &mut s.ss.slice_mut(..),
-            true,
+            gpu.reads_bf16_rows(&lw.gate_up, h),
         )
         .map_err(e)?;
     gpu.matvec_swiglu_normed(
