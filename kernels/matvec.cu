@@ -174,15 +174,16 @@ __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("pref
 // a row are summed, and its scale undone, in the epilogue. Whatever m, a row's columns and sums
 // are the same: the bits do not depend on the batch. FP8 takes no XP / HOLD.
 template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false, int NT = 2, int NG = 1,
-          bool XSM = false, int XPARTS = 3>
+          bool XSM = false, int XPARTS = 3, bool XH = false>
 __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__ x, float* y, int m, int in, int out,
                           int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
                           const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am,
-                          const Fp8Scales& fs) {
+                          const Fp8Scales& fs, int xg_bf16 = 0) {
     static_assert(!FP8 || (!XP && HOLD == 0), "FP8 loads x inside the multiply");
     static_assert(NG == 1 || (!FP8 && !XP && !ARGMAX && HOLD == 0), "wide launches: bf16, x loaded in the multiply");
     static_assert(!XSM || (FP8 && NT == 1), "x split in the block: the one-row FP8 kernels");
     static_assert(XPARTS == 3 || (XPARTS == 1 && !FP8), "x rounded to bf16: the bf16 kernels");
+    static_assert(!XH || XPARTS == 1, "x stored as bf16 rows: the `_x1h` kernels");
     // x in three bf16 parts (f32-exact), or rounded to one (`_x1`: bf16 activations).
     auto chunk_mma = [](float (*a)[4], const uint4& va, const uint4& vb, const float* xv) {
         if constexpr (XPARTS == 1) {
@@ -242,9 +243,10 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
             for (int i = 0; i < 4; i++) accg[r][p][i] = 0.f;
     auto& acc = accg[0];
     // Wide launches: each group's x row for this lane (row 8r + g, or m − 1 past m; see compute_at).
-    const float* xrow[NG];
+    // XH: x holds bf16 rows of `in` values (a norm producer stored them rounded: xg_bf16 below).
+    const char* xrow[NG];
 #pragma unroll
-    for (int r = 0; r < NG; r++) xrow[r] = x + (size_t)min(8 * r + g, m - 1) * in;
+    for (int r = 0; r < NG; r++) xrow[r] = reinterpret_cast<const char*>(x) + (size_t)min(8 * r + g, m - 1) * in * (XH ? 2 : 4);
 
     // Warp kpart takes chunks kpart, kpart + ksplit, … (stride ksplit·32), so the block's warps
     // together read each row's k contiguously. The loop bounds are per warp, not per lane:
@@ -256,7 +258,13 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         load_w_step<UNROLL, EPV>(wa, wb, chunk, stride, kend, t, va, vb);
     };
     auto load_x = [&](float (*xv)[8], int chunk) {
-        if constexpr (!FP8 && NG == 1) load_x_step<UNROLL>(x, g, chunk, stride, kend, in, has_x, t, xv);
+        if constexpr (!FP8 && NG == 1) {
+            if constexpr (XH) {
+                load_xh_step<UNROLL>(reinterpret_cast<const uint16_t*>(x), g, chunk, stride, kend, in, has_x, t, xv);
+            } else {
+                load_x_step<UNROLL>(x, g, chunk, stride, kend, in, has_x, t, xv);
+            }
+        }
     };
     // bf16: the step's MMAs on x loaded by load_x. FP8: per chunk, x loaded here, fresh
     // accumulators, then the block-scaled sum (the chunk's k lie in one scale block).
@@ -279,11 +287,20 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
                 const int kx = min(chunk + u * stride + 8 * t, in - 8);
 #pragma unroll
                 for (int r = 0; r < NG; r++) {
+                    if constexpr (XH) {
+                        // x's 8 bf16 values are the MMA's operand as they lie in memory (low half =
+                        // lower k, as pack_bf16 puts it): half the bytes of f32 and no conversion.
+                        const uint4 h = ld_global_u4(reinterpret_cast<const uint16_t*>(xrow[r]) + kx);
+                        mma_bf16(accg[r][0], va[u].x, vb[u].x, va[u].y, vb[u].y, h.x, h.y);
+                        mma_bf16(accg[r][0], va[u].z, vb[u].z, va[u].w, vb[u].w, h.z, h.w);
+                        continue;
+                    }
                     float xr[8];
                     // A plain ld.global: x is the previous kernel's output, so never the
                     // non-coherent path (common.cuh), which unconditional reads through x's
                     // __restrict__ became; __ldca gave strong loads (LDG.STRONG.SM).
-                    const float4 a = ld_global_f4(xrow[r] + kx), b = ld_global_f4(xrow[r] + kx + 4);
+                    const float* xr4 = reinterpret_cast<const float*>(xrow[r]);
+                    const float4 a = ld_global_f4(xr4 + kx), b = ld_global_f4(xr4 + kx + 4);
                     xr[0] = a.x; xr[1] = a.y; xr[2] = a.z; xr[3] = a.w;
                     xr[4] = b.x; xr[5] = b.y; xr[6] = b.z; xr[7] = b.w;
                     chunk_mma(accg[r], va[u], vb[u], xr);
@@ -419,6 +436,9 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         if (grp > 0) __syncthreads();
         float* yg = grp == 0 ? y : y + (size_t)8 * grp * (SWIGLU ? out / 2 : out);
         float* xgg = grp == 0 || xg == nullptr ? xg : xg + (size_t)8 * grp * out;
+        // xg_bf16: xg holds bf16 rows instead (for an `_x1h` consumer), rounded here as the
+        // consumer's `_x1` twin would round the f32 value: the same bits.
+        __nv_bfloat16* xgh = reinterpret_cast<__nv_bfloat16*>(xg) + (size_t)8 * grp * out;
         const float* ssi = grp == 0 || ss_in == nullptr ? ss_in : ss_in + (size_t)8 * grp * parts;
         float* sso = grp == 0 || ss_out == nullptr ? ss_out : ss_out + (size_t)8 * grp * gridDim.x;
         if constexpr (!FP8) {
@@ -486,7 +506,12 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
                         bi = (uint32_t)o;
                     }
                     if (gamma != nullptr) {
-                        xgg[i] = s * gamma[o];
+                        const float v = s * gamma[o];
+                        if (xg_bf16) {
+                            xgh[i] = __float2bfloat16_rn(v);
+                        } else {
+                            xgg[i] = v;
+                        }
                         sq = s * s;
                     }
                 }
@@ -634,16 +659,19 @@ __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float*
 // The argmax variant (one row, the draft's Markov step) is the first shape with the argmax
 // epilogue. Every variant takes the argmax epilogue's arguments (null and unused in the others).
 // NG > 1: the wide twins below (NG groups of 8 rows a launch).
-#define MATVEC_TC_HNP(NAME, U, SW, XP, AM, MINB, HOLD, NG, XPARTS)                                              \
+// xg_bf16 (last): a norm producer writes xg as bf16 rows, for an `_x1h` consumer.
+#define MATVEC_TC_HNPX(NAME, U, SW, XP, AM, MINB, HOLD, NG, XPARTS, XH)                                         \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
              uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
-             float* am_gathered, int am_dim) {                                                                    \
+             float* am_gathered, int am_dim, int xg_bf16) {                                                       \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, XP, AM, HOLD, false, 2, NG, false, XPARTS>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, \
-                                                                     eps, gamma, xg, ss_out, am, Fp8Scales{});   \
+        matvec_tc<U, SW, XP, AM, HOLD, false, 2, NG, false, XPARTS, XH>(                                          \
+            w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, am, Fp8Scales{}, xg_bf16);    \
     }
+#define MATVEC_TC_HNP(NAME, U, SW, XP, AM, MINB, HOLD, NG, XPARTS) \
+    MATVEC_TC_HNPX(NAME, U, SW, XP, AM, MINB, HOLD, NG, XPARTS, false)
 #define MATVEC_TC_HN(NAME, U, SW, XP, AM, MINB, HOLD, NG) MATVEC_TC_HNP(NAME, U, SW, XP, AM, MINB, HOLD, NG, 3)
 #define MATVEC_TC_H(NAME, U, SW, XP, AM, MINB, HOLD) MATVEC_TC_HN(NAME, U, SW, XP, AM, MINB, HOLD, 1)
 #define MATVEC_TC(NAME, U, SW, XP, AM, MINB) MATVEC_TC_H(NAME, U, SW, XP, AM, MINB, 0)
@@ -688,6 +716,25 @@ MATVEC_TC_X1(matvec_tc_x1_w8_bf16, 2, false, false, 2, 0, 8)
 MATVEC_TC_X1(matvec_tc_u4_x1_w8_bf16, 4, false, false, 1, 0, 8)
 MATVEC_TC_X1(matvec_tc_swiglu_x1_w8_bf16, 2, true, false, 2, 0, 8)
 
+// The `_x1h` twins of the `_x1` kernels: x read as the bf16 rows a norm producer stored
+// (xg_bf16), half the bytes of f32 x, each value the one the `_x1` twin rounds to: the same sums
+// bit for bit. What x's bytes cost the wide launches: docs/perf.md, issue #30.
+#define MATVEC_TC_X1H(NAME, U, SW, XP, MINB, HOLD, NG) MATVEC_TC_HNPX(NAME, U, SW, XP, false, MINB, HOLD, NG, 1, true)
+MATVEC_TC_X1H(matvec_tc_x1h_bf16, 2, false, false, 3, 0, 1)
+MATVEC_TC_X1H(matvec_tc_u4_x1h_bf16, 4, false, false, 2, 0, 1)
+MATVEC_TC_X1H(matvec_tc_u4b1_x1h_bf16, 4, false, true, 1, 0, 1)
+MATVEC_TC_X1H(matvec_tc_u4b1h_x1h_bf16, 4, false, true, 1, 4, 1)
+MATVEC_TC_X1H(matvec_tc_swiglu_x1h_bf16, 2, true, false, 3, 0, 1)
+MATVEC_TC_X1H(matvec_tc_x1h_w2_bf16, 2, false, false, 2, 0, 2)
+MATVEC_TC_X1H(matvec_tc_x1h_w4_bf16, 2, false, false, 2, 0, 4)
+MATVEC_TC_X1H(matvec_tc_u4_x1h_w2_bf16, 4, false, false, 1, 0, 2)
+MATVEC_TC_X1H(matvec_tc_u4_x1h_w4_bf16, 4, false, false, 1, 0, 4)
+MATVEC_TC_X1H(matvec_tc_swiglu_x1h_w2_bf16, 2, true, false, 2, 0, 2)
+MATVEC_TC_X1H(matvec_tc_swiglu_x1h_w4_bf16, 2, true, false, 2, 0, 4)
+MATVEC_TC_X1H(matvec_tc_x1h_w8_bf16, 2, false, false, 2, 0, 8)
+MATVEC_TC_X1H(matvec_tc_u4_x1h_w8_bf16, 4, false, false, 1, 0, 8)
+MATVEC_TC_X1H(matvec_tc_swiglu_x1h_w8_bf16, 2, true, false, 2, 0, 8)
+
 // The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
 // k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block
 // scales (fp8.cuh `Fp8Scales`). The argmax epilogue's arguments stay for one launch signature.
@@ -728,7 +775,7 @@ MATVEC_TC_FP8X(matvec_tc_swiglu_n1x_fp8, 2, true, 3, 1, true)
         NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
              uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
-             float* am_gathered, int am_dim) {                                                                    \
+             float* am_gathered, int am_dim, int /* xg_bf16: one launch signature */) {                           \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
         matvec_tc_loop<AM>(w, x, y, m, in, out, acc, am);                                                         \
     }

@@ -76,6 +76,13 @@ __device__ __forceinline__ float4 ld_global_f4(const float* p) {
     return v;
 }
 
+// Sixteen bytes of what another kernel produced (eight bf16 values), the same plain load.
+__device__ __forceinline__ uint4 ld_global_u4(const uint16_t* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 // Streams a weight chunk past L1 (it is read once; x stays cached there) and asks L2 to fetch
 // the row's whole 256-byte block: the neighbouring 64-byte chunks belong to the same warp's
 // next chunk or to its sibling warps, so one DRAM burst serves four requests.
@@ -108,6 +115,29 @@ __device__ __forceinline__ void load_w_step(const uint4* wa, const uint4* wb, in
 
 // The same step's x: 8 consecutive k of activation row g per chunk (zeros past kend, and for the
 // lanes whose row g is past the launch's m).
+// load_x_step over x stored as bf16 rows (the `_x1h` kernels): each value widened to f32
+// exactly, so mma_chunk1's rounding gives back the stored bits.
+template <int UNROLL>
+__device__ __forceinline__ void load_xh_step(const uint16_t* x, int g, int chunk, int stride, int kend, int in,
+                                             bool has_x, int t, float (*xv)[8]) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+        const int k = chunk + u * stride + 8 * t;
+        if (has_x && k < kend) {
+            const uint4 h = ld_global_u4(x + (size_t)g * in + k);
+            const uint32_t w[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                xv[u][2 * j] = __uint_as_float(w[j] << 16);
+                xv[u][2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) xv[u][i] = 0.f;
+        }
+    }
+}
+
 template <int UNROLL>
 __device__ __forceinline__ void load_x_step(const float* x, int g, int chunk, int stride, int kend, int in, bool has_x,
                                             int t, float (*xv)[8]) {

@@ -156,6 +156,13 @@ fn wide_twin(name: &str, rows: usize) -> Option<(&'static str, usize)> {
         "matvec_tc_swiglu_x1_bf16" => {
             ["matvec_tc_swiglu_x1_w2_bf16", "matvec_tc_swiglu_x1_w4_bf16", "matvec_tc_swiglu_x1_w8_bf16"]
         }
+        "matvec_tc_x1h_bf16" => ["matvec_tc_x1h_w2_bf16", "matvec_tc_x1h_w4_bf16", "matvec_tc_x1h_w8_bf16"],
+        "matvec_tc_u4_x1h_bf16" | "matvec_tc_u4b1_x1h_bf16" | "matvec_tc_u4b1h_x1h_bf16" => {
+            ["matvec_tc_u4_x1h_w2_bf16", "matvec_tc_u4_x1h_w4_bf16", "matvec_tc_u4_x1h_w8_bf16"]
+        }
+        "matvec_tc_swiglu_x1h_bf16" => {
+            ["matvec_tc_swiglu_x1h_w2_bf16", "matvec_tc_swiglu_x1h_w4_bf16", "matvec_tc_swiglu_x1h_w8_bf16"]
+        }
         _ => return None,
     };
     Some(if rows > 32 && !w8.is_empty() {
@@ -179,6 +186,19 @@ fn x1_twin(name: &str) -> &str {
         "matvec_tc_swiglu_bf16" => "matvec_tc_swiglu_x1_bf16",
         other => other,
     }
+}
+
+/// The `_x1h` twin of an 8-row `_x1` kernel: x read as the bf16 rows a norm producer stored
+/// ([`NormOut::bf16`]), the same sums bit for bit; `None` for the kernels without one.
+fn x1h_twin(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "matvec_tc_x1_bf16" => "matvec_tc_x1h_bf16",
+        "matvec_tc_u4_x1_bf16" => "matvec_tc_u4_x1h_bf16",
+        "matvec_tc_u4b1_x1_bf16" => "matvec_tc_u4b1_x1h_bf16",
+        "matvec_tc_u4b1h_x1_bf16" => "matvec_tc_u4b1h_x1h_bf16",
+        "matvec_tc_swiglu_x1_bf16" => "matvec_tc_swiglu_x1h_bf16",
+        _ => return None,
+    })
 }
 
 /// Whether `name` is one of the tile-looping kernels (grid of one wave, no K split, no norm fold).
@@ -219,6 +239,9 @@ pub(crate) struct Epilogue {
     pub norm_out: Option<NormOut>,
     /// Reduce the (one-row) output to its argmax in the same launch (`matvec_tc_argmax_bf16`).
     pub argmax: Option<ArgmaxEpi>,
+    /// x holds bf16 rows of `d_in` values (a [`NormOut::bf16`] producer's `xg`): the `_x1h`
+    /// twin reads them (`--activations bf16` only).
+    pub x_bf16: bool,
 }
 
 /// The argmax epilogue's buffers: `v`, `i` one pair per block, `ticket` (zero between
@@ -248,6 +271,8 @@ pub(crate) struct NormOut {
     pub gamma: (u64, usize),
     pub xg: (u64, usize),
     pub ss: (u64, usize),
+    /// Write `xg` as bf16 rows (rounded as an `_x1` consumer rounds x) for an `_x1h` consumer.
+    pub bf16: bool,
 }
 
 /// The device address of a view, with its length, for an [`Epilogue`].
@@ -378,6 +403,11 @@ impl Gpu {
         epi: Epilogue,
     ) -> CudaResult<usize> {
         let name = if self.activations == crate::Activations::Bf16 { x1_twin(name) } else { name };
+        let name = match (epi.x_bf16, x1h_twin(name)) {
+            (false, _) => name,
+            (true, Some(twin)) => twin,
+            (true, None) => return Err(CudaError::Shape(format!("{name}: no kernel reads x as bf16 rows"))),
+        };
         let tiles = d_out.div_ceil(16);
         if looping(name) && (ks_override.is_some() || epi.norm_in.is_some() || epi.norm_out.is_some()) {
             return Err(CudaError::Shape(format!("{name}: the tile-looping kernel has no K split or RMSNorm fold")));
@@ -387,6 +417,11 @@ impl Gpu {
             None => tc_launch_grid(name, tiles, d_in, self.sms),
         };
         let fp8 = name.ends_with("_fp8");
+        if fp8 && epi.norm_out.is_some_and(|o| o.bf16) {
+            return Err(CudaError::Shape(format!("{name}: the FP8 kernels write xg in f32 only")));
+        }
+        // x's row width in f32 slots: bf16 rows take half (d_in is a multiple of 8 here).
+        let xw = if epi.x_bf16 { d_in / 2 } else { d_in };
         let (w, fp8_args, xsplit) = match wv {
             WeightView::U16(v) if !fp8 => (dptr(self, v), None, None),
             WeightView::Fp8 { q, scale, srow, scale_cols, block_k, xsplit } if fp8 => {
@@ -429,13 +464,17 @@ impl Gpu {
         while start < m {
             let wide = if self.wide { wide_twin(name, m - start) } else { None };
             let rows = (m - start).min(wide.map_or(TC_ROWS, |w| w.1));
-            let xs = x.slice(start * d_in..(start + rows) * d_in);
+            let xs = x.slice(start * xw..(start + rows) * xw);
             let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
             let (ss_in, parts, eps) = match epi.norm_in {
                 Some(n) => (at(n.ss.0, start * n.parts), n.parts, n.eps),
                 None => (null, 0, 0.0),
             };
             let (gamma, xg, ss_out) = match epi.norm_out {
+                // bf16 xg: 2 bytes a value.
+                Some(o) if o.bf16 => {
+                    (at(o.gamma.0, 0), Arg::Ptr(o.xg.0 + 2 * (start * d_out) as u64), at(o.ss.0, start * grid))
+                }
                 Some(o) => (at(o.gamma.0, 0), at(o.xg.0, start * d_out), at(o.ss.0, start * grid)),
                 None => (null, null, null),
             };
@@ -509,7 +548,11 @@ impl Gpu {
                     args[base.len() + 5] = Arg::I32(pairs as i32);
                     args.len()
                 }
-                _ => base.len(),
+                _ => {
+                    // bf16: xg_bf16, the last argument.
+                    args[base.len()] = Arg::I32(epi.norm_out.is_some_and(|o| o.bf16) as i32);
+                    base.len() + 1
+                }
             };
             let kernel = match (wide, in_block) {
                 (Some((twin, _)), _) => twin,
@@ -580,7 +623,7 @@ impl Gpu {
         act: &mut CudaViewMut<f32>,
         shape: (usize, usize, usize),
     ) -> CudaResult<()> {
-        self.swiglu_with(w, x, gate_up, act, shape, None)
+        self.swiglu_with(w, x, gate_up, act, shape, (None, false))
     }
 
     /// [`Gpu::matvec_swiglu`], with a pending RMSNorm of `x` applied in the tensor-core epilogue
@@ -592,13 +635,13 @@ impl Gpu {
         gate_up: &mut CudaViewMut<f32>,
         act: &mut CudaViewMut<f32>,
         (m, d_in, inter): (usize, usize, usize),
-        norm_in: Option<NormIn>,
+        (norm_in, x_bf16): (Option<NormIn>, bool),
     ) -> CudaResult<()> {
         check("matvec_swiglu w", w.len(), 2 * inter * d_in)?;
         check("matvec_swiglu x", x.len(), m * d_in)?;
         check("matvec_swiglu act", act.len(), m * inter)?;
         if self.tc_path(w, x, d_in) {
-            let epi = Epilogue { norm_in, ..Epilogue::default() };
+            let epi = Epilogue { norm_in, x_bf16, ..Epilogue::default() };
             let name = if matches!(w, WeightBuf::Fp8(_)) { "matvec_tc_swiglu_fp8" } else { "matvec_tc_swiglu_bf16" };
             self.matvec_tc_epi(name, w, x, act, (m, d_in, 2 * inter), inter, false, epi)?;
             return Ok(());
@@ -618,7 +661,9 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{ksplit, tc_argmax_kernel, tc_grid, tc_kernel, tc_kernel_plain, tc_launch_grid, wide_twin, x1_twin};
+    use super::{
+        ksplit, tc_argmax_kernel, tc_grid, tc_kernel, tc_kernel_plain, tc_launch_grid, wide_twin, x1_twin, x1h_twin,
+    };
     use half::bf16;
 
     /// kernels/matvec.cu `split3`, as it was (seven conversions: every part rounded) and as it is
@@ -682,6 +727,17 @@ mod tests {
         assert_eq!(wide_twin("matvec_tc_swiglu_x1_bf16", 20), Some(("matvec_tc_swiglu_x1_w4_bf16", 32)));
         assert_eq!(x1_twin("matvec_tc_u4b1h_bf16"), "matvec_tc_u4b1h_x1_bf16");
         assert_eq!(x1_twin("matvec_tc_argmax_bf16"), "matvec_tc_argmax_bf16");
+        // Every 8-row `_x1` kernel has an `_x1h` twin whose wide twins read bf16 rows too.
+        for name in ["matvec_tc_x1_bf16", "matvec_tc_u4_x1_bf16", "matvec_tc_u4b1h_x1_bf16", "matvec_tc_swiglu_x1_bf16"]
+        {
+            let twin = x1h_twin(name).unwrap();
+            assert!(twin.contains("_x1h_"), "{twin}");
+            for rows in [9, 17, 33] {
+                assert!(wide_twin(twin, rows).unwrap().0.contains("_x1h_"), "{twin} at {rows} rows");
+            }
+        }
+        assert_eq!(x1h_twin("matvec_tc_argmax_bf16"), None);
+        assert_eq!(x1h_twin("matvec_tc_bf16"), None);
         assert_eq!(x1_twin("matvec_tc_fp8"), "matvec_tc_fp8");
     }
 

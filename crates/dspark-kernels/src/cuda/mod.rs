@@ -117,6 +117,10 @@ pub struct Gpu {
     /// The activations' precision in the bf16 tensor-core matvecs (`--activations`; bf16: the
     /// one-part `_x1` kernels, `matvec.rs` `x1_twin`). Set before the models load.
     pub activations: crate::Activations,
+    /// Whether, with bf16 activations, a norm-producing matvec stores its output as bf16 rows
+    /// for a bf16 tensor-core consumer (`norm_fold.rs`; the `_x1h` kernels: half the bytes of
+    /// x, the same bits; `DSPARK_NO_BF16_ROWS=1` keeps f32 rows for A/B runs).
+    pub x_bf16_rows: bool,
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
@@ -262,6 +266,7 @@ impl Gpu {
             rope_fold: std::env::var_os("DSPARK_NO_ROPE_FOLD").is_none(),
             wide: std::env::var_os("DSPARK_NO_WIDE").is_none(),
             activations: crate::Activations::F32,
+            x_bf16_rows: std::env::var_os("DSPARK_NO_BF16_ROWS").is_none(),
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),

@@ -31,7 +31,7 @@
 use super::matvec::{addr, Epilogue, NormIn, NormOut};
 use super::ops::check;
 use super::pdl::{dptr, dptr_mut, Arg};
-use super::{CudaResult, Gpu};
+use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut};
 
 /// What a norm-producing matvec left in `u` for the next matvec.
@@ -40,8 +40,9 @@ pub enum Normed {
     /// `u` holds the finished RMSNorm.
     Done,
     /// `u` holds `x·γ`; each row's `1/rms` is pending in `parts` partial sums of squares per
-    /// row (`ss [rows, parts]`).
-    Pending { parts: usize, eps: f32 },
+    /// row (`ss [rows, parts]`). `bf16`: as bf16 rows in `u`'s first half (`--activations
+    /// bf16`; only a tensor-core consumer's `_x1h` kernel reads them).
+    Pending { parts: usize, eps: f32, bf16: bool },
 }
 
 impl Normed {
@@ -57,7 +58,9 @@ impl Normed {
 impl Gpu {
     /// `y (+)= W x` for `m` rows, and the RMSNorm of the new `y` with weight `gamma` left in `u`
     /// for the next matvec (pending in `ss` on the tensor-core path; `ss` needs `m · ⌈d_out/16⌉`
-    /// values).
+    /// values). `bf16_rows`: the caller's consumer reads bf16 rows ([`Gpu::reads_bf16_rows`]
+    /// of its weights), so `u` may hold them — half the bytes it reads, the same bits (not for
+    /// the final norm, whose lm_head kernels read f32).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_norm_out(
         &self,
@@ -69,6 +72,7 @@ impl Gpu {
         (gamma, eps): (&CudaView<f32>, f32),
         u: &mut CudaViewMut<f32>,
         ss: &mut CudaViewMut<f32>,
+        bf16_rows: bool,
     ) -> CudaResult<Normed> {
         check("matvec_norm_out w", w.len(), d_out * d_in)?;
         check("matvec_norm_out x", x.len(), m * d_in)?;
@@ -79,14 +83,27 @@ impl Gpu {
             return Ok(Normed::Done);
         }
         let name = self.tc_name(w, d_out, d_in);
+        let bf16 = bf16_rows && self.reads_bf16_rows(w, d_out);
         let out = NormOut {
             gamma: addr(self, gamma, gamma.len()),
             xg: addr(self, &u.as_view(), u.len()),
             ss: addr(self, &ss.as_view(), ss.len()),
+            bf16,
         };
         let epi = Epilogue { norm_out: Some(out), ..Epilogue::default() };
         let parts = self.matvec_tc_epi(name, w, x, y, (m, d_in, d_out), d_out, accumulate, epi)?;
-        Ok(Normed::Pending { parts, eps })
+        Ok(Normed::Pending { parts, eps, bf16 })
+    }
+
+    /// Whether a norm's rows may go as bf16 between a producer and a consumer of `d` inputs
+    /// over `w` (each side asks for its own weights): bf16 activations with `x_bf16_rows`, bf16
+    /// weights (the `_x1h` kernels; FP8 and f32 / f16 weights read f32 rows) and `d` a multiple
+    /// of 16 (16-byte rows).
+    pub fn reads_bf16_rows(&self, w: &super::ops::WeightBuf, d: usize) -> bool {
+        self.x_bf16_rows
+            && self.activations == crate::Activations::Bf16
+            && matches!(w, super::ops::WeightBuf::Bf16(_))
+            && d.is_multiple_of(16)
     }
 
     /// `y (+)= W u` for `m` rows of `u` as [`Gpu::matvec_norm_out`] left them (`norm`, with its
@@ -109,7 +126,8 @@ impl Gpu {
             None => self.matvec(w, &u.as_view(), y, (m, d_in, d_out), accumulate),
             Some(n) => {
                 let name = self.tc_name(w, d_out, d_in);
-                let epi = Epilogue { norm_in: Some(n), ..Epilogue::default() };
+                let x_bf16 = matches!(norm, Normed::Pending { bf16: true, .. });
+                let epi = Epilogue { norm_in: Some(n), x_bf16, ..Epilogue::default() };
                 self.matvec_tc_epi(name, w, &u.as_view(), y, (m, d_in, d_out), d_out, accumulate, epi)?;
                 Ok(())
             }
@@ -129,7 +147,8 @@ impl Gpu {
         shape: (usize, usize, usize),
     ) -> CudaResult<()> {
         let norm_in = self.pending_norm(w, u, norm, ss, (shape.0, shape.1))?;
-        self.swiglu_with(w, &u.as_view(), gate_up, act, shape, norm_in)
+        let x_bf16 = matches!(norm, Normed::Pending { bf16: true, .. });
+        self.swiglu_with(w, &u.as_view(), gate_up, act, shape, (norm_in, x_bf16))
     }
 
     /// What a consumer of `u` must do about `norm`: `Some` — scale in the tensor-core epilogue;
@@ -144,9 +163,14 @@ impl Gpu {
         (m, d_in): (usize, usize),
     ) -> CudaResult<Option<NormIn>> {
         check("normed input u", u.len(), m * d_in)?;
-        let Normed::Pending { parts, eps } = norm else { return Ok(None) };
+        let Normed::Pending { parts, eps, bf16 } = norm else { return Ok(None) };
         if self.tc_path(w, &u.as_view(), d_in) {
             return Ok(Some(NormIn { ss: addr(self, ss, ss.len()), parts, eps }));
+        }
+        if bf16 {
+            return Err(CudaError::Shape(format!(
+                "normed input u: bf16 rows of {d_in} need a bf16 tensor-core consumer (a producer's bf16_rows)"
+            )));
         }
         self.rms_finish(u, ss, (m, d_in), parts, eps)?;
         Ok(None)

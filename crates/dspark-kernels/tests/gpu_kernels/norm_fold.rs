@@ -45,6 +45,7 @@ fn produce(g: &Gpu, rng: &mut Rng, dtype: &str, (m, k, h): (usize, usize, usize)
             (&gd.as_view(), EPS),
             &mut ud.as_view_mut(),
             &mut ss.as_view_mut(),
+            false,
         )
         .unwrap();
     // The fold must actually happen on the tensor-core path, and only there.

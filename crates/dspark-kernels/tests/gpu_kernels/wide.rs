@@ -6,7 +6,9 @@
 //! launches. Outputs are poisoned first, and held to the f32 reference at 1e-5 as well.
 //! Each also runs with x rounded to bf16 (`Gpu::activations` bf16, the one-part `_x1` kernels and their
 //! 64-row twins): wide launches against 8-row ones bit for bit, every row against the same row
-//! launched alone, and the products against the reference fed the rounded x.
+//! launched alone, and the products against the reference fed the rounded x. In that mode a
+//! norm producer may store bf16 rows for its consumer (`_x1h` kernels): every output the same
+//! bits as with f32 rows, and the stored rows the f32 rows rounded.
 
 use super::*;
 use dspark_kernels::cuda::norm_fold::Normed;
@@ -112,6 +114,7 @@ fn wide_mlp(g: &mut Gpu, x1: bool) {
                     (&gamma.as_view(), 1e-6),
                     &mut ud.as_view_mut(),
                     &mut ss.as_view_mut(),
+                    false,
                 )
                 .unwrap();
             assert!(matches!(normed, Normed::Pending { .. }), "the fold must happen: {normed:?}");
@@ -139,4 +142,75 @@ fn wide_mlp(g: &mut Gpu, x1: bool) {
         assert!(wide[4].iter().all(|v| v.is_finite()), "{m} rows: SwiGLU output left unwritten");
         assert!(wide[0].iter().all(|v| v.is_finite()), "{m} rows: residual left unwritten");
     }
+}
+
+#[test]
+fn bf16_rows_give_the_same_bits_as_f32_rows() {
+    let mut g = gpu();
+    g.activations = Activations::Bf16;
+    let mut rng = Rng(79);
+    let (h, k, inter, qkv) = if full_size() { (4096, 4096, 12288, 6144) } else { (256, 136, 96, 200) };
+    let (wo, _) = weight_cols(&g, &rng.vec(h * k), k, "bf16");
+    let (wqkv, _) = weight_cols(&g, &rng.vec(qkv * h), h, "bf16");
+    let (wgu, _) = weight_cols(&g, &rng.vec(2 * inter * h), h, "bf16");
+    let gamma = up(&g, &rng.vec(h).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>());
+    for &m in &[1, 7, 8, 9, 16, 23, 32, 40, 64] {
+        let (x, y0) = (up(&g, &rng.vec(m * k)), rng.vec(m * h));
+        let parts_max = h.div_ceil(16);
+        // Producer (residual, x·γ, partials), then both consumers: q|k|v-like and SwiGLU.
+        let run = |g: &Gpu, bf16_rows: bool| {
+            let lens = [m * h, m * h, m * parts_max, m * qkv, m * 2 * inter, m * inter];
+            let mut o: Vec<CudaSlice<f32>> = lens.iter().map(|&n| poisoned(g, n)).collect();
+            let [y, ud, ss, q, gu, act] = &mut o[..] else { unreachable!("six outputs") };
+            g.stream.memcpy_htod(&y0, y).unwrap();
+            let normed = g
+                .matvec_norm_out(
+                    &wo,
+                    &x.as_view(),
+                    &mut y.as_view_mut(),
+                    (m, k, h),
+                    true,
+                    (&gamma.as_view(), 1e-6),
+                    &mut ud.as_view_mut(),
+                    &mut ss.as_view_mut(),
+                    bf16_rows,
+                )
+                .unwrap();
+            assert!(
+                matches!(normed, Normed::Pending { bf16, .. } if bf16 == bf16_rows),
+                "{m} rows: the producer left {normed:?}"
+            );
+            let ssv = ss.slice(..m * normed.parts());
+            g.matvec_normed(&wqkv, &mut ud.as_view_mut(), normed, &ssv, &mut q.as_view_mut(), (m, h, qkv), false)
+                .unwrap();
+            g.matvec_swiglu_normed(
+                &wgu,
+                &mut ud.as_view_mut(),
+                normed,
+                &ssv,
+                &mut gu.as_view_mut(),
+                &mut act.as_view_mut(),
+                (m, h, inter),
+            )
+            .unwrap();
+            o.iter().map(|v| down(g, v)).collect::<Vec<_>>()
+        };
+        let (rows, f32s) = (run(&g, true), run(&g, false));
+        for (i, what) in
+            [(0, "residual"), (2, "partial sums of squares"), (3, "q|k|v-like output"), (5, "SwiGLU output")]
+        {
+            assert!(same_bits(&rows[i], &f32s[i]), "{m} rows: {what} differs with bf16 rows");
+        }
+        assert!(rows[3].iter().all(|v| v.is_finite()), "{m} rows: consumer output left unwritten");
+        // The stored rows: each f32 row's x·γ rounded to bf16, in u's first half.
+        let stored: Vec<f32> = rows[1][..m * h / 2]
+            .iter()
+            .flat_map(|v| {
+                let b = v.to_bits();
+                [f32::from_bits(b << 16), f32::from_bits(b & 0xffff_0000)]
+            })
+            .collect();
+        assert!(same_bits(&stored, &round_bf16(&f32s[1])), "{m} rows: the bf16 rows are not x·γ rounded");
+    }
+    g.activations = Activations::F32;
 }

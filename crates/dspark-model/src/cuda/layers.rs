@@ -232,9 +232,11 @@ pub fn run_layers(
     let seg = step_segments(gpu, cfg, s, segments, n, layers.len())?;
     let mut normed = None;
     for (l, lw) in layers.iter().enumerate() {
+        // The next layer's norm feeds its q|k|v, which may read bf16 rows; the final norm
+        // feeds the caller's head, which reads f32 rows.
         let next_norm = match layers.get(l + 1) {
-            Some(next) => Some(&next.input_layernorm),
-            None => final_norm,
+            Some(next) => Some((&next.input_layernorm, gpu.reads_bf16_rows(&next.qkv_proj, cfg.hidden_size))),
+            None => final_norm.map(|g| (g, false)),
         };
         let step = (&mut *segments, l, seg.as_ref());
         normed = layer_step(gpu, cfg, lw, s, x, n, inv_freq, step, causal, (normed, next_norm))?;
@@ -285,7 +287,8 @@ fn step_segments(
 /// `input`: what `s.u` already holds — `None` when the step must normalise `x` itself (the first
 /// layer), or what the previous step's `down` left ([`Normed`]). With `next_norm` the step's
 /// `down` leaves the next RMSNorm (the next layer's `input_layernorm`, or the final norm) in
-/// `s.u` / `s.ss` the same way, and returns what it left.
+/// `s.u` / `s.ss` the same way, and returns what it left; its flag says whether the norm's
+/// consumer is a bf16 projection, which may then read bf16 rows ([`Gpu::matvec_norm_out`]).
 #[allow(clippy::too_many_arguments)]
 fn layer_step(
     gpu: &Gpu,
@@ -297,7 +300,7 @@ fn layer_step(
     inv_freq: &CudaSlice<f32>,
     (segments, l, seg): (&mut [Segment<'_>], usize, Option<&Segmented>),
     causal: bool,
-    (input, next_norm): (Option<Normed>, Option<&CudaSlice<f32>>),
+    (input, next_norm): (Option<Normed>, Option<(&CudaSlice<f32>, bool)>),
 ) -> Result<Option<Normed>> {
     let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps as f32);
     let (q, kv, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
@@ -362,6 +365,7 @@ fn layer_step(
             (&lw.post_attention_layernorm.as_view(), eps),
             &mut s.u.slice_mut(..n * h),
             &mut s.ss.slice_mut(..),
+            gpu.reads_bf16_rows(&lw.gate_up, h),
         )
         .map_err(e)?;
     gpu.matvec_swiglu_normed(
@@ -380,7 +384,7 @@ fn layer_step(
             gpu.matvec(&lw.down_proj, &act, x, (n, inter, h), true).map_err(e)?;
             Ok(None)
         }
-        Some(gamma) => {
+        Some((gamma, bf16_rows)) => {
             let next = gpu
                 .matvec_norm_out(
                     &lw.down_proj,
@@ -391,6 +395,7 @@ fn layer_step(
                     (&gamma.as_view(), eps),
                     &mut s.u.slice_mut(..n * h),
                     &mut s.ss.slice_mut(..),
+                    bf16_rows,
                 )
                 .map_err(e)?;
             Ok(Some(next))

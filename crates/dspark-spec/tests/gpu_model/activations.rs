@@ -10,7 +10,9 @@
 //!   (wide launches of up to 64 rows) each request's solo runs, in this mode (`batched.rs`'s
 //!   tests on this `Gpu`);
 //! * a verify step's logits equal its tokens' decode steps' bit for bit: the mode implies
-//!   row-exact attention (`Gpu::rows_exact`, `row_exact.rs`).
+//!   row-exact attention (`Gpu::rows_exact`, `row_exact.rs`);
+//! * norm producers storing bf16 rows for their consumers (`Gpu::x_bf16_rows`, the `_x1h`
+//!   kernels) leave every logit the same bits as f32 rows.
 
 use super::*;
 use dspark_kernels::Activations;
@@ -24,6 +26,46 @@ fn gpu_bf16_activations() -> Arc<Gpu> {
         Arc::new(g)
     })
     .clone()
+}
+
+/// The same mode with f32 rows between norm producers and consumers (`x_bf16_rows` off).
+fn gpu_bf16_activations_f32_rows() -> Arc<Gpu> {
+    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let mut g = Gpu::new(0).expect("the GPU tier needs a CUDA device");
+        g.activations = Activations::Bf16;
+        g.x_bf16_rows = false;
+        Arc::new(g)
+    })
+    .clone()
+}
+
+#[test]
+fn bf16_rows_leave_the_logits_the_same_bits() {
+    for name in ["qwen3-tiny-bf16"] {
+        let dir = root().join("fixtures").join(name);
+        let prompt = ids(&golden(name)["prompt_ids"]);
+        let mut rows = CudaQwen3::load(gpu_bf16_activations(), &dir, 256).unwrap();
+        let mut f32s = CudaQwen3::load(gpu_bf16_activations_f32_rows(), &dir, 256).unwrap();
+        let n = prompt.len();
+        assert!(n >= 8, "{name}: a prompt of {n} tokens");
+        // The prompt, then a verify-shaped and a one-row step after a rollback.
+        let a = rows.forward(&prompt, LogitRows::All).unwrap();
+        let b = f32s.forward(&prompt, LogitRows::All).unwrap();
+        assert!(a.logits.iter().zip(&b.logits).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}: prompt logits");
+        for t in [&mut rows, &mut f32s] {
+            t.truncate(n - 7).unwrap();
+        }
+        for step in [&prompt[n - 7..n - 1], &prompt[n - 1..]] {
+            let a = rows.forward(step, LogitRows::All).unwrap();
+            let b = f32s.forward(step, LogitRows::All).unwrap();
+            assert!(
+                a.logits.iter().zip(&b.logits).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{name}: step of {} rows",
+                step.len()
+            );
+        }
+    }
 }
 
 #[test]
