@@ -178,20 +178,24 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         __syncthreads();
         if (!is_last) return;
         __threadfence();
+        // Each row group's parts are requested together, then added in order: a chain of round
+        // trips a part would be the block's whole tail (this block does 8 tiles' epilogues).
         float sum[NG][4];
+        const float4* p = reinterpret_cast<const float4*>(ws + (size_t)tile * ks * NG * 128) + lane;
 #pragma unroll
-        for (int r = 0; r < NG; r++)
+        for (int r = 0; r < NG; r++) {
+            float4 v[SPLIT_WARPS];
 #pragma unroll
-            for (int i = 0; i < 4; i++) sum[r][i] = 0.f;
-        if (live) {
-            for (int kp = 0; kp < ks; kp++) {
-                const float4* p = reinterpret_cast<const float4*>(ws + ((size_t)tile * ks + kp) * NG * 128);
+            for (int kp = 0; kp < SPLIT_WARPS; kp++)
+                if (live && kp < ks) v[kp] = __ldcg(p + (kp * NG + r) * 32);
+            float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma unroll
-                for (int r = 0; r < NG; r++) {
-                    const float4 v = __ldcg(p + r * 32 + lane);
-                    sum[r][0] += v.x; sum[r][1] += v.y; sum[r][2] += v.z; sum[r][3] += v.w;
+            for (int kp = 0; kp < SPLIT_WARPS; kp++) {
+                if (live && kp < ks) {
+                    s0 += v[kp].x; s1 += v[kp].y; s2 += v[kp].z; s3 += v[kp].w;
                 }
             }
+            sum[r][0] = s0; sum[r][1] = s1; sum[r][2] = s2; sum[r][3] = s3;
         }
         put(sum);
         if (threadIdx.x == 0) tickets[grp] = 0;
@@ -210,39 +214,69 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     if constexpr (!SWIGLU) {
         // Outputs in activation-row-major order (coalesced writes); each thread leaves its
         // output's square (0 where there is none) in buf for the partial sums below.
-        for (int idx = threadIdx.x; idx < R * 128; idx += SPLIT_WARPS * 32) {
-            const int col = idx >> 7, tr = idx & 127, o = o0 + tr;
-            float sq = 0.f;
-            if (col < m && o < out) {
-                float s = buf[tr * BC + col];
-                if (ss_in != nullptr) s *= inv_rms[col];
-                const size_t i = (size_t)col * out + o;
-                s = accumulate ? y[i] + s : s;
-                y[i] = s;
-                if (gamma != nullptr) {
-                    const float v = s * gamma[o];
-                    if (xg_bf16) {
-                        reinterpret_cast<__nv_bfloat16*>(xgp)[i] = __float2bfloat16_rn(v);
-                    } else {
-                        reinterpret_cast<float*>(xgp)[i] = v;
-                    }
-                    sq = s * s;
-                }
+        // In batches of 8 outputs a thread whose residual and γ loads are all requested before
+        // any store: one round trip a batch, where an output at a time (y may alias nothing, but
+        // the compiler cannot know) was a chain of 32 of them in this one block.
+        constexpr int PER = R * 128 / (SPLIT_WARPS * 32), BATCH = 8;
+        static_assert(PER % BATCH == 0, "whole batches");
+        for (int b0 = 0; b0 < PER; b0 += BATCH) {
+            float yv[BATCH], gv[BATCH];
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                const int idx = threadIdx.x + (b0 + b) * SPLIT_WARPS * 32;
+                const int col = idx >> 7, o = o0 + (idx & 127);
+                const bool ok = col < m && o < out;
+                yv[b] = ok && accumulate ? y[(size_t)col * out + o] : 0.f;
+                gv[b] = ok && gamma != nullptr ? gamma[o] : 0.f;
             }
-            buf[tr * BC + col] = sq;
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                const int idx = threadIdx.x + (b0 + b) * SPLIT_WARPS * 32;
+                const int col = idx >> 7, tr = idx & 127, o = o0 + tr;
+                float sq = 0.f;
+                if (col < m && o < out) {
+                    float s = buf[tr * BC + col];
+                    if (ss_in != nullptr) s *= inv_rms[col];
+                    const size_t i = (size_t)col * out + o;
+                    s = accumulate ? yv[b] + s : s;
+                    y[i] = s;
+                    if (gamma != nullptr) {
+                        const float v = s * gv[b];
+                        if (xg_bf16) {
+                            reinterpret_cast<__nv_bfloat16*>(xgp)[i] = __float2bfloat16_rn(v);
+                        } else {
+                            reinterpret_cast<float*>(xgp)[i] = v;
+                        }
+                        sq = s * s;
+                    }
+                }
+                buf[tr * BC + col] = sq;
+            }
         }
         if (gamma != nullptr) {
             // Each 8-row block's partial Σ y² of each row (ss_out [m, ogrid]): its tiles' rows
             // summed lane-strided, then across the warp, as matvec.cu's epilogue does.
             __syncthreads();
             const int tpb = SPLIT_WARPS / ks, blocks = ks;  // 8-row blocks here: tiles per block, count
-            for (int task = warp; task < blocks * m; task += SPLIT_WARPS) {
-                const int ob = task / m, c = task % m;
-                float ss = 0.f;
-                for (int j = lane; j < tpb * 16; j += 32) ss += buf[(ob * tpb * 16 + j) * BC + c];
-                ss = warp_sum(ss);
-                const int gob = grp * blocks + ob;
-                if (lane == 0 && gob < ogrid) ss_out[(size_t)c * ogrid + gob] = ss;
+            // Four tasks a warp at once, so their shuffle chains overlap.
+            constexpr int TU = 4;
+            for (int base = warp; base < blocks * m; base += SPLIT_WARPS * TU) {
+                float ss[TU];
+#pragma unroll
+                for (int u = 0; u < TU; u++) {
+                    const int task = base + u * SPLIT_WARPS, ob = task / m, c = task % m;
+                    ss[u] = 0.f;
+                    if (task < blocks * m)
+                        for (int j = lane; j < tpb * 16; j += 32) ss[u] += buf[(ob * tpb * 16 + j) * BC + c];
+                }
+#pragma unroll
+                for (int u = 0; u < TU; u++) ss[u] = warp_sum(ss[u]);
+#pragma unroll
+                for (int u = 0; u < TU; u++) {
+                    const int task = base + u * SPLIT_WARPS, ob = task / m, c = task % m;
+                    const int gob = grp * blocks + ob;
+                    if (lane == 0 && task < blocks * m && gob < ogrid) ss_out[(size_t)c * ogrid + gob] = ss[u];
+                }
             }
         }
     } else {

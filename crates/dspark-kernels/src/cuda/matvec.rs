@@ -480,7 +480,9 @@ impl Gpu {
                 None => (null, null, null),
             };
             // bf16 activations: the split twin stages x once per block (matvec_split.rs).
-            if let Some(split) = wide.filter(|_| ks_override.is_none()).and_then(|(twin, _)| self.split_for(twin)) {
+            if let Some(split) =
+                wide.filter(|_| ks_override.is_none()).and_then(|(twin, _)| self.split_for(twin, d_out, d_in))
+            {
                 let l = SplitLaunch {
                     w,
                     x: dptr(self, &xs),

@@ -127,6 +127,9 @@ pub struct Gpu {
     /// bits; `DSPARK_NO_WIDE_SPLIT=1` keeps matvec.cu's wide kernels for A/B runs). They need
     /// the scratch [`Gpu::set_activations`] reserves.
     pub wide_split: bool,
+    /// Whether a split twin is taken whatever its grid (tests: small shapes on the split
+    /// kernels), not only where the grid covers the SMs.
+    pub split_any_grid: bool,
     /// The split kernels' partial sums and tickets (`matvec_split.rs` `SplitScratch`).
     pub(crate) split_scratch: Option<matvec_split::SplitScratch>,
     /// Whether a batched step's sequences attend in one launch per kernel
@@ -276,6 +279,7 @@ impl Gpu {
             activations: crate::Activations::F32,
             x_bf16_rows: std::env::var_os("DSPARK_NO_BF16_ROWS").is_none(),
             wide_split: std::env::var_os("DSPARK_NO_WIDE_SPLIT").is_none(),
+            split_any_grid: false,
             split_scratch: None,
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),

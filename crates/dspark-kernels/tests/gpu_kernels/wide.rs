@@ -48,6 +48,7 @@ const MODES: [(bool, bool); 3] = [(false, false), (true, true), (true, false)];
 
 fn set_mode(g: &mut Gpu, (x1, split): (bool, bool)) {
     g.wide_split = split;
+    g.split_any_grid = split;
     g.set_activations(if x1 { Activations::Bf16 } else { Activations::F32 }).unwrap();
 }
 

@@ -24,6 +24,8 @@ fn gpu_bf16_activations() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
     GPU.get_or_init(|| {
         let mut g = Gpu::new(0).expect("the GPU tier needs a CUDA device");
+        // The tiny models' grids cover no SMs: take the split kernels anyway.
+        g.split_any_grid = true;
         g.set_activations(Activations::Bf16).expect("the split kernels' scratch");
         Arc::new(g)
     })
