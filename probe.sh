@@ -22,7 +22,7 @@ ab)
     done; done
     ;;
 proj)
-    for rows in 32 64; do for e in "" "DSPARK_NO_WIDE_SPLIT=1"; do
+    for rows in ${ROWS:-32 64}; do for e in "" "DSPARK_NO_WIDE_SPLIT=1"; do
         echo "== $rows rows ${e:-split}"
         timeout 100 env $e $B/dspark bench --projections-only --projection-rows $rows --iters 10 --activations bf16 2>&1 | grep -E '^\| (q_proj|k_proj|o_proj|qkv_proj|gate_proj|down_proj|fc|lm_head) '
     done; done
