@@ -122,7 +122,7 @@ pub struct Gpu {
     /// for a bf16 tensor-core consumer (`norm_fold.rs`; the `_x1h` kernels: half the bytes of
     /// x, the same bits; `DSPARK_NO_BF16_ROWS=1` keeps f32 rows for A/B runs).
     pub x_bf16_rows: bool,
-    /// Whether, with bf16 activations, launches of more than 8 rows take the kernels that stage
+    /// Whether, with bf16 activations, launches of 33–64 rows take the kernels that stage
     /// x once per block of 8 tiles (`matvec_split.rs` `split_twin`, kernels/matvec_split.cu; the same
     /// bits; `DSPARK_NO_WIDE_SPLIT=1` keeps matvec.cu's wide kernels for A/B runs). They need
     /// the scratch [`Gpu::set_activations`] reserves.
