@@ -162,7 +162,7 @@ pub(crate) fn load_typed(
         }
         Device::Cuda => {
             let mut gpu = dspark_kernels::cuda::Gpu::new(0)?;
-            gpu.activations = activations;
+            gpu.set_activations(activations)?;
             let gpu = std::sync::Arc::new(gpu);
             let tck = target_src.checkpoint()?;
             let (tied, shape) = (cfg.tie_word_embeddings, [cfg.vocab_size, cfg.hidden_size]);
@@ -261,9 +261,9 @@ pub(crate) fn load_split(
     }
     let gpus = (0..n)
         .map(|i| {
-            dspark_kernels::cuda::Gpu::new(i).map(|mut g| {
-                g.activations = activations;
-                std::sync::Arc::new(g)
+            dspark_kernels::cuda::Gpu::new(i).and_then(|mut g| {
+                g.set_activations(activations)?;
+                Ok(std::sync::Arc::new(g))
             })
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;

@@ -162,7 +162,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--contexts and --iters must be non-empty / positive");
     }
     let mut gpu = Gpu::new(0).context("dspark bench needs a CUDA GPU")?;
-    gpu.activations = args.activations;
+    gpu.set_activations(args.activations)?;
     let gpu = Arc::new(gpu);
     if let Some(n) = args.tensor_parallel {
         // Checked before the other phases run, not after.

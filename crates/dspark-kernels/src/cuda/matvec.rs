@@ -2,6 +2,7 @@
 //! for bf16 and block-scaled FP8 weights, picked per shape so the grid fits one wave, and the
 //! general kernels for any dtype and row count (kernels/fp8.cu `matvec_fp8` for FP8).
 
+use super::matvec_split::SplitLaunch;
 use super::ops::{aligned16, cfg, check, launch, launch_v, Fp8Buf, WeightBuf, WeightView};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
@@ -478,6 +479,31 @@ impl Gpu {
                 Some(o) => (at(o.gamma.0, 0), at(o.xg.0, start * d_out), at(o.ss.0, start * grid)),
                 None => (null, null, null),
             };
+            // bf16 activations: the split twin stages x once per block (matvec_split.rs).
+            if let Some(split) =
+                wide.filter(|_| ks_override.is_none()).and_then(|(twin, _)| self.split_for(twin, d_out, d_in))
+            {
+                let l = SplitLaunch {
+                    w,
+                    x: dptr(self, &xs),
+                    y: dptr_mut(self, &mut ys),
+                    rows,
+                    cap: wide.map_or(TC_ROWS, |w| w.1),
+                    d_in,
+                    d_out,
+                    accumulate,
+                    ss_in,
+                    parts,
+                    eps,
+                    gamma,
+                    xg,
+                    ss_out,
+                    xg_bf16: epi.norm_out.is_some_and(|o| o.bf16),
+                };
+                self.launch_split(split, &l)?;
+                start += rows;
+                continue;
+            }
             let (av, ai, at_, ao, atab, agat, adim) = match epi.argmax {
                 Some(a) => (
                     Arg::Ptr(a.v.0),

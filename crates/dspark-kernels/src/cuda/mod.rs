@@ -20,6 +20,7 @@ pub mod kv;
 pub mod kv_layers;
 mod markov;
 mod matvec;
+mod matvec_split;
 pub mod norm_fold;
 pub mod ops;
 mod pdl;
@@ -121,6 +122,16 @@ pub struct Gpu {
     /// for a bf16 tensor-core consumer (`norm_fold.rs`; the `_x1h` kernels: half the bytes of
     /// x, the same bits; `DSPARK_NO_BF16_ROWS=1` keeps f32 rows for A/B runs).
     pub x_bf16_rows: bool,
+    /// Whether, with bf16 activations, launches of 33–64 rows take the kernels that stage
+    /// x once per block of 8 tiles (`matvec_split.rs` `split_twin`, kernels/matvec_split.cu; the same
+    /// bits; `DSPARK_NO_WIDE_SPLIT=1` keeps matvec.cu's wide kernels for A/B runs). They need
+    /// the scratch [`Gpu::set_activations`] reserves.
+    pub wide_split: bool,
+    /// Whether a split twin is taken whatever its grid (tests: small shapes on the split
+    /// kernels), not only where the grid covers the SMs.
+    pub split_any_grid: bool,
+    /// The split kernels' partial sums and tickets (`matvec_split.rs` `SplitScratch`).
+    pub(crate) split_scratch: Option<matvec_split::SplitScratch>,
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
@@ -267,6 +278,9 @@ impl Gpu {
             wide: std::env::var_os("DSPARK_NO_WIDE").is_none(),
             activations: crate::Activations::F32,
             x_bf16_rows: std::env::var_os("DSPARK_NO_BF16_ROWS").is_none(),
+            wide_split: std::env::var_os("DSPARK_NO_WIDE_SPLIT").is_none(),
+            split_any_grid: false,
+            split_scratch: None,
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
@@ -275,6 +289,17 @@ impl Gpu {
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Sets the activations' precision in the bf16 tensor-core matvecs, before the models load.
+    /// bf16 reserves the wide split kernels' scratch (16 MiB of partial sums and the tickets,
+    /// `matvec_split.rs` `SplitScratch`) unless `wide_split` is off.
+    pub fn set_activations(&mut self, activations: crate::Activations) -> CudaResult<()> {
+        self.activations = activations;
+        if activations == crate::Activations::Bf16 && self.wide_split && self.split_scratch.is_none() {
+            self.split_scratch = Some(matvec_split::SplitScratch::new(&self.stream)?);
+        }
+        Ok(())
     }
 
     /// The dynamic shared memory `_n1x` kernel `name` may take (0 for any other name).

@@ -203,6 +203,7 @@ pub(crate) fn dynamic_smem(name: &str) -> Option<usize> {
         "attention_tc_hd128_f32" | "attention_tc_seg_hd128_f32" => 128,
         "attention_prefill_hd64_f32" => return Some(super::attention_prefill::smem_bytes(64)),
         "attention_prefill_hd128_f32" => return Some(super::attention_prefill::smem_bytes(128)),
+        _ if name.starts_with("matvec_split_") => return super::matvec_split::split_smem_of(name),
         _ => return None,
     };
     Some((2 * 32 + 2 * 32) * hd * 4 + 33 * 33 * 4)

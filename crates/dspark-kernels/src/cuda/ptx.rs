@@ -161,6 +161,17 @@ pub const MODULES: &[PtxModule] = &[
         ],
     },
     PtxModule {
+        name: "matvec_split",
+        sm90: include_bytes!("../../ptx/matvec_split.sm90.ptx.xz"),
+        sm80: include_bytes!("../../ptx/matvec_split.sm80.ptx.xz"),
+        functions: &[
+            "matvec_split_x1_w8_bf16",
+            "matvec_split_swiglu_x1_w8_bf16",
+            "matvec_split_x1h_w8_bf16",
+            "matvec_split_swiglu_x1h_w8_bf16",
+        ],
+    },
+    PtxModule {
         name: "prefill",
         sm90: include_bytes!("../../ptx/prefill.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/prefill.sm80.ptx.xz"),

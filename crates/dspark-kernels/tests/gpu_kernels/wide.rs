@@ -8,7 +8,9 @@
 //! 64-row twins): wide launches against 8-row ones bit for bit, every row against the same row
 //! launched alone, and the products against the reference fed the rounded x. In that mode a
 //! norm producer may store bf16 rows for its consumer (`_x1h` kernels): every output the same
-//! bits as with f32 rows, and the stored rows the f32 rows rounded.
+//! bits as with f32 rows, and the stored rows the f32 rows rounded. The mode's wide launches run
+//! twice: on the split kernels, which stage x once per block of 8 tiles and add the K split's
+//! partial sums across blocks (kernels/matvec_split.cu, `Gpu::wide_split`), and on matvec.cu's.
 
 use super::*;
 use dspark_kernels::cuda::norm_fold::Normed;
@@ -40,21 +42,36 @@ fn round_bf16(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect()
 }
 
+/// The modes each wide test runs in: f32-exact x; x rounded to bf16 on the split kernels
+/// (kernels/matvec_split.cu, `Gpu::wide_split`); and on matvec.cu's wide `_x1` kernels.
+const MODES: [(bool, bool); 3] = [(false, false), (true, true), (true, false)];
+
+fn set_mode(g: &mut Gpu, (x1, split): (bool, bool)) {
+    g.wide_split = split;
+    g.split_any_grid = split;
+    g.set_activations(if x1 { Activations::Bf16 } else { Activations::F32 }).unwrap();
+}
+
 #[test]
 fn wide_launches_equal_eight_row_launches_bit_for_bit() {
     let mut g = gpu();
-    for x1 in [false, true] {
-        g.activations = if x1 { Activations::Bf16 } else { Activations::F32 };
-        wide_products(&mut g, x1);
+    for mode in MODES {
+        set_mode(&mut g, mode);
+        wide_products(&mut g, mode.0);
     }
-    g.activations = Activations::F32;
+    set_mode(&mut g, (false, true));
 }
 
 fn wide_products(g: &mut Gpu, x1: bool) {
+    let split = g.wide_split;
     let mut rng = Rng(71);
-    // (out, in): many tiles (matvec_tc_bf16), K split over a block (u4), one layer's k|v (u4b1h).
-    let shapes: &[(usize, usize)] =
-        if full_size() { &[(6144, 4096), (4096, 4096), (1024, 4096), (200, 136)] } else { &[(200, 136), (96, 64)] };
+    // (out, in): many tiles (matvec_tc_bf16), K split over a block (u4), one layer's k|v (u4b1h);
+    // 3 tiles at K split 8 (the split kernels: one tile group, 5 of its warps idle).
+    let shapes: &[(usize, usize)] = if full_size() {
+        &[(6144, 4096), (4096, 4096), (1024, 4096), (200, 136), (40, 1024)]
+    } else {
+        &[(200, 136), (96, 64), (40, 1024)]
+    };
     for &(out, k) in shapes {
         let (w, wf) = weight_cols(g, &rng.vec(out * k), k, "bf16");
         for &m in &ROWS {
@@ -63,10 +80,13 @@ fn wide_products(g: &mut Gpu, x1: bool) {
             let [wide, eight] = both(g, &[m * out], |g, o| {
                 g.matvec(&w, &xd.as_view(), &mut o[0].as_view_mut(), (m, k, out), false).unwrap();
             });
-            assert!(same_bits(&wide[0], &eight[0]), "{out}x{k}, {m} rows, x1 {x1}: wide launches differ");
+            assert!(
+                same_bits(&wide[0], &eight[0]),
+                "{out}x{k}, {m} rows, x1 {x1}, split {split}: wide launches differ"
+            );
             let xr = if x1 { round_bf16(&x) } else { x.clone() };
             let e = rel_err(&wide[0], &cpu::matmul::linear(&xr, &wf, m, k, out));
-            assert!(e <= 1e-5, "{out}x{k}, {m} rows, x1 {x1}: rel err {e}");
+            assert!(e <= 1e-5, "{out}x{k}, {m} rows, x1 {x1}, split {split}: rel err {e}");
             // The last row launched alone: the same bits as inside the wide launch.
             let r = m - 1;
             let mut one = poisoned(g, out);
@@ -74,7 +94,7 @@ fn wide_products(g: &mut Gpu, x1: bool) {
             g.matvec(&w, &xs, &mut one.as_view_mut(), (1, k, out), false).unwrap();
             assert!(
                 same_bits(&down(g, &one), &wide[0][r * out..]),
-                "{out}x{k}, row {r} of {m}, x1 {x1}: alone differs"
+                "{out}x{k}, row {r} of {m}, x1 {x1}, split {split}: alone differs"
             );
         }
     }
@@ -83,14 +103,15 @@ fn wide_products(g: &mut Gpu, x1: bool) {
 #[test]
 fn wide_swiglu_and_norm_fold_equal_eight_row_launches() {
     let mut g = gpu();
-    for x1 in [false, true] {
-        g.activations = if x1 { Activations::Bf16 } else { Activations::F32 };
-        wide_mlp(&mut g, x1);
+    for mode in MODES {
+        set_mode(&mut g, mode);
+        wide_mlp(&mut g, mode.0);
     }
-    g.activations = Activations::F32;
+    set_mode(&mut g, (false, true));
 }
 
 fn wide_mlp(g: &mut Gpu, x1: bool) {
+    let split = g.wide_split;
     let mut rng = Rng(73);
     let (h, k, inter) = if full_size() { (4096, 4096, 12288) } else { (256, 136, 96) };
     let (wp, _) = weight_cols(g, &rng.vec(h * k), k, "bf16");
@@ -136,7 +157,7 @@ fn wide_mlp(g: &mut Gpu, x1: bool) {
             // in both runs.
             assert!(
                 same_bits(&wide[i], &eight[i]),
-                "{m} rows, x1 {x1}: {what} differs between wide and 8-row launches"
+                "{m} rows, x1 {x1}, split {split}: {what} differs between wide and 8-row launches"
             );
         }
         assert!(wide[4].iter().all(|v| v.is_finite()), "{m} rows: SwiGLU output left unwritten");
@@ -147,7 +168,7 @@ fn wide_mlp(g: &mut Gpu, x1: bool) {
 #[test]
 fn bf16_rows_give_the_same_bits_as_f32_rows() {
     let mut g = gpu();
-    g.activations = Activations::Bf16;
+    g.set_activations(Activations::Bf16).unwrap();
     let mut rng = Rng(79);
     let (h, k, inter, qkv) = if full_size() { (4096, 4096, 12288, 6144) } else { (256, 136, 96, 200) };
     let (wo, _) = weight_cols(&g, &rng.vec(h * k), k, "bf16");
@@ -212,5 +233,5 @@ fn bf16_rows_give_the_same_bits_as_f32_rows() {
             .collect();
         assert!(same_bits(&stored, &round_bf16(&f32s[1])), "{m} rows: the bf16 rows are not x·γ rounded");
     }
-    g.activations = Activations::F32;
+    g.set_activations(Activations::F32).unwrap();
 }

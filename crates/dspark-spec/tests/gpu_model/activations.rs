@@ -12,7 +12,9 @@
 //! * a verify step's logits equal its tokens' decode steps' bit for bit: the mode implies
 //!   row-exact attention (`Gpu::rows_exact`, `row_exact.rs`);
 //! * norm producers storing bf16 rows for their consumers (`Gpu::x_bf16_rows`, the `_x1h`
-//!   kernels) leave every logit the same bits as f32 rows.
+//!   kernels) and wide launches staging x once per block (`Gpu::wide_split`,
+//!   kernels/matvec_split.cu) leave every logit the same bits as f32 rows on matvec.cu's wide
+//!   kernels.
 
 use super::*;
 use dspark_kernels::Activations;
@@ -22,19 +24,23 @@ fn gpu_bf16_activations() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
     GPU.get_or_init(|| {
         let mut g = Gpu::new(0).expect("the GPU tier needs a CUDA device");
-        g.activations = Activations::Bf16;
+        // The tiny models' grids cover no SMs: take the split kernels anyway.
+        g.split_any_grid = true;
+        g.set_activations(Activations::Bf16).expect("the split kernels' scratch");
         Arc::new(g)
     })
     .clone()
 }
 
-/// The same mode with f32 rows between norm producers and consumers (`x_bf16_rows` off).
+/// The same mode with f32 rows between norm producers and consumers (`x_bf16_rows` off) and
+/// matvec.cu's wide kernels (`wide_split` off).
 fn gpu_bf16_activations_f32_rows() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
     GPU.get_or_init(|| {
         let mut g = Gpu::new(0).expect("the GPU tier needs a CUDA device");
-        g.activations = Activations::Bf16;
         g.x_bf16_rows = false;
+        g.wide_split = false;
+        g.set_activations(Activations::Bf16).expect("bf16 activations");
         Arc::new(g)
     })
     .clone()

@@ -1,0 +1,313 @@
+// Wide bf16-activation matvecs with x staged once per block: y[m, o] (+)= Σ_k x[m, k] · W[o, k]
+// for launches of 64 activation rows (33–64), the same bits as the 8-row `_x1` kernels of matvec.cu.
+//
+// Why: the wide `_x1` / `_x1h` twins in matvec.cu give every warp its own 16 weight rows and
+// have it load all of x's rows for them. At K split 8 (q, o, q|k|v, down, the draft's fc) a
+// block is one tile, so every block reads all of x from L2 — M/16 times the weight bytes, four
+// times them at 64 rows — and each warp waits on those loads (ncu: DRAM 14–33%, 25% warps
+// active, long-scoreboard stalls; docs/perf.md, issue #30). cuBLAS's time at 64 rows is flat.
+//
+// Layout: a block is 8 warps = 8 consecutive 16-row tiles (128 weight rows) at one part s of the
+// K split that the 8-row kernel uses for the shape (matvec.rs `ksplit`); the grid is
+// ⌈tiles / 8⌉ · ksplit blocks, the parts of a tile group adjacent. Warp w multiplies tile
+// 8·grp + w over the chunks the 8-row kernel's warp s takes (k = 32·s + j·32·ksplit), in the
+// same order, with the same fragments and MMAs (mma_bf16.cuh `mma_chunk1`), so its partial sum
+// is that warp's bit for bit. x for those chunks is staged by the whole block with cp.async
+// into a ring of shared-memory stages (2 chunks of all rows a stage, a few stages ahead), so x
+// leaves L2 once per 128 weight rows instead of once per 16, and each warp reads its
+// fragments from shared memory (16-byte reads, rows' halves swizzled so a read has no bank
+// conflict). Weights stream as in matvec.cu: 16 bytes a lane past L1, a step ahead in registers.
+//
+// The 8-row kernel adds its parts' partial sums through shared memory in the fixed order
+// 0 + p0 + p1 + …; here the parts are in different blocks, so each writes its tiles' partials
+// to a workspace (`ws`, [tile][part][row group][lane][4] f32) and the last block of a tile group
+// to arrive (an atomic ticket after a fence, reset by that block) adds them in that order and
+// runs the epilogue: the pending RMSNorm scale (ss_in), the residual add, y·γ as f32 or bf16
+// rows with each 8-row block's partial Σ y² (ss_out [m, ogrid], `ogrid` the 8-row kernel's
+// grid, each partial over that block's tiles in its order), or the SwiGLU. A K split of 1 needs
+// no workspace. Every row's outputs are those of the 8-row launch, whatever the rows beside it.
+#include "common.cuh"
+#include "mma_bf16.cuh"
+
+#define SPLIT_WARPS 8
+#define SPLIT_U 2  // chunks of 32 k a stage
+
+__device__ __forceinline__ float silu_split(float g) { return g / (1.f + expf(-g)); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// XH: x holds bf16 rows (a norm producer's xg); else f32 rows, rounded to bf16 as mma_chunk1
+// rounds them. NG: groups of 8 activation rows a launch.
+template <bool SWIGLU, bool XH, int NG>
+__device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp, float* y, int m, int in, int out,
+                             int accumulate, int ksplit, const float* ss_in, int parts, float eps,
+                             const float* gamma, void* xgp, float* ss_out, int xg_bf16, int ogrid, float* ws,
+                             uint32_t* tickets) {
+    constexpr int R = NG * 8;                // activation rows a launch holds
+    constexpr int XB = XH ? 2 : 4;           // bytes a value of x
+    constexpr int ROWB = SPLIT_U * 32 * XB;  // bytes of a row in a stage
+    constexpr int SEGS = ROWB / 16;          // its 16-byte segments
+    constexpr int STAGE = R * ROWB;
+    constexpr int NS = XH ? 4 : 3;  // stages in the ring (matvec.rs `split_smem`)
+    constexpr int BC = R + 1;       // the epilogue buffer's row pitch in floats (no bank conflicts)
+    extern __shared__ uint4 split_smem[];
+    char* ring = reinterpret_cast<char*>(split_smem);
+    __shared__ float inv_rms[R];
+    __shared__ uint32_t is_last;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int ks = ksplit;
+    const int grp = blockIdx.x / ks, s = blockIdx.x % ks;
+    const int tiles = (out + 15) / 16;
+    const int tile = grp * SPLIT_WARPS + warp;
+    const bool live = tile < tiles;
+    const int row0 = min(tile, tiles - 1) * 16;
+    const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);  // clamped: in bounds
+    const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in);
+    const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in);
+    const int stride = ks * 32, kbeg = s * 32;
+    // This part's chunks: k = kbeg + j·stride for j < nj (the 8-row kernel's warp s takes the
+    // same; chunks of its last step past in meet zero weights there and zero weights and x here).
+    const int nj = kbeg < in ? (in - kbeg + stride - 1) / stride : 0;
+    const int nsteps = (nj + SPLIT_U - 1) / SPLIT_U;
+    const char* xb = reinterpret_cast<const char*>(xp);
+
+    // Stage i: chunks j = i·U + u of every row into ring slot i % NS. Segment `seg` of row `row`
+    // sits at seg ^ swz(row): odd rows swap halves, so a warp's 16-byte fragment reads (rows g,
+    // g+1 in one phase) fall in different banks.
+    auto swz = [](int row) { return XH ? (row & 1) << 2 : (row & 1); };
+    auto copy_stage = [&](int i) {
+        char* st = ring + (i % NS) * STAGE;
+        for (int q = threadIdx.x; q < R * SEGS; q += SPLIT_WARPS * 32) {
+            const int row = q / SEGS, seg = q % SEGS;
+            const int u = seg / (SEGS / SPLIT_U), piece = seg % (SEGS / SPLIT_U);
+            const int k = kbeg + (i * SPLIT_U + u) * stride + piece * (16 / XB);
+            const bool valid = row < m && k < in;
+            const char* src = valid ? xb + ((size_t)row * in + k) * XB : xb;
+            cp_async16(st + row * ROWB + (seg ^ swz(row)) * 16, src, valid);
+        }
+    };
+    float acc[NG][4];
+#pragma unroll
+    for (int r = 0; r < NG; r++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[r][i] = 0.f;
+    auto load = [&](uint4* va, uint4* vb, int i) {
+        load_w_step<SPLIT_U>(wa, wb, kbeg + i * SPLIT_U * stride, stride, live ? in : 0, t, va, vb);
+    };
+    // Step i: wait for stage i (and for every warp to be done with stage i − 1, whose slot the
+    // copy issued next reuses), then the MMAs of its chunks for every row group.
+    auto step = [&](int i, const uint4* va, const uint4* vb) {
+        cp_async_wait_group<NS - 2>();
+        __syncthreads();
+        if (i + NS - 1 < nsteps) copy_stage(i + NS - 1);
+        cp_async_commit();
+        const char* st = ring + (i % NS) * STAGE;
+#pragma unroll
+        for (int u = 0; u < SPLIT_U; u++) {
+#pragma unroll
+            for (int r = 0; r < NG; r++) {
+                const int row = 8 * r + g;
+                uint32_t h[4];
+                if constexpr (XH) {
+                    const uint4 v = *reinterpret_cast<const uint4*>(st + row * ROWB + ((u * 4 + t) ^ swz(row)) * 16);
+                    h[0] = v.x; h[1] = v.y; h[2] = v.z; h[3] = v.w;
+                } else {
+                    const float4 a = *reinterpret_cast<const float4*>(st + row * ROWB + ((u * 8 + 2 * t) ^ swz(row)) * 16);
+                    const float4 b =
+                        *reinterpret_cast<const float4*>(st + row * ROWB + ((u * 8 + 2 * t + 1) ^ swz(row)) * 16);
+                    h[0] = pack_bf16(a.x, a.y); h[1] = pack_bf16(a.z, a.w);
+                    h[2] = pack_bf16(b.x, b.y); h[3] = pack_bf16(b.z, b.w);
+                }
+                mma_bf16(acc[r], va[u].x, vb[u].x, va[u].y, vb[u].y, h[0], h[1]);
+                mma_bf16(acc[r], va[u].z, vb[u].z, va[u].w, vb[u].w, h[2], h[3]);
+            }
+        }
+    };
+
+    pdl_trigger();
+    uint4 a0[SPLIT_U], b0[SPLIT_U], a1[SPLIT_U], b1[SPLIT_U];
+    if (nsteps > 0) load(a0, b0, 0);  // weights only: in flight while the previous kernel finishes
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(wa));  // keeps them above the wait (matvec.cu)
+    pdl_wait();
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++) {
+        if (i < nsteps) copy_stage(i);
+        cp_async_commit();
+    }
+    for (int i = 0; i < nsteps;) {
+        if (i + 1 < nsteps) load(a1, b1, i + 1);
+        step(i, a0, b0);
+        if (++i >= nsteps) break;
+        if (i + 1 < nsteps) load(a0, b0, i + 1);
+        step(i, a1, b1);
+        ++i;
+    }
+    cp_async_wait_group<0>();
+    __syncthreads();  // the ring is free: it becomes the epilogue's buffer
+
+    // buf[tl·16 + r][col]: tile tl's row r, activation row col, the whole sum 0 + p0 + p1 + ….
+    float* buf = reinterpret_cast<float*>(ring);
+    auto put = [&](const float (*sum)[4]) {
+#pragma unroll
+        for (int r = 0; r < NG; r++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                buf[(warp * 16 + g + (i >= 2 ? 8 : 0)) * BC + 8 * r + 2 * t + (i & 1)] = sum[r][i];
+    };
+    if (ks == 1) {
+        float sum[NG][4];
+#pragma unroll
+        for (int r = 0; r < NG; r++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) sum[r][i] = 0.f + acc[r][i];
+        put(sum);
+    } else {
+        float4* mine = reinterpret_cast<float4*>(ws + ((size_t)tile * ks + s) * NG * 128);
+        if (live) {
+#pragma unroll
+            for (int r = 0; r < NG; r++) __stcg(mine + r * 32 + lane, make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+        }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) is_last = atomicAdd(tickets + grp, 1u) == (uint32_t)ks - 1;
+        __syncthreads();
+        if (!is_last) return;
+        __threadfence();
+        // Each row group's parts are requested together, then added in order: a chain of round
+        // trips a part would be the block's whole tail (this block does 8 tiles' epilogues).
+        float sum[NG][4];
+        const float4* p = reinterpret_cast<const float4*>(ws + (size_t)tile * ks * NG * 128) + lane;
+#pragma unroll
+        for (int r = 0; r < NG; r++) {
+            float4 v[SPLIT_WARPS];
+#pragma unroll
+            for (int kp = 0; kp < SPLIT_WARPS; kp++)
+                if (live && kp < ks) v[kp] = __ldcg(p + (kp * NG + r) * 32);
+            float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma unroll
+            for (int kp = 0; kp < SPLIT_WARPS; kp++) {
+                if (live && kp < ks) {
+                    s0 += v[kp].x; s1 += v[kp].y; s2 += v[kp].z; s3 += v[kp].w;
+                }
+            }
+            sum[r][0] = s0; sum[r][1] = s1; sum[r][2] = s2; sum[r][3] = s3;
+        }
+        put(sum);
+        if (threadIdx.x == 0) tickets[grp] = 0;
+    }
+    // The pending RMSNorm of the input: row c's 1/rms from its partials, as matvec.cu's warp c.
+    if (ss_in != nullptr) {
+        for (int c = warp; c < m; c += SPLIT_WARPS) {
+            float ss = 0.f;
+            for (int j = lane; j < parts; j += 32) ss += ss_in[(size_t)c * parts + j];
+            ss = warp_sum(ss);
+            if (lane == 0) inv_rms[c] = rsqrtf(ss / in + eps);
+        }
+    }
+    __syncthreads();
+    const int o0 = grp * SPLIT_WARPS * 16;
+    if constexpr (!SWIGLU) {
+        // Outputs in activation-row-major order (coalesced writes); each thread leaves its
+        // output's square (0 where there is none) in buf for the partial sums below.
+        // In batches of 8 outputs a thread whose residual and γ loads are all requested before
+        // any store: one round trip a batch, where an output at a time (y may alias nothing, but
+        // the compiler cannot know) was a chain of 32 of them in this one block.
+        constexpr int PER = R * 128 / (SPLIT_WARPS * 32), BATCH = 8;
+        static_assert(PER % BATCH == 0, "whole batches");
+        for (int b0 = 0; b0 < PER; b0 += BATCH) {
+            float yv[BATCH], gv[BATCH];
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                const int idx = threadIdx.x + (b0 + b) * SPLIT_WARPS * 32;
+                const int col = idx >> 7, o = o0 + (idx & 127);
+                const bool ok = col < m && o < out;
+                yv[b] = ok && accumulate ? y[(size_t)col * out + o] : 0.f;
+                gv[b] = ok && gamma != nullptr ? gamma[o] : 0.f;
+            }
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                const int idx = threadIdx.x + (b0 + b) * SPLIT_WARPS * 32;
+                const int col = idx >> 7, tr = idx & 127, o = o0 + tr;
+                float sq = 0.f;
+                if (col < m && o < out) {
+                    float s = buf[tr * BC + col];
+                    if (ss_in != nullptr) s *= inv_rms[col];
+                    const size_t i = (size_t)col * out + o;
+                    s = accumulate ? yv[b] + s : s;
+                    y[i] = s;
+                    if (gamma != nullptr) {
+                        const float v = s * gv[b];
+                        if (xg_bf16) {
+                            reinterpret_cast<__nv_bfloat16*>(xgp)[i] = __float2bfloat16_rn(v);
+                        } else {
+                            reinterpret_cast<float*>(xgp)[i] = v;
+                        }
+                        sq = s * s;
+                    }
+                }
+                buf[tr * BC + col] = sq;
+            }
+        }
+        if (gamma != nullptr) {
+            // Each 8-row block's partial Σ y² of each row (ss_out [m, ogrid]): its tiles' rows
+            // summed lane-strided, then across the warp, as matvec.cu's epilogue does.
+            __syncthreads();
+            const int tpb = SPLIT_WARPS / ks, blocks = ks;  // 8-row blocks here: tiles per block, count
+            // Four tasks a warp at once, so their shuffle chains overlap.
+            constexpr int TU = 4;
+            for (int base = warp; base < blocks * m; base += SPLIT_WARPS * TU) {
+                float ss[TU];
+#pragma unroll
+                for (int u = 0; u < TU; u++) {
+                    const int task = base + u * SPLIT_WARPS, ob = task / m, c = task % m;
+                    ss[u] = 0.f;
+                    if (task < blocks * m)
+                        for (int j = lane; j < tpb * 16; j += 32) ss[u] += buf[(ob * tpb * 16 + j) * BC + c];
+                }
+#pragma unroll
+                for (int u = 0; u < TU; u++) ss[u] = warp_sum(ss[u]);
+#pragma unroll
+                for (int u = 0; u < TU; u++) {
+                    const int task = base + u * SPLIT_WARPS, ob = task / m, c = task % m;
+                    const int gob = grp * blocks + ob;
+                    if (lane == 0 && task < blocks * m && gob < ogrid) ss_out[(size_t)c * ogrid + gob] = ss[u];
+                }
+            }
+        }
+    } else {
+        // W's rows interleave gate and up: output o/2 of row col is silu(gate) · up.
+        for (int idx = threadIdx.x; idx < R * 64; idx += SPLIT_WARPS * 32) {
+            const int col = idx >> 6, tp = idx & 63, o = o0 + 2 * tp;
+            if (col < m && o + 1 < out) {
+                float gs = buf[(2 * tp) * BC + col], us = buf[(2 * tp + 1) * BC + col];
+                if (ss_in != nullptr) {
+                    gs *= inv_rms[col];
+                    us *= inv_rms[col];
+                }
+                y[(size_t)col * (out / 2) + o / 2] = silu_split(gs) * us;
+            }
+        }
+    }
+}
+
+// The 64-row wide `_x1` / `_x1h` kernels of matvec.cu have their twins here, by name: plain (the
+// three 8-row shapes' twins are one kernel: a part's chunk order does not depend on the step
+// length) and SwiGLU. Two blocks an SM. The template takes 16 and 32 rows too; their launches
+// lost in the model (docs/perf.md, issue #30) and stay on matvec.cu.
+#define MATVEC_SPLIT(NAME, SW, XH, NG)                                                                          \
+    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 2)                                          \
+        NAME(const __nv_bfloat16* w, const void* x, float* y, int m, int in, int out, int acc, int ksplit,      \
+             const float* ss_in, int parts, float eps, const float* gamma, void* xg, float* ss_out, int xg_bf16, \
+             int ogrid, float* ws, uint32_t* tickets) {                                                          \
+        matvec_split<SW, XH, NG>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, xg_bf16, \
+                                 ogrid, ws, tickets);                                                           \
+    }
+MATVEC_SPLIT(matvec_split_x1_w8_bf16, false, false, 8)
+MATVEC_SPLIT(matvec_split_swiglu_x1_w8_bf16, true, false, 8)
+MATVEC_SPLIT(matvec_split_x1h_w8_bf16, false, true, 8)
+MATVEC_SPLIT(matvec_split_swiglu_x1h_w8_bf16, true, true, 8)
