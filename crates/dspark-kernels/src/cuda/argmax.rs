@@ -4,7 +4,8 @@
 //! `matvec_tc_loop_argmax_bf16` for Markov W2's many short tiles; kernels/matvec.cu).
 
 use super::host_table::TableRef;
-use super::matvec::{addr, tc_argmax_kernel, tc_launch_grid, ArgmaxEpi, Epilogue};
+use super::matvec::{addr, ArgmaxEpi, Epilogue};
+use super::matvec_pick::{tc_argmax_kernel, tc_launch_grid};
 use super::ops::{cfg, check, launch, OpScratch, WeightBuf, ARGMAX_ROWS, ARGMAX_SEGMENTS};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};

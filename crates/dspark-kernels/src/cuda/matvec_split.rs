@@ -5,7 +5,7 @@
 //! matvec.cu they stand in for (`split_twin`), which stay the fallback (`Gpu::wide_split` off,
 //! or no scratch reserved).
 
-use super::matvec::{tc_grid, TC_WARPS};
+use super::matvec_pick::{tc_grid, TC_WARPS};
 use super::pdl::Arg;
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -14,7 +14,7 @@ use std::sync::Arc;
 /// Partial sums a (tile, K part) entry holds at most: 64 rows × 16 outputs.
 const ENTRY: usize = 64 * 16;
 
-/// (tile, K part) entries the workspace holds: `matvec.rs` `ksplit` doubles the split only while
+/// (tile, K part) entries the workspace holds: `matvec_pick.rs` `ksplit` doubles the split only while
 /// tiles × split < 2048, so no shape with a split above 1 has more than 4096.
 const ENTRIES: usize = 4096;
 
@@ -34,7 +34,7 @@ impl SplitScratch {
     }
 }
 
-/// The split twin of a 64-row `_x1` / `_x1h` kernel of matvec.cu (`matvec.rs` `wide_twin`): one
+/// The split twin of a 64-row `_x1` / `_x1h` kernel of matvec.cu (`matvec_pick.rs` `wide_twin`): one
 /// kernel for the three 8-row shapes' twins (a part's chunk order does not depend on the step
 /// length), and the SwiGLU one; `None` for every other kernel. At 32 rows the split twins lost
 /// in the model (H100: 4 requests' full blocks +5%, 8 requests' budget +1%; docs/perf.md).

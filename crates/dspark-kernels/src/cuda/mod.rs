@@ -20,6 +20,7 @@ pub mod kv;
 pub mod kv_layers;
 mod markov;
 mod matvec;
+mod matvec_pick;
 mod matvec_split;
 pub mod norm_fold;
 pub mod ops;
@@ -113,10 +114,10 @@ pub struct Gpu {
     /// kernels can take it (`rope_fold.rs`; `DSPARK_NO_ROPE_FOLD=1` turns it off for A/B runs).
     pub rope_fold: bool,
     /// Whether launches of more than 8 rows take the wide bf16 kernels, 16 or 32 rows a launch
-    /// on one weight read (`matvec.rs` `wide_twin`; `DSPARK_NO_WIDE=1` turns it off for A/B runs).
+    /// on one weight read (`matvec_pick.rs` `wide_twin`; `DSPARK_NO_WIDE=1` turns it off for A/B runs).
     pub wide: bool,
     /// The activations' precision in the bf16 tensor-core matvecs (`--activations`; bf16: the
-    /// one-part `_x1` kernels, `matvec.rs` `x1_twin`). Set before the models load.
+    /// one-part `_x1` kernels, `matvec_pick.rs` `x1_twin`). Set before the models load.
     pub activations: crate::Activations,
     /// Whether, with bf16 activations, a norm-producing matvec stores its output as bf16 rows
     /// for a bf16 tensor-core consumer (`norm_fold.rs`; the `_x1h` kernels: half the bytes of
@@ -140,7 +141,7 @@ pub struct Gpu {
     /// holds it (`ops.rs` `split_plan`; `DSPARK_ROW_EXACT=1` for A/B runs).
     pub row_exact: bool,
     /// Whether a one-row FP8 matvec splits its x itself, in shared memory, instead of after a
-    /// `split_x_f16x2` launch (`matvec.rs` `fp8_n1x_twin`; the same bits;
+    /// `split_x_f16x2` launch (`matvec_pick.rs` `fp8_n1x_twin`; the same bits;
     /// `DSPARK_NO_FP8_SPLIT_IN_BLOCK=1` keeps the two launches for A/B runs).
     pub fp8_split_in_block: bool,
     /// The dynamic shared memory each `_n1x` FP8 kernel may take with its blocks per SM still
@@ -192,7 +193,7 @@ fn xsm_limit(f: &CudaFunction, blocks: u32, optin: usize) -> CudaResult<usize> {
     let fixed = f.get_attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?.max(0) as usize;
     let most = optin.saturating_sub(fixed);
     f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most as i32)?;
-    Ok(f.occupancy_available_dynamic_smem_per_block(blocks, 32 * matvec::TC_WARPS as u32)?.min(most))
+    Ok(f.occupancy_available_dynamic_smem_per_block(blocks, 32 * matvec_pick::TC_WARPS as u32)?.min(most))
 }
 
 /// Total time and launch count of one kernel name in a profile.
@@ -257,7 +258,7 @@ impl Gpu {
                         bytes as i32,
                     )?;
                 }
-                if let Some(minb) = matvec::n1x_blocks_per_sm(name) {
+                if let Some(minb) = matvec_pick::n1x_blocks_per_sm(name) {
                     // A driver that refuses the query or the limit costs the in-block split, not
                     // the GPU: those launches then take the split launch (limit 0).
                     xsm_limits.insert(name, xsm_limit(&f, minb, optin).unwrap_or(0));
