@@ -52,6 +52,35 @@ fn set_mode(g: &mut Gpu, (x1, split): (bool, bool)) {
     g.set_activations(if x1 { Activations::Bf16 } else { Activations::F32 }).unwrap();
 }
 
+/// A norm producer as o_proj is one: the residual `y0` uploaded into `y`, then y += W·x with
+/// x·γ (f32 or bf16 rows) into `ud` and the partial sums of squares into `ss`.
+#[allow(clippy::too_many_arguments)]
+fn produce(
+    g: &Gpu,
+    w: &WeightBuf,
+    x: &CudaSlice<f32>,
+    y0: &[f32],
+    gamma: &CudaSlice<f32>,
+    [y, ud, ss]: [&mut CudaSlice<f32>; 3],
+    shape: (usize, usize, usize),
+    bf16_rows: bool,
+) -> Normed {
+    g.stream.memcpy_htod(y0, y).unwrap();
+    let (eps, acc) = (1e-6, true);
+    g.matvec_norm_out(
+        w,
+        &x.as_view(),
+        &mut y.as_view_mut(),
+        shape,
+        acc,
+        (&gamma.as_view(), eps),
+        &mut ud.as_view_mut(),
+        &mut ss.as_view_mut(),
+        bf16_rows,
+    )
+    .unwrap()
+}
+
 #[test]
 fn wide_launches_equal_eight_row_launches_bit_for_bit() {
     let mut g = gpu();
@@ -124,20 +153,7 @@ fn wide_mlp(g: &mut Gpu, x1: bool) {
         let lens = [m * h, m * h, m * parts_max, m * 2 * inter, m * inter];
         let [wide, eight] = both(g, &lens, |g, o| {
             let [y, ud, ss, gu, act] = o else { unreachable!("five outputs") };
-            g.stream.memcpy_htod(&y0, y).unwrap();
-            let normed = g
-                .matvec_norm_out(
-                    &wp,
-                    &x.as_view(),
-                    &mut y.as_view_mut(),
-                    (m, k, h),
-                    true,
-                    (&gamma.as_view(), 1e-6),
-                    &mut ud.as_view_mut(),
-                    &mut ss.as_view_mut(),
-                    false,
-                )
-                .unwrap();
+            let normed = produce(g, &wp, &x, &y0, &gamma, [y, ud, ss], (m, k, h), false);
             assert!(matches!(normed, Normed::Pending { .. }), "the fold must happen: {normed:?}");
             let parts = normed.parts();
             g.matvec_swiglu_normed(
@@ -183,20 +199,7 @@ fn bf16_rows_give_the_same_bits_as_f32_rows() {
             let lens = [m * h, m * h, m * parts_max, m * qkv, m * 2 * inter, m * inter];
             let mut o: Vec<CudaSlice<f32>> = lens.iter().map(|&n| poisoned(g, n)).collect();
             let [y, ud, ss, q, gu, act] = &mut o[..] else { unreachable!("six outputs") };
-            g.stream.memcpy_htod(&y0, y).unwrap();
-            let normed = g
-                .matvec_norm_out(
-                    &wo,
-                    &x.as_view(),
-                    &mut y.as_view_mut(),
-                    (m, k, h),
-                    true,
-                    (&gamma.as_view(), 1e-6),
-                    &mut ud.as_view_mut(),
-                    &mut ss.as_view_mut(),
-                    bf16_rows,
-                )
-                .unwrap();
+            let normed = produce(g, &wo, &x, &y0, &gamma, [y, ud, ss], (m, k, h), bf16_rows);
             assert!(
                 matches!(normed, Normed::Pending { bf16, .. } if bf16 == bf16_rows),
                 "{m} rows: the producer left {normed:?}"
