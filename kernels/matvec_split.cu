@@ -80,15 +80,24 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     // sits at seg ^ swz(row): odd rows swap halves, so a warp's 16-byte fragment reads (rows g,
     // g+1 in one phase) fall in different banks.
     auto swz = [](int row) { return XH ? (row & 1) << 2 : (row & 1); };
+    // Each thread copies the same segment of CP rows RSTEP apart at every stage (RSTEP is even, so
+    // the rows share a swizzle): its source and destination are worked out once, and a stage
+    // moves them by its k alone.
+    constexpr int CP = R * SEGS / (SPLIT_WARPS * 32), RSTEP = SPLIT_WARPS * 32 / SEGS;
+    static_assert(CP * SPLIT_WARPS * 32 == R * SEGS && RSTEP % 2 == 0, "whole rounds of segments");
+    const int xrow = threadIdx.x / SEGS, xseg = threadIdx.x % SEGS;
+    const int xk = kbeg + (xseg / (SEGS / SPLIT_U)) * stride + (xseg % (SEGS / SPLIT_U)) * (16 / XB);
+    const char* xsrc = xb + (size_t)xrow * in * XB;
+    const size_t xstep = (size_t)RSTEP * in * XB;
+    const int xdst = xrow * ROWB + (xseg ^ swz(xrow)) * 16;
     auto copy_stage = [&](int i) {
-        char* st = ring + (i % NS) * STAGE;
-        for (int q = threadIdx.x; q < R * SEGS; q += SPLIT_WARPS * 32) {
-            const int row = q / SEGS, seg = q % SEGS;
-            const int u = seg / (SEGS / SPLIT_U), piece = seg % (SEGS / SPLIT_U);
-            const int k = kbeg + (i * SPLIT_U + u) * stride + piece * (16 / XB);
-            const bool valid = row < m && k < in;
-            const char* src = valid ? xb + ((size_t)row * in + k) * XB : xb;
-            cp_async16(st + row * ROWB + (seg ^ swz(row)) * 16, src, valid);
+        char* st = ring + (i % NS) * STAGE + xdst;
+        const int k = xk + i * SPLIT_U * stride;
+        const bool kin = k < in;
+#pragma unroll
+        for (int n = 0; n < CP; n++) {
+            const bool valid = kin && xrow + n * RSTEP < m;
+            cp_async16(st + n * RSTEP * ROWB, valid ? xsrc + n * xstep + (size_t)k * XB : xb, valid);
         }
     };
     float acc[NG][4];
@@ -107,6 +116,14 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         if (i + NS - 1 < nsteps) copy_stage(i + NS - 1);
         cp_async_commit();
         const char* st = ring + (i % NS) * STAGE;
+        // The MMAs' A quads, built once a step: passed field by field, ptxas rebuilt them (four
+        // moves) before every MMA of the 8 row groups.
+        uint32_t qa[SPLIT_U][2][4];
+#pragma unroll
+        for (int u = 0; u < SPLIT_U; u++) {
+            qa[u][0][0] = va[u].x; qa[u][0][1] = vb[u].x; qa[u][0][2] = va[u].y; qa[u][0][3] = vb[u].y;
+            qa[u][1][0] = va[u].z; qa[u][1][1] = vb[u].z; qa[u][1][2] = va[u].w; qa[u][1][3] = vb[u].w;
+        }
 #pragma unroll
         for (int u = 0; u < SPLIT_U; u++) {
 #pragma unroll
@@ -123,8 +140,8 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
                     h[0] = pack_bf16(a.x, a.y); h[1] = pack_bf16(a.z, a.w);
                     h[2] = pack_bf16(b.x, b.y); h[3] = pack_bf16(b.z, b.w);
                 }
-                mma_bf16(acc[r], va[u].x, vb[u].x, va[u].y, vb[u].y, h[0], h[1]);
-                mma_bf16(acc[r], va[u].z, vb[u].z, va[u].w, vb[u].w, h[2], h[3]);
+                mma_bf16(acc[r], qa[u][0][0], qa[u][0][1], qa[u][0][2], qa[u][0][3], h[0], h[1]);
+                mma_bf16(acc[r], qa[u][1][0], qa[u][1][1], qa[u][1][2], qa[u][1][3], h[2], h[3]);
             }
         }
     };
