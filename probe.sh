@@ -5,13 +5,14 @@
 set -uo pipefail
 bash scripts/unbundle.sh
 B=.gpu-bundle
-[ -x .gpu-ab/dspark-ws ] || xz -dc .gpu-ab/dspark-ws.xz > .gpu-ab/dspark-ws && chmod +x .gpu-ab/dspark-ws
+for b in ws probe; do [ -x .gpu-ab/dspark-$b ] || { xz -dc .gpu-ab/dspark-$b.xz > .gpu-ab/dspark-$b && chmod +x .gpu-ab/dspark-$b; }; done
 nvidia-smi --query-gpu=name --format=csv,noheader
 run_as() {  # name → command prefix
     case $1 in
         new) echo "$B/dspark" ;;
         base) echo "env DSPARK_NO_SPLIT_WS=1 .gpu-ab/dspark-ws" ;;
         nosplit) echo "env DSPARK_NO_WIDE_SPLIT=1 $B/dspark" ;;
+        lean) echo ".gpu-ab/dspark-probe" ;;
     esac
 }
 for what in "$@"; do
