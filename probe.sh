@@ -21,6 +21,12 @@ tests)
     $B/gpu_kernels --test-threads=1 wide matvec norm_fold 2>&1 | grep -E "^test |result"
     $B/gpu_model --test-threads=1 activations batched 2>&1 | grep -E "^test |result"
     ;;
+san)
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    DSPARK_GPU_SMALL=1 $san --tool memcheck $B/gpu_kernels --test-threads=1 wide 2>&1 | grep -E "ERROR SUMMARY|result" | tail -2
+    DSPARK_GPU_SMALL=1 $san --tool racecheck $B/gpu_kernels --test-threads=1 wide 2>&1 | grep -E "RACECHECK SUMMARY|ERROR SUMMARY|result|hazard" | tail -3
+    DSPARK_GPU_SMALL=1 $san --tool memcheck $B/gpu_model --test-threads=1 activations 2>&1 | grep -E "ERROR SUMMARY|result" | tail -2
+    ;;
 ab)
     for r in ${ROUNDS:-1 2}; do
         for v in ${VARIANTS:-new base}; do

@@ -97,7 +97,7 @@ impl Gpu {
         let tiles = l.d_out.div_ceil(16);
         let (ks, ogrid) = tc_grid(tiles, l.d_in);
         let groups = tiles.div_ceil(SPLIT_TILES);
-        if CLUSTER % ks != 0 {
+        if !CLUSTER.is_multiple_of(ks) {
             return Err(CudaError::Shape(format!("{name}: K split {ks} does not divide a tile group")));
         }
         if l.rows > l.cap || l.cap > 64 {
