@@ -7,24 +7,23 @@
 // times them at 64 rows — and each warp waits on those loads (ncu: DRAM 14–33%, 25% warps
 // active, long-scoreboard stalls; docs/perf.md, issue #30). cuBLAS's time at 64 rows is flat.
 //
-// Layout: a block is 4 warps = 4 consecutive 16-row tiles (64 weight rows, a tile group) at one
-// part s of the K split that the 8-row kernel uses for the shape (matvec.rs `ksplit`); the grid
-// is ⌈tiles / 4⌉ · ksplit blocks, the parts of a group adjacent, 4 blocks an SM. Warp w
-// multiplies tile 4·grp + w over the chunks the 8-row kernel's warp s takes (k = 32·s +
-// j·32·ksplit), in the same order, with the same fragments and MMAs (mma_bf16.cuh
-// `mma_chunk1`), so its partial sum is that warp's bit for bit. x for those chunks is staged by
-// the whole block with cp.async into a ring of shared-memory stages (2 chunks of all rows a
-// stage, a few stages ahead), so x leaves L2 once per 64 weight rows instead of once per 16,
-// and each warp reads its fragments from shared memory (16-byte reads, rows' halves swizzled so
-// a read has no bank conflict). Weights stream as in matvec.cu: 16 bytes a lane past L1, a step
-// ahead in registers.
+// Layout: a block is 8 warps = 8 consecutive 16-row tiles (128 weight rows) at one part s of the
+// K split that the 8-row kernel uses for the shape (matvec.rs `ksplit`); the grid is
+// ⌈tiles / 8⌉ · ksplit blocks, the parts of a tile group adjacent. Warp w multiplies tile
+// 8·grp + w over the chunks the 8-row kernel's warp s takes (k = 32·s + j·32·ksplit), in the
+// same order, with the same fragments and MMAs (mma_bf16.cuh `mma_chunk1`), so its partial sum
+// is that warp's bit for bit. x for those chunks is staged by the whole block with cp.async
+// into a ring of shared-memory stages (2 chunks of all rows a stage, a few stages ahead), so x
+// leaves L2 once per 128 weight rows instead of once per 16, and each warp reads its
+// fragments from shared memory (16-byte reads, rows' halves swizzled so a read has no bank
+// conflict). Weights stream as in matvec.cu: 16 bytes a lane past L1, a step ahead in registers.
 //
 // The 8-row kernel adds its parts' partial sums through shared memory in the fixed order
 // 0 + p0 + p1 + …; here the parts are different blocks of one thread-block cluster of 8 (sm_90;
 // 8 / ksplit tile groups a cluster, the grid padded to whole clusters). Each block leaves its
-// warps' partial sums in its shared memory; after a cluster barrier, 4 of the cluster's blocks
-// each take the tiles of one block of the 8-row kernel (8 / ksplit of them), add every part's
-// sums read from the other blocks' shared memory in that order, and run those tiles' epilogue: the
+// warps' partial sums in its shared memory; after a cluster barrier, block (group, s) adds, for
+// the tiles the 8-row kernel's block (group, s) holds (8 / ksplit of them), every part's sums
+// read from the other blocks' shared memory in that order, and runs those tiles' epilogue: the
 // pending RMSNorm scale (ss_in), the residual add, y·γ as f32 or bf16 rows with that 8-row
 // block's partial Σ y² (ss_out [m, ogrid], `ogrid` the 8-row kernel's grid, over its tiles in
 // its order), or the SwiGLU. So the epilogue is spread over the parts' blocks, with no workspace
@@ -34,8 +33,7 @@
 #include "common.cuh"
 #include "mma_bf16.cuh"
 
-#define SPLIT_WARPS 4  // warps = tiles a block (a tile group); 4 blocks an SM
-#define SPLIT_UNITS 4  // blocks of the 8-row kernel a cluster's tiles make
+#define SPLIT_WARPS 8
 #define SPLIT_U 2  // chunks of 32 k a stage
 
 __device__ __forceinline__ float silu_split(float g) { return g / (1.f + expf(-g)); }
@@ -215,28 +213,22 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     for (int r = 0; r < NG; r++) partials[(warp * NG + r) * 32 + lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
     cluster_sync();
 
-    // This block's share of the cluster's epilogue. A cluster holds 32 / ksplit tiles (8 /
-    // ksplit groups of 4), the tiles of 4 blocks of the 8-row kernel (8 / ksplit tiles each):
-    // cluster rank u < 4 takes that kernel's block 4c + u (its tiles, outputs and partial Σ y²).
-    // Each float4 of a tile's sums is added over the parts in the 8-row kernel's order, 0 + p0
-    // + p1 + …, part q's from the block of that tile's group at part q, warp = the tile's place
-    // in the group (ranks within a cluster of 8 follow the grid).
-    const int rank = blockIdx.x % SPLIT_CLUSTER;
-    const bool unit = rank < SPLIT_UNITS;
-    const int tpb = 8 / ks, outs = unit ? tpb * 16 : 0;
-    const int ob = blockIdx.x / SPLIT_CLUSTER * SPLIT_UNITS + rank, t0 = ob * tpb;
+    // This block's share of the group's epilogue: TPB = 8 / ksplit tiles, those of the 8-row
+    // kernel's block (grp, s) — tiles s·TPB … of the group. Each float4 of their sums is added
+    // over the parts in the 8-row kernel's order, 0 + p0 + p1 + …, part q's from the cluster's
+    // block grp·ks + q (its rank: blocks are numbered within a cluster of 8 as in the grid).
+    const int tpb = SPLIT_WARPS / ks, outs = tpb * 16;
     float* buf = reinterpret_cast<float*>(ring + PARTIALS);  // [outs][BC]: output row, activation row
-    for (int e = threadIdx.x; e < (outs / 16) * NG * 32; e += SPLIT_WARPS * 32) {
+    for (int e = threadIdx.x; e < tpb * NG * 32; e += SPLIT_WARPS * 32) {
         const int tl = e / (NG * 32), r = (e / 32) % NG, ln = e % 32;
-        const int tg = t0 + tl, src = (tg / SPLIT_WARPS * ks) % SPLIT_CLUSTER;  // part 0's rank
-        const float4* p = partials + ((tg % SPLIT_WARPS) * NG + r) * 32 + ln;
-        float4 v[SPLIT_CLUSTER];
+        const int src = (grp * ks) % SPLIT_CLUSTER;  // rank of part 0's block
+        float4 v[SPLIT_WARPS];
 #pragma unroll
-        for (int q = 0; q < SPLIT_CLUSTER; q++)
-            if (q < ks) v[q] = cluster_ld(p, src + q);
+        for (int q = 0; q < SPLIT_WARPS; q++)
+            if (q < ks) v[q] = cluster_ld(partials + ((s * tpb + tl) * NG + r) * 32 + ln, src + q);
         float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma unroll
-        for (int q = 0; q < SPLIT_CLUSTER; q++) {
+        for (int q = 0; q < SPLIT_WARPS; q++) {
             if (q < ks) {
                 s0 += v[q].x; s1 += v[q].y; s2 += v[q].z; s3 += v[q].w;
             }
@@ -259,13 +251,13 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     // Every block is done reading the others' partials (it may leave after this), and buf and
     // inv_rms are complete.
     cluster_sync();
-    const int o0 = t0 * 16;
+    const int o0 = grp * SPLIT_WARPS * 16 + s * outs;
     if constexpr (!SWIGLU) {
         // Outputs in activation-row-major order (coalesced writes); each thread leaves its
         // output's square (0 where there is none) in buf for the partial sums below. In batches
         // of 4 outputs a thread whose residual and γ loads are all requested before any store.
         constexpr int BATCH = 4;
-        const int per = R * outs / (SPLIT_WARPS * 32);  // R · 16 · TPB / 128: a multiple of 4
+        const int per = R * outs / (SPLIT_WARPS * 32);  // R · 16 · TPB / 256: a multiple of 4
         for (int b0 = 0; b0 < per; b0 += BATCH) {
             float yv[BATCH], gv[BATCH];
 #pragma unroll
@@ -300,13 +292,13 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
                 buf[tr * BC + col] = sq;
             }
         }
-        if (gamma != nullptr && unit) {
+        if (gamma != nullptr) {
             // This 8-row block's partial Σ y² of each row (ss_out [m, ogrid]): its tiles' rows
             // summed lane-strided, then across the warp, as matvec.cu's epilogue does; four
             // rows a warp at once, so their shuffle chains overlap.
             __syncthreads();
             constexpr int TU = 4;
-            const int gob = ob;
+            const int gob = grp * ks + s;
             for (int base = warp; base < m; base += SPLIT_WARPS * TU) {
                 float ss[TU];
 #pragma unroll
@@ -348,7 +340,7 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
 // length) and SwiGLU. Two blocks an SM. The template takes 16 and 32 rows too; their launches
 // lost in the model (docs/perf.md, issue #30) and stay on matvec.cu.
 #define MATVEC_SPLIT(NAME, SW, XH, NG)                                                                          \
-    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 4) SPLIT_CLUSTER_DIMS                       \
+    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 2) SPLIT_CLUSTER_DIMS                       \
         NAME(const __nv_bfloat16* w, const void* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, void* xg, float* ss_out, int xg_bf16, \
              int ogrid) {                                                                                      \
