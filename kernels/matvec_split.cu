@@ -19,13 +19,17 @@
 // conflict). Weights stream as in matvec.cu: 16 bytes a lane past L1, a step ahead in registers.
 //
 // The 8-row kernel adds its parts' partial sums through shared memory in the fixed order
-// 0 + p0 + p1 + …; here the parts are in different blocks, so each writes its tiles' partials
-// to a workspace (`ws`, [tile][part][row group][lane][4] f32) and the last block of a tile group
-// to arrive (an atomic ticket after a fence, reset by that block) adds them in that order and
-// runs the epilogue: the pending RMSNorm scale (ss_in), the residual add, y·γ as f32 or bf16
-// rows with each 8-row block's partial Σ y² (ss_out [m, ogrid], `ogrid` the 8-row kernel's
-// grid, each partial over that block's tiles in its order), or the SwiGLU. A K split of 1 needs
-// no workspace. Every row's outputs are those of the 8-row launch, whatever the rows beside it.
+// 0 + p0 + p1 + …; here the parts are different blocks of one thread-block cluster of 8 (sm_90;
+// 8 / ksplit tile groups a cluster, the grid padded to whole clusters). Each block leaves its
+// warps' partial sums in its shared memory; after a cluster barrier, block (group, s) adds, for
+// the tiles the 8-row kernel's block (group, s) holds (8 / ksplit of them), every part's sums
+// read from the other blocks' shared memory in that order, and runs those tiles' epilogue: the
+// pending RMSNorm scale (ss_in), the residual add, y·γ as f32 or bf16 rows with that 8-row
+// block's partial Σ y² (ss_out [m, ogrid], `ogrid` the 8-row kernel's grid, over its tiles in
+// its order), or the SwiGLU. So the epilogue is spread over the parts' blocks, with no workspace
+// in global memory, fences or tickets (where the last block of a group to arrive did the whole
+// group's: ~10 µs of a 30 µs q launch). Every row's outputs are those of the 8-row launch,
+// whatever the rows beside it.
 #include "common.cuh"
 #include "mma_bf16.cuh"
 
@@ -33,6 +37,37 @@
 #define SPLIT_U 2  // chunks of 32 k a stage
 
 __device__ __forceinline__ float silu_split(float g) { return g / (1.f + expf(-g)); }
+
+// Thread-block clusters (sm_90): a tile group's K-split parts are blocks of one cluster of 8
+// (8 / ksplit groups a cluster), which add each other's partial sums from shared memory.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SPLIT_CLUSTERS 1
+#define SPLIT_CLUSTER_DIMS __cluster_dims__(SPLIT_CLUSTER, 1, 1)
+#else
+#define SPLIT_CLUSTERS 0
+#define SPLIT_CLUSTER_DIMS
+#endif
+#define SPLIT_CLUSTER 8
+
+// Every thread of every block of the cluster arrives, then waits: shared-memory writes before
+// it are visible to the cluster's blocks after it (release / acquire).
+__device__ __forceinline__ void cluster_sync() {
+#if SPLIT_CLUSTERS
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// A float4 at `p` (this block's shared memory) in the shared memory of cluster block `rank`.
+__device__ __forceinline__ float4 cluster_ld(const float4* p, int rank) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if SPLIT_CLUSTERS
+    const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+#endif
+    return v;
+}
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {
@@ -44,8 +79,10 @@ __device__ __forceinline__ void cp_async_wait_group() {
 template <bool SWIGLU, bool XH, int NG>
 __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp, float* y, int m, int in, int out,
                              int accumulate, int ksplit, const float* ss_in, int parts, float eps,
-                             const float* gamma, void* xgp, float* ss_out, int xg_bf16, int ogrid, float* ws,
-                             uint32_t* tickets) {
+                             const float* gamma, void* xgp, float* ss_out, int xg_bf16, int ogrid) {
+#if !SPLIT_CLUSTERS
+    __trap();  // Hopper only: the host never launches these without clusters (matvec_split.rs)
+#else
     constexpr int R = NG * 8;                // activation rows a launch holds
     constexpr int XB = XH ? 2 : 4;           // bytes a value of x
     constexpr int ROWB = SPLIT_U * 32 * XB;  // bytes of a row in a stage
@@ -53,10 +90,10 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     constexpr int STAGE = R * ROWB;
     constexpr int NS = XH ? 4 : 3;  // stages in the ring (matvec.rs `split_smem`)
     constexpr int BC = R + 1;       // the epilogue buffer's row pitch in floats (no bank conflicts)
+    constexpr int PARTIALS = SPLIT_WARPS * NG * 32 * 16;  // bytes of the block's partial sums
     extern __shared__ uint4 split_smem[];
     char* ring = reinterpret_cast<char*>(split_smem);
     __shared__ float inv_rms[R];
-    __shared__ uint32_t is_last;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -73,22 +110,33 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     // This part's chunks: k = kbeg + j·stride for j < nj (the 8-row kernel's warp s takes the
     // same; chunks of its last step past in meet zero weights there and zero weights and x here).
     const int nj = kbeg < in ? (in - kbeg + stride - 1) / stride : 0;
-    const int nsteps = (nj + SPLIT_U - 1) / SPLIT_U;
+    // A block past the last tile group (the grid is padded to whole clusters) only takes part
+    // in the cluster's barriers.
+    const int nsteps = grp * SPLIT_WARPS < tiles ? (nj + SPLIT_U - 1) / SPLIT_U : 0;
     const char* xb = reinterpret_cast<const char*>(xp);
 
     // Stage i: chunks j = i·U + u of every row into ring slot i % NS. Segment `seg` of row `row`
     // sits at seg ^ swz(row): odd rows swap halves, so a warp's 16-byte fragment reads (rows g,
     // g+1 in one phase) fall in different banks.
     auto swz = [](int row) { return XH ? (row & 1) << 2 : (row & 1); };
+    // Each thread copies the same segment of CP rows RSTEP apart at every stage (RSTEP is even, so
+    // the rows share a swizzle): its source and destination are worked out once, and a stage
+    // moves them by its k alone.
+    constexpr int CP = R * SEGS / (SPLIT_WARPS * 32), RSTEP = SPLIT_WARPS * 32 / SEGS;
+    static_assert(CP * SPLIT_WARPS * 32 == R * SEGS && RSTEP % 2 == 0, "whole rounds of segments");
+    const int xrow = threadIdx.x / SEGS, xseg = threadIdx.x % SEGS;
+    const int xk = kbeg + (xseg / (SEGS / SPLIT_U)) * stride + (xseg % (SEGS / SPLIT_U)) * (16 / XB);
+    const char* xsrc = xb + (size_t)xrow * in * XB;
+    const size_t xstep = (size_t)RSTEP * in * XB;
+    const int xdst = xrow * ROWB + (xseg ^ swz(xrow)) * 16;
     auto copy_stage = [&](int i) {
-        char* st = ring + (i % NS) * STAGE;
-        for (int q = threadIdx.x; q < R * SEGS; q += SPLIT_WARPS * 32) {
-            const int row = q / SEGS, seg = q % SEGS;
-            const int u = seg / (SEGS / SPLIT_U), piece = seg % (SEGS / SPLIT_U);
-            const int k = kbeg + (i * SPLIT_U + u) * stride + piece * (16 / XB);
-            const bool valid = row < m && k < in;
-            const char* src = valid ? xb + ((size_t)row * in + k) * XB : xb;
-            cp_async16(st + row * ROWB + (seg ^ swz(row)) * 16, src, valid);
+        char* st = ring + (i % NS) * STAGE + xdst;
+        const int k = xk + i * SPLIT_U * stride;
+        const bool kin = k < in;
+#pragma unroll
+        for (int n = 0; n < CP; n++) {
+            const bool valid = kin && xrow + n * RSTEP < m;
+            cp_async16(st + n * RSTEP * ROWB, valid ? xsrc + n * xstep + (size_t)k * XB : xb, valid);
         }
     };
     float acc[NG][4];
@@ -107,6 +155,14 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         if (i + NS - 1 < nsteps) copy_stage(i + NS - 1);
         cp_async_commit();
         const char* st = ring + (i % NS) * STAGE;
+        // The MMAs' A quads, built once a step: passed field by field, ptxas rebuilt them (four
+        // moves) before every MMA of the 8 row groups.
+        uint32_t qa[SPLIT_U][2][4];
+#pragma unroll
+        for (int u = 0; u < SPLIT_U; u++) {
+            qa[u][0][0] = va[u].x; qa[u][0][1] = vb[u].x; qa[u][0][2] = va[u].y; qa[u][0][3] = vb[u].y;
+            qa[u][1][0] = va[u].z; qa[u][1][1] = vb[u].z; qa[u][1][2] = va[u].w; qa[u][1][3] = vb[u].w;
+        }
 #pragma unroll
         for (int u = 0; u < SPLIT_U; u++) {
 #pragma unroll
@@ -123,8 +179,8 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
                     h[0] = pack_bf16(a.x, a.y); h[1] = pack_bf16(a.z, a.w);
                     h[2] = pack_bf16(b.x, b.y); h[3] = pack_bf16(b.z, b.w);
                 }
-                mma_bf16(acc[r], va[u].x, vb[u].x, va[u].y, vb[u].y, h[0], h[1]);
-                mma_bf16(acc[r], va[u].z, vb[u].z, va[u].w, vb[u].w, h[2], h[3]);
+                mma_bf16(acc[r], qa[u][0][0], qa[u][0][1], qa[u][0][2], qa[u][0][3], h[0], h[1]);
+                mma_bf16(acc[r], qa[u][1][0], qa[u][1][1], qa[u][1][2], qa[u][1][3], h[2], h[3]);
             }
         }
     };
@@ -148,57 +204,40 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         ++i;
     }
     cp_async_wait_group<0>();
-    __syncthreads();  // the ring is free: it becomes the epilogue's buffer
+    __syncthreads();  // the ring is free: it holds the partial sums, then the epilogue's buffer
 
-    // buf[tl·16 + r][col]: tile tl's row r, activation row col, the whole sum 0 + p0 + p1 + ….
-    float* buf = reinterpret_cast<float*>(ring);
-    auto put = [&](const float (*sum)[4]) {
+    // Each warp leaves its tile's partial sums in this block's shared memory, [warp][row
+    // group][lane] float4: the cluster's blocks read them from there.
+    float4* partials = reinterpret_cast<float4*>(ring);
 #pragma unroll
-        for (int r = 0; r < NG; r++)
+    for (int r = 0; r < NG; r++) partials[(warp * NG + r) * 32 + lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+    cluster_sync();
+
+    // This block's share of the group's epilogue: TPB = 8 / ksplit tiles, those of the 8-row
+    // kernel's block (grp, s) — tiles s·TPB … of the group. Each float4 of their sums is added
+    // over the parts in the 8-row kernel's order, 0 + p0 + p1 + …, part q's from the cluster's
+    // block grp·ks + q (its rank: blocks are numbered within a cluster of 8 as in the grid).
+    const int tpb = SPLIT_WARPS / ks, outs = tpb * 16;
+    float* buf = reinterpret_cast<float*>(ring + PARTIALS);  // [outs][BC]: output row, activation row
+    for (int e = threadIdx.x; e < tpb * NG * 32; e += SPLIT_WARPS * 32) {
+        const int tl = e / (NG * 32), r = (e / 32) % NG, ln = e % 32;
+        const int src = (grp * ks) % SPLIT_CLUSTER;  // rank of part 0's block
+        float4 v[SPLIT_WARPS];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                buf[(warp * 16 + g + (i >= 2 ? 8 : 0)) * BC + 8 * r + 2 * t + (i & 1)] = sum[r][i];
-    };
-    if (ks == 1) {
-        float sum[NG][4];
+        for (int q = 0; q < SPLIT_WARPS; q++)
+            if (q < ks) v[q] = cluster_ld(partials + ((s * tpb + tl) * NG + r) * 32 + ln, src + q);
+        float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma unroll
-        for (int r = 0; r < NG; r++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) sum[r][i] = 0.f + acc[r][i];
-        put(sum);
-    } else {
-        float4* mine = reinterpret_cast<float4*>(ws + ((size_t)tile * ks + s) * NG * 128);
-        if (live) {
-#pragma unroll
-            for (int r = 0; r < NG; r++) __stcg(mine + r * 32 + lane, make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
-        }
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) is_last = atomicAdd(tickets + grp, 1u) == (uint32_t)ks - 1;
-        __syncthreads();
-        if (!is_last) return;
-        __threadfence();
-        // Each row group's parts are requested together, then added in order: a chain of round
-        // trips a part would be the block's whole tail (this block does 8 tiles' epilogues).
-        float sum[NG][4];
-        const float4* p = reinterpret_cast<const float4*>(ws + (size_t)tile * ks * NG * 128) + lane;
-#pragma unroll
-        for (int r = 0; r < NG; r++) {
-            float4 v[SPLIT_WARPS];
-#pragma unroll
-            for (int kp = 0; kp < SPLIT_WARPS; kp++)
-                if (live && kp < ks) v[kp] = __ldcg(p + (kp * NG + r) * 32);
-            float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma unroll
-            for (int kp = 0; kp < SPLIT_WARPS; kp++) {
-                if (live && kp < ks) {
-                    s0 += v[kp].x; s1 += v[kp].y; s2 += v[kp].z; s3 += v[kp].w;
-                }
+        for (int q = 0; q < SPLIT_WARPS; q++) {
+            if (q < ks) {
+                s0 += v[q].x; s1 += v[q].y; s2 += v[q].z; s3 += v[q].w;
             }
-            sum[r][0] = s0; sum[r][1] = s1; sum[r][2] = s2; sum[r][3] = s3;
         }
-        put(sum);
-        if (threadIdx.x == 0) tickets[grp] = 0;
+        const int gl = ln >> 2, tt = ln & 3, o = tl * 16 + gl, c = 8 * r + 2 * tt;
+        buf[o * BC + c] = s0;
+        buf[o * BC + c + 1] = s1;
+        buf[(o + 8) * BC + c] = s2;
+        buf[(o + 8) * BC + c + 1] = s3;
     }
     // The pending RMSNorm of the input: row c's 1/rms from its partials, as matvec.cu's warp c.
     if (ss_in != nullptr) {
@@ -209,22 +248,22 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
             if (lane == 0) inv_rms[c] = rsqrtf(ss / in + eps);
         }
     }
-    __syncthreads();
-    const int o0 = grp * SPLIT_WARPS * 16;
+    // Every block is done reading the others' partials (it may leave after this), and buf and
+    // inv_rms are complete.
+    cluster_sync();
+    const int o0 = grp * SPLIT_WARPS * 16 + s * outs;
     if constexpr (!SWIGLU) {
         // Outputs in activation-row-major order (coalesced writes); each thread leaves its
-        // output's square (0 where there is none) in buf for the partial sums below.
-        // In batches of 8 outputs a thread whose residual and γ loads are all requested before
-        // any store: one round trip a batch, where an output at a time (y may alias nothing, but
-        // the compiler cannot know) was a chain of 32 of them in this one block.
-        constexpr int PER = R * 128 / (SPLIT_WARPS * 32), BATCH = 8;
-        static_assert(PER % BATCH == 0, "whole batches");
-        for (int b0 = 0; b0 < PER; b0 += BATCH) {
+        // output's square (0 where there is none) in buf for the partial sums below. In batches
+        // of 4 outputs a thread whose residual and γ loads are all requested before any store.
+        constexpr int BATCH = 4;
+        const int per = R * outs / (SPLIT_WARPS * 32);  // R · 16 · TPB / 256: a multiple of 4
+        for (int b0 = 0; b0 < per; b0 += BATCH) {
             float yv[BATCH], gv[BATCH];
 #pragma unroll
             for (int b = 0; b < BATCH; b++) {
                 const int idx = threadIdx.x + (b0 + b) * SPLIT_WARPS * 32;
-                const int col = idx >> 7, o = o0 + (idx & 127);
+                const int col = idx / outs, o = o0 + idx % outs;
                 const bool ok = col < m && o < out;
                 yv[b] = ok && accumulate ? y[(size_t)col * out + o] : 0.f;
                 gv[b] = ok && gamma != nullptr ? gamma[o] : 0.f;
@@ -232,57 +271,57 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
 #pragma unroll
             for (int b = 0; b < BATCH; b++) {
                 const int idx = threadIdx.x + (b0 + b) * SPLIT_WARPS * 32;
-                const int col = idx >> 7, tr = idx & 127, o = o0 + tr;
+                const int col = idx / outs, tr = idx % outs, o = o0 + tr;
                 float sq = 0.f;
                 if (col < m && o < out) {
-                    float s = buf[tr * BC + col];
-                    if (ss_in != nullptr) s *= inv_rms[col];
+                    float v = buf[tr * BC + col];
+                    if (ss_in != nullptr) v *= inv_rms[col];
                     const size_t i = (size_t)col * out + o;
-                    s = accumulate ? yv[b] + s : s;
-                    y[i] = s;
+                    v = accumulate ? yv[b] + v : v;
+                    y[i] = v;
                     if (gamma != nullptr) {
-                        const float v = s * gv[b];
+                        const float xv = v * gv[b];
                         if (xg_bf16) {
-                            reinterpret_cast<__nv_bfloat16*>(xgp)[i] = __float2bfloat16_rn(v);
+                            reinterpret_cast<__nv_bfloat16*>(xgp)[i] = __float2bfloat16_rn(xv);
                         } else {
-                            reinterpret_cast<float*>(xgp)[i] = v;
+                            reinterpret_cast<float*>(xgp)[i] = xv;
                         }
-                        sq = s * s;
+                        sq = v * v;
                     }
                 }
                 buf[tr * BC + col] = sq;
             }
         }
         if (gamma != nullptr) {
-            // Each 8-row block's partial Σ y² of each row (ss_out [m, ogrid]): its tiles' rows
-            // summed lane-strided, then across the warp, as matvec.cu's epilogue does.
+            // This 8-row block's partial Σ y² of each row (ss_out [m, ogrid]): its tiles' rows
+            // summed lane-strided, then across the warp, as matvec.cu's epilogue does; four
+            // rows a warp at once, so their shuffle chains overlap.
             __syncthreads();
-            const int tpb = SPLIT_WARPS / ks, blocks = ks;  // 8-row blocks here: tiles per block, count
-            // Four tasks a warp at once, so their shuffle chains overlap.
             constexpr int TU = 4;
-            for (int base = warp; base < blocks * m; base += SPLIT_WARPS * TU) {
+            const int gob = grp * ks + s;
+            for (int base = warp; base < m; base += SPLIT_WARPS * TU) {
                 float ss[TU];
 #pragma unroll
                 for (int u = 0; u < TU; u++) {
-                    const int task = base + u * SPLIT_WARPS, ob = task / m, c = task % m;
+                    const int c = base + u * SPLIT_WARPS;
                     ss[u] = 0.f;
-                    if (task < blocks * m)
-                        for (int j = lane; j < tpb * 16; j += 32) ss[u] += buf[(ob * tpb * 16 + j) * BC + c];
+                    if (c < m)
+                        for (int j = lane; j < outs; j += 32) ss[u] += buf[j * BC + c];
                 }
 #pragma unroll
                 for (int u = 0; u < TU; u++) ss[u] = warp_sum(ss[u]);
 #pragma unroll
                 for (int u = 0; u < TU; u++) {
-                    const int task = base + u * SPLIT_WARPS, ob = task / m, c = task % m;
-                    const int gob = grp * blocks + ob;
-                    if (lane == 0 && task < blocks * m && gob < ogrid) ss_out[(size_t)c * ogrid + gob] = ss[u];
+                    const int c = base + u * SPLIT_WARPS;
+                    if (lane == 0 && c < m && gob < ogrid) ss_out[(size_t)c * ogrid + gob] = ss[u];
                 }
             }
         }
     } else {
         // W's rows interleave gate and up: output o/2 of row col is silu(gate) · up.
-        for (int idx = threadIdx.x; idx < R * 64; idx += SPLIT_WARPS * 32) {
-            const int col = idx >> 6, tp = idx & 63, o = o0 + 2 * tp;
+        const int pairs = outs / 2;
+        for (int idx = threadIdx.x; idx < R * pairs; idx += SPLIT_WARPS * 32) {
+            const int col = idx / pairs, tp = idx % pairs, o = o0 + 2 * tp;
             if (col < m && o + 1 < out) {
                 float gs = buf[(2 * tp) * BC + col], us = buf[(2 * tp + 1) * BC + col];
                 if (ss_in != nullptr) {
@@ -293,6 +332,7 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
             }
         }
     }
+#endif
 }
 
 // The 64-row wide `_x1` / `_x1h` kernels of matvec.cu have their twins here, by name: plain (the
@@ -300,12 +340,12 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
 // length) and SwiGLU. Two blocks an SM. The template takes 16 and 32 rows too; their launches
 // lost in the model (docs/perf.md, issue #30) and stay on matvec.cu.
 #define MATVEC_SPLIT(NAME, SW, XH, NG)                                                                          \
-    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 2)                                          \
+    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 2) SPLIT_CLUSTER_DIMS                       \
         NAME(const __nv_bfloat16* w, const void* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, void* xg, float* ss_out, int xg_bf16, \
-             int ogrid, float* ws, uint32_t* tickets) {                                                          \
+             int ogrid) {                                                                                      \
         matvec_split<SW, XH, NG>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, xg_bf16, \
-                                 ogrid, ws, tickets);                                                           \
+                                 ogrid);                                                                       \
     }
 MATVEC_SPLIT(matvec_split_x1_w8_bf16, false, false, 8)
 MATVEC_SPLIT(matvec_split_swiglu_x1_w8_bf16, true, false, 8)

@@ -126,13 +126,13 @@ pub struct Gpu {
     /// Whether, with bf16 activations, launches of 33–64 rows take the kernels that stage
     /// x once per block of 8 tiles (`matvec_split.rs` `split_twin`, kernels/matvec_split.cu; the same
     /// bits; `DSPARK_NO_WIDE_SPLIT=1` keeps matvec.cu's wide kernels for A/B runs). They need
-    /// the scratch [`Gpu::set_activations`] reserves.
+    /// thread-block clusters (the sm_90 PTX).
     pub wide_split: bool,
     /// Whether a split twin is taken whatever its grid (tests: small shapes on the split
     /// kernels), not only where the grid covers the SMs.
     pub split_any_grid: bool,
-    /// The split kernels' partial sums and tickets (`matvec_split.rs` `SplitScratch`).
-    pub(crate) split_scratch: Option<matvec_split::SplitScratch>,
+    /// Whether the sm_90 PTX is loaded: thread-block clusters, which the split kernels need.
+    pub(crate) clusters: bool,
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
@@ -281,7 +281,7 @@ impl Gpu {
             x_bf16_rows: std::env::var_os("DSPARK_NO_BF16_ROWS").is_none(),
             wide_split: std::env::var_os("DSPARK_NO_WIDE_SPLIT").is_none(),
             split_any_grid: false,
-            split_scratch: None,
+            clusters: sm90,
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
@@ -293,13 +293,8 @@ impl Gpu {
     }
 
     /// Sets the activations' precision in the bf16 tensor-core matvecs, before the models load.
-    /// bf16 reserves the wide split kernels' scratch (16 MiB of partial sums and the tickets,
-    /// `matvec_split.rs` `SplitScratch`) unless `wide_split` is off.
     pub fn set_activations(&mut self, activations: crate::Activations) -> CudaResult<()> {
         self.activations = activations;
-        if activations == crate::Activations::Bf16 && self.wide_split && self.split_scratch.is_none() {
-            self.split_scratch = Some(matvec_split::SplitScratch::new(&self.stream)?);
-        }
         Ok(())
     }
 

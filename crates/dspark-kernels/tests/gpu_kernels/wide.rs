@@ -95,11 +95,12 @@ fn wide_products(g: &mut Gpu, x1: bool) {
     let split = g.wide_split;
     let mut rng = Rng(71);
     // (out, in): many tiles (matvec_tc_bf16), K split over a block (u4), one layer's k|v (u4b1h);
-    // 3 tiles at K split 8 (the split kernels: one tile group, 5 of its warps idle).
+    // 3 tiles at K split 8 (the split kernels: one tile group of 4, a warp idle, the cluster
+    // padded); 13 tiles at K split 4 and 2 (the split kernels' clusters of 2 and 4 groups).
     let shapes: &[(usize, usize)] = if full_size() {
-        &[(6144, 4096), (4096, 4096), (1024, 4096), (200, 136), (40, 1024)]
+        &[(6144, 4096), (4096, 4096), (1024, 4096), (200, 136), (40, 1024), (200, 512), (200, 256)]
     } else {
-        &[(200, 136), (96, 64), (40, 1024)]
+        &[(200, 136), (96, 64), (40, 1024), (200, 512), (200, 256)]
     };
     for &(out, k) in shapes {
         let (w, wf) = weight_cols(g, &rng.vec(out * k), k, "bf16");
