@@ -76,13 +76,17 @@ __device__ __forceinline__ void cp_async_wait_group() {
 
 // XH: x holds bf16 rows (a norm producer's xg); else f32 rows, rounded to bf16 as mma_chunk1
 // rounds them. NG: groups of 8 activation rows a launch.
-template <bool SWIGLU, bool XH, int NG>
+template <bool SWIGLU, bool XH, int NG, bool CL>
 __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp, float* y, int m, int in, int out,
                              int accumulate, int ksplit, const float* ss_in, int parts, float eps,
-                             const float* gamma, void* xgp, float* ss_out, int xg_bf16, int ogrid) {
+                             const float* gamma, void* xgp, float* ss_out, int xg_bf16, int ogrid, float* ws,
+                             uint32_t* tickets) {
 #if !SPLIT_CLUSTERS
-    __trap();  // Hopper only: the host never launches these without clusters (matvec_split.rs)
-#else
+    if constexpr (CL) {
+        __trap();  // Hopper only: the host never launches these without clusters (matvec_split.rs)
+        return;
+    }
+#endif
     constexpr int R = NG * 8;                // activation rows a launch holds
     constexpr int XB = XH ? 2 : 4;           // bytes a value of x
     constexpr int ROWB = SPLIT_U * 32 * XB;  // bytes of a row in a stage
@@ -94,6 +98,7 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     extern __shared__ uint4 split_smem[];
     char* ring = reinterpret_cast<char*>(split_smem);
     __shared__ float inv_rms[R];
+    __shared__ uint32_t is_last;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -204,40 +209,108 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         ++i;
     }
     cp_async_wait_group<0>();
-    __syncthreads();  // the ring is free: it holds the partial sums, then the epilogue's buffer
+    __syncthreads();  // the ring is free: it holds the partial sums and the epilogue's buffer
 
-    // Each warp leaves its tile's partial sums in this block's shared memory, [warp][row
-    // group][lane] float4: the cluster's blocks read them from there.
-    float4* partials = reinterpret_cast<float4*>(ring);
+    // The epilogue's outputs [o0, o0 + outs) and the 8-row kernel's blocks gob0 … gob0 + nob − 1
+    // whose partial Σ y² this block writes; buf[r][col] holds output o0 + r of activation row
+    // col, the whole sum 0 + p0 + p1 + ….
+    float* buf;
+    int o0, outs, nob, gob0;
+    const int tpb = SPLIT_WARPS / ks;  // tiles a block of the 8-row kernel holds
+    if constexpr (CL) {
+        // Each warp leaves its tile's partial sums in this block's shared memory, [warp][row
+        // group][lane] float4, for the cluster's blocks to read.
+        float4* partials = reinterpret_cast<float4*>(ring);
 #pragma unroll
-    for (int r = 0; r < NG; r++) partials[(warp * NG + r) * 32 + lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-    cluster_sync();
-
-    // This block's share of the group's epilogue: TPB = 8 / ksplit tiles, those of the 8-row
-    // kernel's block (grp, s) — tiles s·TPB … of the group. Each float4 of their sums is added
-    // over the parts in the 8-row kernel's order, 0 + p0 + p1 + …, part q's from the cluster's
-    // block grp·ks + q (its rank: blocks are numbered within a cluster of 8 as in the grid).
-    const int tpb = SPLIT_WARPS / ks, outs = tpb * 16;
-    float* buf = reinterpret_cast<float*>(ring + PARTIALS);  // [outs][BC]: output row, activation row
-    for (int e = threadIdx.x; e < tpb * NG * 32; e += SPLIT_WARPS * 32) {
-        const int tl = e / (NG * 32), r = (e / 32) % NG, ln = e % 32;
-        const int src = (grp * ks) % SPLIT_CLUSTER;  // rank of part 0's block
-        float4 v[SPLIT_WARPS];
+        for (int r = 0; r < NG; r++)
+            partials[(warp * NG + r) * 32 + lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+        cluster_sync();
+        // This block's share: the tiles of the 8-row kernel's block (grp, s), tiles s·tpb … of
+        // the group, each float4 added over the parts in order, part q's from the cluster's
+        // block grp·ks + q (ranks within a cluster of 8 follow the grid).
+        buf = reinterpret_cast<float*>(ring + PARTIALS);
+        const int src = (grp * ks) % SPLIT_CLUSTER;  // part 0's rank
+        for (int e = threadIdx.x; e < tpb * NG * 32; e += SPLIT_WARPS * 32) {
+            const int tl = e / (NG * 32), r = (e / 32) % NG, ln = e % 32;
+            const float4* p = partials + ((s * tpb + tl) * NG + r) * 32 + ln;
+            float4 v[SPLIT_WARPS];
 #pragma unroll
-        for (int q = 0; q < SPLIT_WARPS; q++)
-            if (q < ks) v[q] = cluster_ld(partials + ((s * tpb + tl) * NG + r) * 32 + ln, src + q);
-        float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+            for (int q = 0; q < SPLIT_WARPS; q++)
+                if (q < ks) v[q] = cluster_ld(p, src + q);
+            float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma unroll
-        for (int q = 0; q < SPLIT_WARPS; q++) {
-            if (q < ks) {
-                s0 += v[q].x; s1 += v[q].y; s2 += v[q].z; s3 += v[q].w;
+            for (int q = 0; q < SPLIT_WARPS; q++) {
+                if (q < ks) {
+                    s0 += v[q].x; s1 += v[q].y; s2 += v[q].z; s3 += v[q].w;
+                }
             }
+            const int gl = ln >> 2, tt = ln & 3, o = tl * 16 + gl, c = 8 * r + 2 * tt;
+            buf[o * BC + c] = s0;
+            buf[o * BC + c + 1] = s1;
+            buf[(o + 8) * BC + c] = s2;
+            buf[(o + 8) * BC + c + 1] = s3;
         }
-        const int gl = ln >> 2, tt = ln & 3, o = tl * 16 + gl, c = 8 * r + 2 * tt;
-        buf[o * BC + c] = s0;
-        buf[o * BC + c + 1] = s1;
-        buf[(o + 8) * BC + c] = s2;
-        buf[(o + 8) * BC + c + 1] = s3;
+        o0 = grp * SPLIT_WARPS * 16 + s * tpb * 16;
+        outs = tpb * 16;
+        nob = 1;
+        gob0 = grp * ks + s;
+    } else {
+        buf = reinterpret_cast<float*>(ring);
+        auto put = [&](const float (*sum)[4]) {
+#pragma unroll
+            for (int r = 0; r < NG; r++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    buf[(warp * 16 + g + (i >= 2 ? 8 : 0)) * BC + 8 * r + 2 * t + (i & 1)] = sum[r][i];
+        };
+        if (ks == 1) {
+            float sum[NG][4];
+#pragma unroll
+            for (int r = 0; r < NG; r++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) sum[r][i] = 0.f + acc[r][i];
+            put(sum);
+        } else {
+            // The parts' partial sums through the workspace; the group's last block to arrive
+            // (an atomic ticket after a fence, reset by that block) adds them for all 8 tiles.
+            float4* mine = reinterpret_cast<float4*>(ws + ((size_t)tile * ks + s) * NG * 128);
+            if (live) {
+#pragma unroll
+                for (int r = 0; r < NG; r++)
+                    __stcg(mine + r * 32 + lane, make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+            }
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) is_last = atomicAdd(tickets + grp, 1u) == (uint32_t)ks - 1;
+            __syncthreads();
+            if (!is_last) return;
+            __threadfence();
+            // Each row group's parts are requested together, then added in order: a chain of
+            // round trips a part would be the block's whole tail.
+            float sum[NG][4];
+            const float4* p = reinterpret_cast<const float4*>(ws + (size_t)tile * ks * NG * 128) + lane;
+#pragma unroll
+            for (int r = 0; r < NG; r++) {
+                float4 v[SPLIT_WARPS];
+#pragma unroll
+                for (int kp = 0; kp < SPLIT_WARPS; kp++)
+                    if (live && kp < ks) v[kp] = __ldcg(p + (kp * NG + r) * 32);
+                float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma unroll
+                for (int kp = 0; kp < SPLIT_WARPS; kp++) {
+                    if (live && kp < ks) {
+                        s0 += v[kp].x; s1 += v[kp].y; s2 += v[kp].z; s3 += v[kp].w;
+                    }
+                }
+                sum[r][0] = s0; sum[r][1] = s1; sum[r][2] = s2; sum[r][3] = s3;
+            }
+            put(sum);
+            if (threadIdx.x == 0) tickets[grp] = 0;
+        }
+        o0 = grp * SPLIT_WARPS * 16;
+        outs = SPLIT_WARPS * 16;
+        nob = ks;
+        gob0 = grp * ks;
     }
     // The pending RMSNorm of the input: row c's 1/rms from its partials, as matvec.cu's warp c.
     if (ss_in != nullptr) {
@@ -248,10 +321,13 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
             if (lane == 0) inv_rms[c] = rsqrtf(ss / in + eps);
         }
     }
-    // Every block is done reading the others' partials (it may leave after this), and buf and
-    // inv_rms are complete.
-    cluster_sync();
-    const int o0 = grp * SPLIT_WARPS * 16 + s * outs;
+    // buf and inv_rms are complete; in a cluster, every block is done reading the others'
+    // partial sums (it may leave after this).
+    if constexpr (CL) {
+        cluster_sync();
+    } else {
+        __syncthreads();
+    }
     if constexpr (!SWIGLU) {
         // Outputs in activation-row-major order (coalesced writes); each thread leaves its
         // output's square (0 where there is none) in buf for the partial sums below. In batches
@@ -293,27 +369,26 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
             }
         }
         if (gamma != nullptr) {
-            // This 8-row block's partial Σ y² of each row (ss_out [m, ogrid]): its tiles' rows
-            // summed lane-strided, then across the warp, as matvec.cu's epilogue does; four
-            // rows a warp at once, so their shuffle chains overlap.
+            // Each of the nob 8-row blocks' partial Σ y² of each row (ss_out [m, ogrid]): its
+            // tiles' rows summed lane-strided, then across the warp, as matvec.cu's epilogue
+            // does; four tasks a warp at once, so their shuffle chains overlap.
             __syncthreads();
             constexpr int TU = 4;
-            const int gob = grp * ks + s;
-            for (int base = warp; base < m; base += SPLIT_WARPS * TU) {
+            for (int base = warp; base < nob * m; base += SPLIT_WARPS * TU) {
                 float ss[TU];
 #pragma unroll
                 for (int u = 0; u < TU; u++) {
-                    const int c = base + u * SPLIT_WARPS;
+                    const int task = base + u * SPLIT_WARPS, ob = task / m, c = task % m;
                     ss[u] = 0.f;
-                    if (c < m)
-                        for (int j = lane; j < outs; j += 32) ss[u] += buf[j * BC + c];
+                    if (task < nob * m)
+                        for (int j = lane; j < tpb * 16; j += 32) ss[u] += buf[(ob * tpb * 16 + j) * BC + c];
                 }
 #pragma unroll
                 for (int u = 0; u < TU; u++) ss[u] = warp_sum(ss[u]);
 #pragma unroll
                 for (int u = 0; u < TU; u++) {
-                    const int c = base + u * SPLIT_WARPS;
-                    if (lane == 0 && c < m && gob < ogrid) ss_out[(size_t)c * ogrid + gob] = ss[u];
+                    const int task = base + u * SPLIT_WARPS, ob = task / m, c = task % m, gob = gob0 + ob;
+                    if (lane == 0 && task < nob * m && gob < ogrid) ss_out[(size_t)c * ogrid + gob] = ss[u];
                 }
             }
         }
@@ -332,22 +407,27 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
             }
         }
     }
-#endif
 }
 
 // The 64-row wide `_x1` / `_x1h` kernels of matvec.cu have their twins here, by name: plain (the
 // three 8-row shapes' twins are one kernel: a part's chunk order does not depend on the step
 // length) and SwiGLU. Two blocks an SM. The template takes 16 and 32 rows too; their launches
 // lost in the model (docs/perf.md, issue #30) and stay on matvec.cu.
-#define MATVEC_SPLIT(NAME, SW, XH, NG)                                                                          \
-    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 2) SPLIT_CLUSTER_DIMS                       \
+#define MATVEC_SPLIT(NAME, SW, XH, NG, CL, DIMS)                                                               \
+    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 2) DIMS                                     \
         NAME(const __nv_bfloat16* w, const void* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, void* xg, float* ss_out, int xg_bf16, \
-             int ogrid) {                                                                                      \
-        matvec_split<SW, XH, NG>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, xg_bf16, \
-                                 ogrid);                                                                       \
+             int ogrid, float* ws, uint32_t* tickets) {                                                          \
+        matvec_split<SW, XH, NG, CL>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out,     \
+                                     xg_bf16, ogrid, ws, tickets);                                              \
     }
-MATVEC_SPLIT(matvec_split_x1_w8_bf16, false, false, 8)
-MATVEC_SPLIT(matvec_split_swiglu_x1_w8_bf16, true, false, 8)
-MATVEC_SPLIT(matvec_split_x1h_w8_bf16, false, true, 8)
-MATVEC_SPLIT(matvec_split_swiglu_x1h_w8_bf16, true, true, 8)
+// The K split's parts through a workspace in global memory, the last block of a group adding them.
+MATVEC_SPLIT(matvec_split_x1_w8_bf16, false, false, 8, false, )
+MATVEC_SPLIT(matvec_split_swiglu_x1_w8_bf16, true, false, 8, false, )
+MATVEC_SPLIT(matvec_split_x1h_w8_bf16, false, true, 8, false, )
+MATVEC_SPLIT(matvec_split_swiglu_x1h_w8_bf16, true, true, 8, false, )
+// The parts one thread-block cluster (sm_90).
+MATVEC_SPLIT(matvec_split_cl_x1_w8_bf16, false, false, 8, true, SPLIT_CLUSTER_DIMS)
+MATVEC_SPLIT(matvec_split_cl_swiglu_x1_w8_bf16, true, false, 8, true, SPLIT_CLUSTER_DIMS)
+MATVEC_SPLIT(matvec_split_cl_x1h_w8_bf16, false, true, 8, true, SPLIT_CLUSTER_DIMS)
+MATVEC_SPLIT(matvec_split_cl_swiglu_x1h_w8_bf16, true, true, 8, true, SPLIT_CLUSTER_DIMS)

@@ -126,13 +126,22 @@ pub struct Gpu {
     /// Whether, with bf16 activations, launches of 33–64 rows take the kernels that stage
     /// x once per block of 8 tiles (`matvec_split.rs` `split_twin`, kernels/matvec_split.cu; the same
     /// bits; `DSPARK_NO_WIDE_SPLIT=1` keeps matvec.cu's wide kernels for A/B runs). They need
-    /// thread-block clusters (the sm_90 PTX).
+    /// the scratch [`Gpu::set_activations`] reserves, or thread-block clusters (sm_90 PTX).
     pub wide_split: bool,
     /// Whether a split twin is taken whatever its grid (tests: small shapes on the split
     /// kernels), not only where the grid covers the SMs.
     pub split_any_grid: bool,
-    /// Whether the sm_90 PTX is loaded: thread-block clusters, which the split kernels need.
+    /// Whether the sm_90 PTX is loaded: thread-block clusters, which the split kernels' `_cl_`
+    /// forms need.
     pub(crate) clusters: bool,
+    /// Whether the split kernels may take their cluster forms (`matvec_split.rs` `split_for`;
+    /// `DSPARK_NO_SPLIT_CLUSTERS=1` keeps the workspace forms for A/B runs).
+    pub split_clusters: bool,
+    /// Clusters of the split kernels resident at once (0 without clusters), counted by
+    /// [`Gpu::set_activations`].
+    pub(crate) split_max_clusters: usize,
+    /// The workspace split kernels' partial sums and tickets (`matvec_split.rs` `SplitScratch`).
+    pub(crate) split_scratch: Option<matvec_split::SplitScratch>,
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
@@ -282,6 +291,9 @@ impl Gpu {
             wide_split: std::env::var_os("DSPARK_NO_WIDE_SPLIT").is_none(),
             split_any_grid: false,
             clusters: sm90,
+            split_clusters: std::env::var_os("DSPARK_NO_SPLIT_CLUSTERS").is_none(),
+            split_max_clusters: 0,
+            split_scratch: None,
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
@@ -293,8 +305,15 @@ impl Gpu {
     }
 
     /// Sets the activations' precision in the bf16 tensor-core matvecs, before the models load.
+    /// bf16 reserves the workspace split kernels' scratch (16 MiB of partial sums and the
+    /// tickets, `matvec_split.rs` `SplitScratch`) and counts the resident clusters of the
+    /// cluster forms, unless `wide_split` is off.
     pub fn set_activations(&mut self, activations: crate::Activations) -> CudaResult<()> {
         self.activations = activations;
+        if activations == crate::Activations::Bf16 && self.wide_split && self.split_scratch.is_none() {
+            self.split_scratch = Some(matvec_split::SplitScratch::new(&self.stream)?);
+            self.split_max_clusters = matvec_split::max_clusters(self)?;
+        }
         Ok(())
     }
 
