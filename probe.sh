@@ -5,7 +5,7 @@
 set -uo pipefail
 bash scripts/unbundle.sh
 B=.gpu-bundle
-for b in ws probe; do [ -x .gpu-ab/dspark-$b ] || { xz -dc .gpu-ab/dspark-$b.xz > .gpu-ab/dspark-$b && chmod +x .gpu-ab/dspark-$b; }; done
+for b in ws; do [ -x .gpu-ab/dspark-$b ] || { xz -dc .gpu-ab/dspark-$b.xz > .gpu-ab/dspark-$b && chmod +x .gpu-ab/dspark-$b; }; done
 nvidia-smi --query-gpu=name --format=csv,noheader
 run_as() {  # name → command prefix
     case $1 in
@@ -13,6 +13,7 @@ run_as() {  # name → command prefix
         base) echo "env DSPARK_NO_SPLIT_WS=1 .gpu-ab/dspark-ws" ;;
         nosplit) echo "env DSPARK_NO_WIDE_SPLIT=1 $B/dspark" ;;
         lean) echo ".gpu-ab/dspark-probe" ;;
+        nocl) echo "env DSPARK_NO_SPLIT_CLUSTERS=1 $B/dspark" ;;
     esac
 }
 for what in "$@"; do

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Short device probe for split-hybrid (branch only).
+set -uo pipefail
+bash scripts/unbundle.sh
+B=.gpu-bundle
+xz -dc .gpu-ab/dspark-ws.xz > /tmp/base && chmod +x /tmp/base
+nvidia-smi --query-gpu=name --format=csv,noheader
+$B/gpu_kernels --test-threads=1 wide 2>&1 | grep -E "result|FAIL|panick"
+$B/gpu_model --test-threads=1 activations batched 2>&1 | grep -E "result|FAIL|panick"
+san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+DSPARK_GPU_SMALL=1 $san --tool memcheck $B/gpu_kernels --test-threads=1 wide 2>&1 | grep -E "ERROR SUMMARY|result" | tail -2
+DSPARK_GPU_SMALL=1 $san --tool racecheck $B/gpu_kernels --test-threads=1 wide 2>&1 | grep -E "RACECHECK SUMMARY|result" | tail -2
+for v in new base new base; do
+  echo "== $v"
+  if [ $v = new ]; then bin=$B/dspark; pre=""; else bin=/tmp/base; pre="DSPARK_NO_SPLIT_WS=1"; fi
+  env $pre $bin bench --concurrency 1,8,16 --concurrency-only --contexts 512 --iters 3 --kv-cache bf16 --activations bf16 2>/dev/null | grep -E '^\| [0-9]+ \| 512'
+done
+for e in "" "DSPARK_NO_SPLIT_CLUSTERS=1"; do
+  echo "== proj ${e:-hybrid}"
+  env $e $B/dspark bench --projections-only --projection-rows 64 --activations bf16 --iters 5 2>/dev/null | grep -E '^\| (q|o|qkv|gate|down)_proj \||^\| (fc|lm_head) \|' | awk -F'|' '{printf "%s %s;", $2, $5} END {print ""}'
+done
