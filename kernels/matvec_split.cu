@@ -16,7 +16,12 @@
 // into a ring of shared-memory stages (2 chunks of all rows a stage, a few stages ahead), so x
 // leaves L2 once per 128 weight rows instead of once per 16, and each warp reads its
 // fragments from shared memory (16-byte reads, rows' halves swizzled so a read has no bank
-// conflict). Weights stream as in matvec.cu: 16 bytes a lane past L1, a step ahead in registers.
+// conflict). Weights stream as in matvec.cu: 16 bytes a lane past L1, a step ahead in registers,
+// or (WS, the `_ws` kernels) through the same ring: each stage also holds the block's 8 tiles ×
+// 16 rows × its 2 chunks, copied by cp.async with the L2 256-byte hint, so 2–3 stages (32–48 KB)
+// of weights are in flight per block where registers hold one step. A lane reads its fragments
+// from the ring with the rows, k and lanes it would have loaded (row g and g + 8, 8 k at 8t), so
+// the MMAs see the same operands and the sums are the same bits.
 //
 // The 8-row kernel adds its parts' partial sums through shared memory in the fixed order
 // 0 + p0 + p1 + …; here the parts are in different blocks, so each writes its tiles' partials
@@ -39,9 +44,17 @@ __device__ __forceinline__ void cp_async_wait_group() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// cp_async16 asking L2 for the whole 256-byte line: a part's 64-byte weight pieces sit beside
+// the other parts' (k stride 32 · ksplit), which the tile group's adjacent blocks read now.
+__device__ __forceinline__ void cp_async16_l2(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
 // XH: x holds bf16 rows (a norm producer's xg); else f32 rows, rounded to bf16 as mma_chunk1
-// rounds them. NG: groups of 8 activation rows a launch.
-template <bool SWIGLU, bool XH, int NG>
+// rounds them. NG: groups of 8 activation rows a launch. WS: weights staged in the ring too.
+template <bool SWIGLU, bool XH, int NG, bool WS>
 __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp, float* y, int m, int in, int out,
                              int accumulate, int ksplit, const float* ss_in, int parts, float eps,
                              const float* gamma, void* xgp, float* ss_out, int xg_bf16, int ogrid, float* ws,
@@ -50,8 +63,10 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     constexpr int XB = XH ? 2 : 4;           // bytes a value of x
     constexpr int ROWB = SPLIT_U * 32 * XB;  // bytes of a row in a stage
     constexpr int SEGS = ROWB / 16;          // its 16-byte segments
-    constexpr int STAGE = R * ROWB;
-    constexpr int NS = XH ? 4 : 3;  // stages in the ring (matvec.rs `split_smem`)
+    constexpr int XSTAGE = R * ROWB;
+    constexpr int WTILE = SPLIT_U * 16 * 64;              // a tile's weights a stage: [u][row][4 × 16 B]
+    constexpr int STAGE = XSTAGE + (WS ? SPLIT_WARPS * WTILE : 0);
+    constexpr int NS = XH ? 4 : 3;  // stages in the ring (matvec_split.rs `split_smem`)
     constexpr int BC = R + 1;       // the epilogue buffer's row pitch in floats (no bank conflicts)
     extern __shared__ uint4 split_smem[];
     char* ring = reinterpret_cast<char*>(split_smem);
@@ -91,6 +106,25 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
             cp_async16(st + row * ROWB + (seg ^ swz(row)) * 16, src, valid);
         }
     };
+    // Stage i's weights: segment q = (tile tl, u, row r, piece p) to [tl][u][r][p], 64 bytes a
+    // row and chunk, so a lane's fragment reads (rows g, g + 1 of a phase, pieces 0–3) are 128
+    // contiguous bytes. Past a row's K, and for tiles past the last, zeros (no read), as the
+    // register loads give.
+    auto copy_weights = [&](int i) {
+        char* st = ring + (i % NS) * STAGE + XSTAGE;
+        const int tile0 = grp * SPLIT_WARPS;
+#pragma unroll
+        for (int n = 0; n < SPLIT_WARPS * WTILE / 16 / (SPLIT_WARPS * 32); n++) {
+            const int q = threadIdx.x + n * SPLIT_WARPS * 32;
+            const int p = q & 3, r = (q >> 2) & 15, u = (q >> 6) % SPLIT_U, tl = q / (64 * SPLIT_U);
+            const int tg = tile0 + tl;
+            const int k = kbeg + (i * SPLIT_U + u) * stride + 8 * p;
+            const int rw = min(tg * 16 + r, out - 1);
+            const bool valid = tg < tiles && k < in;
+            const __nv_bfloat16* src = valid ? w + (size_t)rw * in + k : w;
+            cp_async16_l2(st + q * 16, src, valid);
+        }
+    };
     float acc[NG][4];
 #pragma unroll
     for (int r = 0; r < NG; r++)
@@ -101,12 +135,27 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     };
     // Step i: wait for stage i (and for every warp to be done with stage i − 1, whose slot the
     // copy issued next reuses), then the MMAs of its chunks for every row group.
-    auto step = [&](int i, const uint4* va, const uint4* vb) {
+    auto step = [&](int i, const uint4* vra, const uint4* vrb) {
         cp_async_wait_group<NS - 2>();
         __syncthreads();
-        if (i + NS - 1 < nsteps) copy_stage(i + NS - 1);
+        if (i + NS - 1 < nsteps) {
+            if constexpr (WS) copy_weights(i + NS - 1);
+            copy_stage(i + NS - 1);
+        }
         cp_async_commit();
         const char* st = ring + (i % NS) * STAGE;
+        uint4 va[SPLIT_U], vb[SPLIT_U];
+#pragma unroll
+        for (int u = 0; u < SPLIT_U; u++) {
+            if constexpr (WS) {
+                const uint4* wt = reinterpret_cast<const uint4*>(st + XSTAGE + warp * WTILE + u * 1024);
+                va[u] = wt[g * 4 + t];
+                vb[u] = wt[(g + 8) * 4 + t];
+            } else {
+                va[u] = vra[u];
+                vb[u] = vrb[u];
+            }
+        }
 #pragma unroll
         for (int u = 0; u < SPLIT_U; u++) {
 #pragma unroll
@@ -131,6 +180,20 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
 
     pdl_trigger();
     uint4 a0[SPLIT_U], b0[SPLIT_U], a1[SPLIT_U], b1[SPLIT_U];
+    if constexpr (WS) {
+        // The first stages' weights before the wait (they do not depend on the previous kernel):
+        // uncommitted, they join group 0 with stage 0's x, so every step's wait covers them.
+#pragma unroll
+        for (int i = 0; i < NS - 1; i++)
+            if (i < nsteps) copy_weights(i);
+        pdl_wait();
+#pragma unroll
+        for (int i = 0; i < NS - 1; i++) {
+            if (i < nsteps) copy_stage(i);
+            cp_async_commit();
+        }
+        for (int i = 0; i < nsteps; i++) step(i, a0, b0);
+    } else {
     if (nsteps > 0) load(a0, b0, 0);  // weights only: in flight while the previous kernel finishes
     asm volatile("prefetch.global.L2 [%0];" ::"l"(wa));  // keeps them above the wait (matvec.cu)
     pdl_wait();
@@ -146,6 +209,7 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         if (i + 1 < nsteps) load(a0, b0, i + 1);
         step(i, a1, b1);
         ++i;
+    }
     }
     cp_async_wait_group<0>();
     __syncthreads();  // the ring is free: it becomes the epilogue's buffer
@@ -297,17 +361,27 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
 
 // The 64-row wide `_x1` / `_x1h` kernels of matvec.cu have their twins here, by name: plain (the
 // three 8-row shapes' twins are one kernel: a part's chunk order does not depend on the step
-// length) and SwiGLU. Two blocks an SM. The template takes 16 and 32 rows too; their launches
-// lost in the model (docs/perf.md, issue #30) and stay on matvec.cu.
-#define MATVEC_SPLIT(NAME, SW, XH, NG)                                                                          \
+// length) and SwiGLU. Two blocks an SM. The template takes 16 and 32 rows too; with the weights
+// in registers their launches lost in the model (docs/perf.md, issue #30) and stay on matvec.cu.
+#define MATVEC_SPLIT(NAME, SW, XH, NG, WS)                                                                      \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 2)                                          \
         NAME(const __nv_bfloat16* w, const void* x, float* y, int m, int in, int out, int acc, int ksplit,      \
              const float* ss_in, int parts, float eps, const float* gamma, void* xg, float* ss_out, int xg_bf16, \
              int ogrid, float* ws, uint32_t* tickets) {                                                          \
-        matvec_split<SW, XH, NG>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, xg_bf16, \
+        matvec_split<SW, XH, NG, WS>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, xg_bf16, \
                                  ogrid, ws, tickets);                                                           \
     }
-MATVEC_SPLIT(matvec_split_x1_w8_bf16, false, false, 8)
-MATVEC_SPLIT(matvec_split_swiglu_x1_w8_bf16, true, false, 8)
-MATVEC_SPLIT(matvec_split_x1h_w8_bf16, false, true, 8)
-MATVEC_SPLIT(matvec_split_swiglu_x1h_w8_bf16, true, true, 8)
+MATVEC_SPLIT(matvec_split_x1_w8_bf16, false, false, 8, false)
+MATVEC_SPLIT(matvec_split_swiglu_x1_w8_bf16, true, false, 8, false)
+MATVEC_SPLIT(matvec_split_x1h_w8_bf16, false, true, 8, false)
+MATVEC_SPLIT(matvec_split_swiglu_x1h_w8_bf16, true, true, 8, false)
+// The same with the weights staged in the ring (`Gpu::split_weights`).
+MATVEC_SPLIT(matvec_split_ws_x1_w8_bf16, false, false, 8, true)
+MATVEC_SPLIT(matvec_split_ws_swiglu_x1_w8_bf16, true, false, 8, true)
+MATVEC_SPLIT(matvec_split_ws_x1h_w8_bf16, false, true, 8, true)
+MATVEC_SPLIT(matvec_split_ws_swiglu_x1h_w8_bf16, true, true, 8, true)
+// 32-row `_ws` twins of matvec.cu's `_w4_` kernels (`Gpu::split_rows32`, an experiment).
+MATVEC_SPLIT(matvec_split_ws_x1_w4_bf16, false, false, 4, true)
+MATVEC_SPLIT(matvec_split_ws_swiglu_x1_w4_bf16, true, false, 4, true)
+MATVEC_SPLIT(matvec_split_ws_x1h_w4_bf16, false, true, 4, true)
+MATVEC_SPLIT(matvec_split_ws_swiglu_x1h_w4_bf16, true, true, 4, true)

@@ -3,7 +3,7 @@
 //! one part of the 8-row kernel's K split, the parts' partial sums added by the last block of a
 //! tile group in the 8-row kernel's order — the same bits as the wide `_x1` / `_x1h` kernels of
 //! matvec.cu they stand in for (`split_twin`), which stay the fallback (`Gpu::wide_split` off,
-//! or no scratch reserved).
+//! or no scratch reserved). The `_ws` forms also stage the weights (`Gpu::split_weights`).
 
 use super::matvec_pick::{tc_grid, TC_WARPS};
 use super::pdl::Arg;
@@ -36,8 +36,9 @@ impl SplitScratch {
 
 /// The split twin of a 64-row `_x1` / `_x1h` kernel of matvec.cu (`matvec_pick.rs` `wide_twin`): one
 /// kernel for the three 8-row shapes' twins (a part's chunk order does not depend on the step
-/// length), and the SwiGLU one; `None` for every other kernel. At 32 rows the split twins lost
-/// in the model (H100: 4 requests' full blocks +5%, 8 requests' budget +1%; docs/perf.md).
+/// length), and the SwiGLU one; `None` for every other kernel. At 32 rows the split twins with
+/// weights in registers lost in the model (H100: 4 requests' full blocks +5%, 8 requests' budget
+/// +1%; docs/perf.md); the `_ws` ones take them only when asked ([`split_kernel`]).
 pub(crate) fn split_twin(name: &str) -> Option<&'static str> {
     Some(match name {
         "matvec_tc_x1_w8_bf16" | "matvec_tc_u4_x1_w8_bf16" => "matvec_split_x1_w8_bf16",
@@ -48,12 +49,42 @@ pub(crate) fn split_twin(name: &str) -> Option<&'static str> {
     })
 }
 
-/// Dynamic shared memory of a split kernel holding `rows` activation rows: its ring of x stages
-/// (4 of bf16 rows, 3 of f32, 2 chunks of 32 k each) or, after the loop, the epilogue's buffer
-/// of 128 outputs × (rows + 1) f32, whichever is larger (kernels/matvec_split.cu).
-fn split_smem(rows: usize, bf16_rows: bool) -> usize {
+/// The `_ws` form of a split twin (weights staged in the ring too), and the 32-row `_ws`
+/// twins of matvec.cu's `_w4_` kernels.
+fn staged_twin(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "matvec_split_x1_w8_bf16" => "matvec_split_ws_x1_w8_bf16",
+        "matvec_split_swiglu_x1_w8_bf16" => "matvec_split_ws_swiglu_x1_w8_bf16",
+        "matvec_split_x1h_w8_bf16" => "matvec_split_ws_x1h_w8_bf16",
+        "matvec_split_swiglu_x1h_w8_bf16" => "matvec_split_ws_swiglu_x1h_w8_bf16",
+        "matvec_tc_x1_w4_bf16" | "matvec_tc_u4_x1_w4_bf16" => "matvec_split_ws_x1_w4_bf16",
+        "matvec_tc_swiglu_x1_w4_bf16" => "matvec_split_ws_swiglu_x1_w4_bf16",
+        "matvec_tc_x1h_w4_bf16" | "matvec_tc_u4_x1h_w4_bf16" => "matvec_split_ws_x1h_w4_bf16",
+        "matvec_tc_swiglu_x1h_w4_bf16" => "matvec_split_ws_swiglu_x1h_w4_bf16",
+        _ => return None,
+    })
+}
+
+/// The split kernel standing in for matvec.cu's wide kernel `twin`, if any: the 64-row ones'
+/// twins, with their weights staged when `weights`; with `rows32` (and `weights`) the 32-row
+/// ones' `_ws` twins as well.
+pub(crate) fn split_kernel(twin: &str, weights: bool, rows32: bool) -> Option<&'static str> {
+    match split_twin(twin) {
+        Some(name) if weights => staged_twin(name),
+        Some(name) => Some(name),
+        None if weights && rows32 => staged_twin(twin),
+        None => None,
+    }
+}
+
+/// Dynamic shared memory of a split kernel holding `rows` activation rows: its ring of stages
+/// (4 of bf16 rows, 3 of f32, 2 chunks of 32 k each of x and, in the `_ws` kernels, of the
+/// block's 128 weight rows) or, after the loop, the epilogue's buffer of 128 outputs ×
+/// (rows + 1) f32, whichever is larger (kernels/matvec_split.cu).
+fn split_smem(rows: usize, bf16_rows: bool, weights: bool) -> usize {
     let (stages, bytes) = if bf16_rows { (4, 2) } else { (3, 4) };
-    (stages * rows * 2 * 32 * bytes).max(128 * (rows + 1) * 4)
+    let w = if weights { TC_WARPS * 16 * 2 * 32 * 2 } else { 0 };
+    (stages * (rows * 2 * 32 * bytes + w)).max(128 * (rows + 1) * 4)
 }
 
 /// [`split_smem`] of a split kernel by name (its launch limit is raised to it at load).
@@ -67,7 +98,7 @@ pub(crate) fn split_smem_of(name: &str) -> Option<usize> {
     } else {
         return None;
     };
-    Some(split_smem(rows, name.contains("_x1h_")))
+    Some(split_smem(rows, name.contains("_x1h_"), name.starts_with("matvec_split_ws_")))
 }
 
 /// One split launch's arguments beyond the kernel name: the pointers and sizes matvec.rs's
@@ -99,7 +130,7 @@ impl Gpu {
         let (ks, _) = tc_grid(tiles, d_in);
         let covers = self.split_any_grid || tiles.div_ceil(TC_WARPS) * ks >= self.sms;
         if self.wide_split && self.split_scratch.is_some() && covers {
-            split_twin(twin)
+            split_kernel(twin, self.split_weights, self.split_rows32)
         } else {
             None
         }
@@ -147,7 +178,7 @@ impl Gpu {
             Arg::Ptr(ws),
             Arg::Ptr(tickets),
         ];
-        let smem = split_smem(l.cap, name.contains("_x1h_")) as u32;
+        let smem = split_smem(l.cap, name.contains("_x1h_"), name.starts_with("matvec_split_ws_")) as u32;
         self.launch_pdl_smem(name, ((groups * ks) as u32, 1, 1), 32 * TC_WARPS as u32, smem, &args)
     }
 }
@@ -164,7 +195,18 @@ mod tests {
                 let twin = split_twin(&name).unwrap_or_else(|| panic!("{name}: no split twin"));
                 assert!(twin.contains(&format!("_{x}_w8_")), "{name} → {twin}");
                 assert_eq!(twin.contains("swiglu"), pre == "swiglu_", "{name} → {twin}");
-                assert_eq!(split_smem_of(twin), Some(split_smem(64, x == "x1h")));
+                assert_eq!(split_smem_of(twin), Some(split_smem(64, x == "x1h", false)));
+                assert_eq!(split_kernel(&name, false, true), Some(twin));
+                let ws = split_kernel(&name, true, false).unwrap_or_else(|| panic!("{name}: no _ws twin"));
+                assert!(ws.starts_with("matvec_split_ws_") && ws.ends_with(&twin["matvec_split_".len()..]), "{ws}");
+                assert_eq!(split_smem_of(ws), Some(split_smem(64, x == "x1h", true)));
+                // 32 rows: the `_ws` twins when asked, nothing else.
+                let n32 = name.replace("_w8_", "_w4_");
+                assert_eq!(split_kernel(&n32, true, false), None, "{n32}");
+                assert_eq!(split_kernel(&n32, false, true), None, "{n32}");
+                let ws32 = split_kernel(&n32, true, true).unwrap_or_else(|| panic!("{n32}: no _ws twin"));
+                assert_eq!(ws32, ws.replace("_w8_", "_w4_"), "{n32}");
+                assert_eq!(split_smem_of(ws32), Some(split_smem(32, x == "x1h", true)));
                 // The 32-row launches stay on matvec.cu.
                 assert_eq!(split_twin(&name.replace("_w8_", "_w4_")), None, "{name}");
             }
@@ -185,7 +227,11 @@ mod tests {
                 }
             }
         }
-        // The largest ring and buffer stay under the 2-blocks-an-SM budget (228 KB an SM).
-        assert!(split_smem(64, false) <= 64 * 1024 && split_smem(64, true) <= 64 * 1024);
+        // The largest ring and buffer stay under the 2-blocks-an-SM budget (228 KB an SM, 1 KB
+        // of it reserved a block, and the kernel's own 260 bytes).
+        for (bf16_rows, ws) in [(false, false), (true, false), (false, true), (true, true)] {
+            let limit = if ws { 96 * 1024 } else { 64 * 1024 };
+            assert!(split_smem(64, bf16_rows, ws) <= limit, "{bf16_rows} {ws}");
+        }
     }
 }

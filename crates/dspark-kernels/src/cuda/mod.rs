@@ -128,6 +128,13 @@ pub struct Gpu {
     /// bits; `DSPARK_NO_WIDE_SPLIT=1` keeps matvec.cu's wide kernels for A/B runs). They need
     /// the scratch [`Gpu::set_activations`] reserves.
     pub wide_split: bool,
+    /// Whether the split kernels also stage their weights in the shared-memory ring (the
+    /// `_ws` kernels: 2–3 stages of weights in flight per block, the same bits;
+    /// `DSPARK_NO_SPLIT_WS=1` keeps them in registers for A/B runs).
+    pub split_weights: bool,
+    /// Whether launches of 17–32 rows take the `_ws` split kernels too (an experiment:
+    /// `DSPARK_SPLIT_32=1`; needs `split_weights`).
+    pub split_rows32: bool,
     /// Whether a split twin is taken whatever its grid (tests: small shapes on the split
     /// kernels), not only where the grid covers the SMs.
     pub split_any_grid: bool,
@@ -280,6 +287,8 @@ impl Gpu {
             activations: crate::Activations::F32,
             x_bf16_rows: std::env::var_os("DSPARK_NO_BF16_ROWS").is_none(),
             wide_split: std::env::var_os("DSPARK_NO_WIDE_SPLIT").is_none(),
+            split_weights: std::env::var_os("DSPARK_NO_SPLIT_WS").is_none(),
+            split_rows32: std::env::var_os("DSPARK_SPLIT_32").is_some(),
             split_any_grid: false,
             split_scratch: None,
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),

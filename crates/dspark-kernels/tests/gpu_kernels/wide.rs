@@ -9,8 +9,10 @@
 //! launched alone, and the products against the reference fed the rounded x. In that mode a
 //! norm producer may store bf16 rows for its consumer (`_x1h` kernels): every output the same
 //! bits as with f32 rows, and the stored rows the f32 rows rounded. The mode's wide launches run
-//! twice: on the split kernels, which stage x once per block of 8 tiles and add the K split's
-//! partial sums across blocks (kernels/matvec_split.cu, `Gpu::wide_split`), and on matvec.cu's.
+//! three times: on the split kernels, which stage x once per block of 8 tiles and add the K
+//! split's partial sums across blocks (kernels/matvec_split.cu, `Gpu::wide_split`), with their
+//! weights staged in shared memory too (`Gpu::split_weights`) and in registers; and on
+//! matvec.cu's.
 
 use super::*;
 use dspark_kernels::cuda::norm_fold::Normed;
@@ -42,13 +44,17 @@ fn round_bf16(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect()
 }
 
-/// The modes each wide test runs in: f32-exact x; x rounded to bf16 on the split kernels
-/// (kernels/matvec_split.cu, `Gpu::wide_split`); and on matvec.cu's wide `_x1` kernels.
-const MODES: [(bool, bool); 3] = [(false, false), (true, true), (true, false)];
+/// The modes each wide test runs in, (x1, split, weights staged): f32-exact x; x rounded to bf16
+/// on the split kernels (kernels/matvec_split.cu, `Gpu::wide_split`) with the weights staged in
+/// their ring (`_ws`, `Gpu::split_weights`, 32-row launches too: `Gpu::split_rows32`) and in
+/// registers; and on matvec.cu's wide `_x1` kernels.
+const MODES: [(bool, bool, bool); 4] = [(false, false, false), (true, true, true), (true, true, false), (true, false, false)];
 
-fn set_mode(g: &mut Gpu, (x1, split): (bool, bool)) {
+fn set_mode(g: &mut Gpu, (x1, split, ws): (bool, bool, bool)) {
     g.wide_split = split;
     g.split_any_grid = split;
+    g.split_weights = ws;
+    g.split_rows32 = ws;
     g.set_activations(if x1 { Activations::Bf16 } else { Activations::F32 }).unwrap();
 }
 
@@ -88,11 +94,11 @@ fn wide_launches_equal_eight_row_launches_bit_for_bit() {
         set_mode(&mut g, mode);
         wide_products(&mut g, mode.0);
     }
-    set_mode(&mut g, (false, true));
+    set_mode(&mut g, (false, true, true));
 }
 
 fn wide_products(g: &mut Gpu, x1: bool) {
-    let split = g.wide_split;
+    let split = (g.wide_split, g.split_weights);
     let mut rng = Rng(71);
     // (out, in): many tiles (matvec_tc_bf16), K split over a block (u4), one layer's k|v (u4b1h);
     // 3 tiles at K split 8 (the split kernels: one tile group, 5 of its warps idle).
@@ -111,11 +117,11 @@ fn wide_products(g: &mut Gpu, x1: bool) {
             });
             assert!(
                 same_bits(&wide[0], &eight[0]),
-                "{out}x{k}, {m} rows, x1 {x1}, split {split}: wide launches differ"
+                "{out}x{k}, {m} rows, x1 {x1}, split {split:?}: wide launches differ"
             );
             let xr = if x1 { round_bf16(&x) } else { x.clone() };
             let e = rel_err(&wide[0], &cpu::matmul::linear(&xr, &wf, m, k, out));
-            assert!(e <= 1e-5, "{out}x{k}, {m} rows, x1 {x1}, split {split}: rel err {e}");
+            assert!(e <= 1e-5, "{out}x{k}, {m} rows, x1 {x1}, split {split:?}: rel err {e}");
             // The last row launched alone: the same bits as inside the wide launch.
             let r = m - 1;
             let mut one = poisoned(g, out);
@@ -123,7 +129,7 @@ fn wide_products(g: &mut Gpu, x1: bool) {
             g.matvec(&w, &xs, &mut one.as_view_mut(), (1, k, out), false).unwrap();
             assert!(
                 same_bits(&down(g, &one), &wide[0][r * out..]),
-                "{out}x{k}, row {r} of {m}, x1 {x1}, split {split}: alone differs"
+                "{out}x{k}, row {r} of {m}, x1 {x1}, split {split:?}: alone differs"
             );
         }
     }
@@ -136,11 +142,11 @@ fn wide_swiglu_and_norm_fold_equal_eight_row_launches() {
         set_mode(&mut g, mode);
         wide_mlp(&mut g, mode.0);
     }
-    set_mode(&mut g, (false, true));
+    set_mode(&mut g, (false, true, true));
 }
 
 fn wide_mlp(g: &mut Gpu, x1: bool) {
-    let split = g.wide_split;
+    let split = (g.wide_split, g.split_weights);
     let mut rng = Rng(73);
     let (h, k, inter) = if full_size() { (4096, 4096, 12288) } else { (256, 136, 96) };
     let (wp, _) = weight_cols(g, &rng.vec(h * k), k, "bf16");
@@ -173,7 +179,7 @@ fn wide_mlp(g: &mut Gpu, x1: bool) {
             // in both runs.
             assert!(
                 same_bits(&wide[i], &eight[i]),
-                "{m} rows, x1 {x1}, split {split}: {what} differs between wide and 8-row launches"
+                "{m} rows, x1 {x1}, split {split:?}: {what} differs between wide and 8-row launches"
             );
         }
         assert!(wide[4].iter().all(|v| v.is_finite()), "{m} rows: SwiGLU output left unwritten");
