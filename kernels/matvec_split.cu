@@ -43,7 +43,7 @@ __device__ __forceinline__ void cp_async_wait_group() {
 // rounds them. NG: groups of 8 activation rows a launch.
 template <bool SWIGLU, bool XH, int NG>
 __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp, float* y, int m, int in, int out,
-                             int accumulate, int ksplit, const float* ss_in, int parts, float eps,
+                             int accumulate_probe, int ksplit, const float* ss_in, int parts, float eps,
                              const float* gamma, void* xgp, float* ss_out, int xg_bf16, int ogrid, float* ws,
                              uint32_t* tickets) {
     constexpr int R = NG * 8;                // activation rows a launch holds
@@ -58,6 +58,7 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     __shared__ float inv_rms[R];
     __shared__ uint32_t is_last;
 
+    const int probe = accumulate_probe >> 4, accumulate = accumulate_probe & 1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int ks = ksplit;
@@ -94,6 +95,7 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         char* st = ring + (i % NS) * STAGE + xdst;
         const int k = xk + i * SPLIT_U * stride;
         const bool kin = k < in;
+        if (probe & 4) return;
 #pragma unroll
         for (int n = 0; n < CP; n++) {
             const bool valid = kin && xrow + n * RSTEP < m;
@@ -123,6 +125,11 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         for (int u = 0; u < SPLIT_U; u++) {
             qa[u][0][0] = va[u].x; qa[u][0][1] = vb[u].x; qa[u][0][2] = va[u].y; qa[u][0][3] = vb[u].y;
             qa[u][1][0] = va[u].z; qa[u][1][1] = vb[u].z; qa[u][1][2] = va[u].w; qa[u][1][3] = vb[u].w;
+        }
+        if (probe & 2) {
+#pragma unroll
+            for (int u = 0; u < SPLIT_U; u++) acc[0][u] += __uint_as_float((qa[u][0][0] ^ qa[u][1][3]) & 1u);
+            return;
         }
 #pragma unroll
         for (int u = 0; u < SPLIT_U; u++) {
@@ -165,6 +172,10 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         ++i;
     }
     cp_async_wait_group<0>();
+    if (probe & 1) {
+        if (acc[0][0] == 12345.f) y[0] = acc[1][1];  // keeps the sums alive
+        return;
+    }
     __syncthreads();  // the ring is free: it becomes the epilogue's buffer
 
     // buf[tl·16 + r][col]: tile tl's row r, activation row col, the whole sum 0 + p0 + p1 + ….

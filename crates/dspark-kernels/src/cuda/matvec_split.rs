@@ -90,6 +90,11 @@ pub(crate) struct SplitLaunch {
     pub xg_bf16: bool,
 }
 
+/// DSPARK_SPLIT_PROBE (a probe build, wrong results): 1 skips the epilogue, 2 the MMAs, 4 the x copies.
+fn probe() -> i32 {
+    std::env::var("DSPARK_SPLIT_PROBE").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 impl Gpu {
     /// Whether a wide launch of kernel `twin` over `d_out` × `d_in` goes to its split twin:
     /// asked for, scratch reserved, a twin exists, and its grid covers the SMs (one layer's k
@@ -134,7 +139,7 @@ impl Gpu {
             Arg::I32(l.rows as i32),
             Arg::I32(l.d_in as i32),
             Arg::I32(l.d_out as i32),
-            Arg::I32(l.accumulate as i32),
+            Arg::I32(l.accumulate as i32 | probe() << 4),
             Arg::I32(ks as i32),
             l.ss_in,
             Arg::I32(l.parts as i32),
