@@ -10,10 +10,16 @@ $B/gpu_model --test-threads=1 activations batched 2>&1 | grep -E "result|FAIL|pa
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 DSPARK_GPU_SMALL=1 $san --tool memcheck $B/gpu_kernels --test-threads=1 wide 2>&1 | grep -E "ERROR SUMMARY|result" | tail -2
 DSPARK_GPU_SMALL=1 $san --tool racecheck $B/gpu_kernels --test-threads=1 wide 2>&1 | grep -E "RACECHECK SUMMARY|result" | tail -2
-for v in new base new base; do
+# new: the hybrid; new32: with the 32-row split twins; base: main before the clusters
+# (split-ws's binary, .gpu-ab/dspark-ws.xz, under DSPARK_NO_SPLIT_WS=1; or main's own binary).
+for v in new new32 base new new32 base; do
   echo "== $v"
-  if [ $v = new ]; then bin=$B/dspark; pre=""; else bin=/tmp/base; pre="DSPARK_NO_SPLIT_WS=1"; fi
-  env $pre $bin bench --concurrency 1,8,16 --concurrency-only --contexts 512 --iters 3 --kv-cache bf16 --activations bf16 2>/dev/null | grep -E '^\| [0-9]+ \| 512'
+  case $v in
+    new) bin=$B/dspark; pre="" ;;
+    new32) bin=$B/dspark; pre="DSPARK_SPLIT_32=1" ;;
+    base) bin=/tmp/base; pre="DSPARK_NO_SPLIT_WS=1" ;;
+  esac
+  env $pre $bin bench --concurrency 1,4,8,16 --concurrency-only --contexts 512 --iters 3 --kv-cache bf16 --activations bf16 2>/dev/null | grep -E '^\| [0-9]+ \| 512'
 done
 for e in "" "DSPARK_NO_SPLIT_CLUSTERS=1"; do
   echo "== proj ${e:-hybrid}"

@@ -332,7 +332,7 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         // Outputs in activation-row-major order (coalesced writes); each thread leaves its
         // output's square (0 where there is none) in buf for the partial sums below. In batches
         // of 4 outputs a thread whose residual and γ loads are all requested before any store.
-        constexpr int BATCH = 4;
+        constexpr int BATCH = NG >= 8 ? 4 : 2;  // a thread's outputs: R · outs / 256, outs ≥ 16
         const int per = R * outs / (SPLIT_WARPS * 32);  // R · 16 · TPB / 256: a multiple of 4
         for (int b0 = 0; b0 < per; b0 += BATCH) {
             float yv[BATCH], gv[BATCH];
@@ -431,3 +431,12 @@ MATVEC_SPLIT(matvec_split_cl_x1_w8_bf16, false, false, 8, true, SPLIT_CLUSTER_DI
 MATVEC_SPLIT(matvec_split_cl_swiglu_x1_w8_bf16, true, false, 8, true, SPLIT_CLUSTER_DIMS)
 MATVEC_SPLIT(matvec_split_cl_x1h_w8_bf16, false, true, 8, true, SPLIT_CLUSTER_DIMS)
 MATVEC_SPLIT(matvec_split_cl_swiglu_x1h_w8_bf16, true, true, 8, true, SPLIT_CLUSTER_DIMS)
+// 32-row twins (`Gpu::split_rows32`, an experiment: with the workspace they lost in the model).
+MATVEC_SPLIT(matvec_split_x1_w4_bf16, false, false, 4, false, )
+MATVEC_SPLIT(matvec_split_swiglu_x1_w4_bf16, true, false, 4, false, )
+MATVEC_SPLIT(matvec_split_x1h_w4_bf16, false, true, 4, false, )
+MATVEC_SPLIT(matvec_split_swiglu_x1h_w4_bf16, true, true, 4, false, )
+MATVEC_SPLIT(matvec_split_cl_x1_w4_bf16, false, false, 4, true, SPLIT_CLUSTER_DIMS)
+MATVEC_SPLIT(matvec_split_cl_swiglu_x1_w4_bf16, true, false, 4, true, SPLIT_CLUSTER_DIMS)
+MATVEC_SPLIT(matvec_split_cl_x1h_w4_bf16, false, true, 4, true, SPLIT_CLUSTER_DIMS)
+MATVEC_SPLIT(matvec_split_cl_swiglu_x1h_w4_bf16, true, true, 4, true, SPLIT_CLUSTER_DIMS)

@@ -85,6 +85,18 @@ fn is_cluster(name: &str) -> bool {
     name.starts_with("matvec_split_cl_")
 }
 
+/// The split twin of a 32-row `_x1` / `_x1h` kernel of matvec.cu (`Gpu::split_rows32`, an
+/// experiment).
+fn split_twin32(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "matvec_tc_x1_w4_bf16" | "matvec_tc_u4_x1_w4_bf16" => "matvec_split_x1_w4_bf16",
+        "matvec_tc_swiglu_x1_w4_bf16" => "matvec_split_swiglu_x1_w4_bf16",
+        "matvec_tc_x1h_w4_bf16" | "matvec_tc_u4_x1h_w4_bf16" => "matvec_split_x1h_w4_bf16",
+        "matvec_tc_swiglu_x1h_w4_bf16" => "matvec_split_swiglu_x1h_w4_bf16",
+        _ => return None,
+    })
+}
+
 /// The cluster form of a workspace split kernel.
 fn cluster_twin(name: &str) -> Option<&'static str> {
     Some(match name {
@@ -92,6 +104,10 @@ fn cluster_twin(name: &str) -> Option<&'static str> {
         "matvec_split_swiglu_x1_w8_bf16" => "matvec_split_cl_swiglu_x1_w8_bf16",
         "matvec_split_x1h_w8_bf16" => "matvec_split_cl_x1h_w8_bf16",
         "matvec_split_swiglu_x1h_w8_bf16" => "matvec_split_cl_swiglu_x1h_w8_bf16",
+        "matvec_split_x1_w4_bf16" => "matvec_split_cl_x1_w4_bf16",
+        "matvec_split_swiglu_x1_w4_bf16" => "matvec_split_cl_swiglu_x1_w4_bf16",
+        "matvec_split_x1h_w4_bf16" => "matvec_split_cl_x1h_w4_bf16",
+        "matvec_split_swiglu_x1h_w4_bf16" => "matvec_split_cl_swiglu_x1h_w4_bf16",
         _ => return None,
     })
 }
@@ -153,7 +169,9 @@ impl Gpu {
         let (ks, _) = tc_grid(tiles, d_in);
         let blocks = tiles.div_ceil(TC_WARPS) * ks;
         let covers = self.split_any_grid || blocks >= self.sms;
-        let name = split_twin(twin).filter(|_| self.wide_split && covers)?;
+        let name = split_twin(twin)
+            .or_else(|| split_twin32(twin).filter(|_| self.split_rows32))
+            .filter(|_| self.wide_split && covers)?;
         let clusters = blocks.div_ceil(CLUSTER);
         let cluster_waves = clusters.div_ceil(self.split_max_clusters.max(1));
         let block_waves = blocks.div_ceil(2 * self.sms);
@@ -239,8 +257,12 @@ mod tests {
                 let cl = cluster_twin(twin).unwrap_or_else(|| panic!("{twin}: no cluster form"));
                 assert_eq!(cl.replace("_cl_", "_"), twin);
                 assert_eq!(split_smem_of(cl), Some(split_smem(64, x == "x1h", true)));
-                // The 32-row launches stay on matvec.cu.
-                assert_eq!(split_twin(&name.replace("_w8_", "_w4_")), None, "{name}");
+                // The 32-row twins, only when asked for (`split_rows32`).
+                let n32 = name.replace("_w8_", "_w4_");
+                let t32 = split_twin32(&n32).unwrap_or_else(|| panic!("{n32}: no 32-row twin"));
+                assert_eq!(t32, twin.replace("_w8_", "_w4_"));
+                assert_eq!(cluster_twin(t32).map(|c| c.replace("_w4_", "_w8_")), Some(cl.to_string()));
+                assert_eq!(split_smem_of(t32), Some(split_smem(32, x == "x1h", false)));
             }
         }
         assert_eq!(split_twin("matvec_tc_w4_bf16"), None, "the f32-exact wide kernels have no split twin");

@@ -55,6 +55,7 @@ fn set_mode(g: &mut Gpu, (x1, split, clusters): (bool, bool, bool)) {
     g.wide_split = split;
     g.split_any_grid = split;
     g.split_clusters = clusters;
+    g.split_rows32 = split;
     g.set_activations(if x1 { Activations::Bf16 } else { Activations::F32 }).unwrap();
 }
 
