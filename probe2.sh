@@ -10,8 +10,9 @@ $B/gpu_model --test-threads=1 activations batched 2>&1 | grep -E "result|FAIL|pa
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 DSPARK_GPU_SMALL=1 $san --tool memcheck $B/gpu_kernels --test-threads=1 wide 2>&1 | grep -E "ERROR SUMMARY|result" | tail -2
 DSPARK_GPU_SMALL=1 $san --tool racecheck $B/gpu_kernels --test-threads=1 wide 2>&1 | grep -E "RACECHECK SUMMARY|result" | tail -2
-# new: the hybrid; new32: with the 32-row split twins; base: main before the clusters
-# (split-ws's binary, .gpu-ab/dspark-ws.xz, under DSPARK_NO_SPLIT_WS=1; or main's own binary).
+# new: the hybrid; new32: with the 32-row split twins; base: main's binary, made on main by
+# `cargo build --release --bin dspark && xz -T0 -3 -c target/release/dspark > .gpu-ab/dspark-ws.xz`
+# (carry .gpu-ab/dspark-ws.xz with .gpu-bundle-xz; DSPARK_NO_SPLIT_WS is a no-op there).
 for v in new new32 base new new32 base; do
   echo "== $v"
   case $v in
