@@ -88,7 +88,7 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
     constexpr int ROWB = SPLIT_U * 32 * XB;  // bytes of a row in a stage
     constexpr int SEGS = ROWB / 16;          // its 16-byte segments
     constexpr int STAGE = R * ROWB;
-    constexpr int NS = XH ? 4 : 3;  // stages in the ring (matvec.rs `split_smem`)
+    constexpr int NS = XH ? 4 : 3;  // stages in the ring (matvec_split.rs `split_smem`)
     constexpr int BC = R + 1;       // the epilogue buffer's row pitch in floats (no bank conflicts)
     constexpr int PARTIALS = SPLIT_WARPS * NG * 32 * 16;  // bytes of the block's partial sums
     extern __shared__ uint4 split_smem[];
@@ -337,8 +337,9 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
 
 // The 64-row wide `_x1` / `_x1h` kernels of matvec.cu have their twins here, by name: plain (the
 // three 8-row shapes' twins are one kernel: a part's chunk order does not depend on the step
-// length) and SwiGLU. Two blocks an SM. The template takes 16 and 32 rows too; their launches
-// lost in the model (docs/perf.md, issue #30) and stay on matvec.cu.
+// length) and SwiGLU. Two blocks an SM. The template takes 16 and 32 rows too; with the parts
+// added through a workspace their launches lost in the model, with clusters they are untried
+// (docs/perf.md, issue #30), so those launches stay on matvec.cu.
 #define MATVEC_SPLIT(NAME, SW, XH, NG)                                                                          \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 2) SPLIT_CLUSTER_DIMS                       \
         NAME(const __nv_bfloat16* w, const void* x, float* y, int m, int in, int out, int acc, int ksplit,      \
