@@ -551,7 +551,15 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
                         gs *= inv_rms[col];
                         us *= inv_rms[col];
                     }
-                    yg[(size_t)col * (out / 2) + o / 2] = silu(gs) * us;
+                    const float h = silu(gs) * us;
+                    // xg_bf16: act as bf16 rows for an `_x1h` consumer (down), rounded as an
+                    // `_x1` consumer rounds x (indexed from y: yg's offset counts f32 values).
+                    if (xg_bf16) {
+                        reinterpret_cast<__nv_bfloat16*>(y)[(size_t)(8 * grp + col) * (out / 2) + o / 2] =
+                            __float2bfloat16_rn(h);
+                    } else {
+                        yg[(size_t)col * (out / 2) + o / 2] = h;
+                    }
                 }
             }
         }
@@ -659,7 +667,8 @@ __device__ void matvec_tc_loop(const __nv_bfloat16* __restrict__ w, const float*
 // The argmax variant (one row, the draft's Markov step) is the first shape with the argmax
 // epilogue. Every variant takes the argmax epilogue's arguments (null and unused in the others).
 // NG > 1: the wide twins below (NG groups of 8 rows a launch).
-// xg_bf16 (last): a norm producer writes xg as bf16 rows, for an `_x1h` consumer.
+// xg_bf16 (last): a norm producer writes xg, a SwiGLU kernel act, as bf16 rows for an `_x1h`
+// consumer.
 #define MATVEC_TC_HNPX(NAME, U, SW, XP, AM, MINB, HOLD, NG, XPARTS, XH)                                         \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const __nv_bfloat16* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,      \

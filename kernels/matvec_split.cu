@@ -256,8 +256,8 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         // Outputs in activation-row-major order (coalesced writes); each thread leaves its
         // output's square (0 where there is none) in buf for the partial sums below. In batches
         // of 4 outputs a thread whose residual and γ loads are all requested before any store.
-        constexpr int BATCH = 4;
-        const int per = R * outs / (SPLIT_WARPS * 32);  // R · 16 · TPB / 256: a multiple of 4
+        constexpr int BATCH = NG >= 8 ? 4 : 2;  // divides per, a multiple of 4 at 64 rows, of 2 at 32
+        const int per = R * outs / (SPLIT_WARPS * 32);  // R · 16 · TPB / 256
         for (int b0 = 0; b0 < per; b0 += BATCH) {
             float yv[BATCH], gv[BATCH];
 #pragma unroll
@@ -328,18 +328,24 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
                     gs *= inv_rms[col];
                     us *= inv_rms[col];
                 }
-                y[(size_t)col * (out / 2) + o / 2] = silu_split(gs) * us;
+                const size_t i = (size_t)col * (out / 2) + o / 2;
+                const float h = silu_split(gs) * us;
+                // xg_bf16: bf16 rows for a `_x1h` consumer (down), rounded as it would round them.
+                if (xg_bf16) {
+                    reinterpret_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(h);
+                } else {
+                    y[i] = h;
+                }
             }
         }
     }
 #endif
 }
 
-// The 64-row wide `_x1` / `_x1h` kernels of matvec.cu have their twins here, by name: plain (the
-// three 8-row shapes' twins are one kernel: a part's chunk order does not depend on the step
-// length) and SwiGLU. Two blocks an SM. The template takes 16 and 32 rows too; with the parts
-// added through a workspace their launches lost in the model, with clusters they are untried
-// (docs/perf.md, issue #30), so those launches stay on matvec.cu.
+// The 64- and 32-row wide `_x1` / `_x1h` kernels of matvec.cu have their twins here, by name:
+// plain (the three 8-row shapes' twins are one kernel: a part's chunk order does not depend on
+// the step length) and SwiGLU. Two blocks an SM. The template takes 16 rows too; those launches
+// stay on matvec.cu (untried with clusters; docs/perf.md, issue #30).
 #define MATVEC_SPLIT(NAME, SW, XH, NG)                                                                          \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, 2) SPLIT_CLUSTER_DIMS                       \
         NAME(const __nv_bfloat16* w, const void* x, float* y, int m, int in, int out, int acc, int ksplit,      \
@@ -352,3 +358,7 @@ MATVEC_SPLIT(matvec_split_x1_w8_bf16, false, false, 8)
 MATVEC_SPLIT(matvec_split_swiglu_x1_w8_bf16, true, false, 8)
 MATVEC_SPLIT(matvec_split_x1h_w8_bf16, false, true, 8)
 MATVEC_SPLIT(matvec_split_swiglu_x1h_w8_bf16, true, true, 8)
+MATVEC_SPLIT(matvec_split_x1_w4_bf16, false, false, 4)
+MATVEC_SPLIT(matvec_split_swiglu_x1_w4_bf16, true, false, 4)
+MATVEC_SPLIT(matvec_split_x1h_w4_bf16, false, true, 4)
+MATVEC_SPLIT(matvec_split_swiglu_x1h_w4_bf16, true, true, 4)

@@ -26,6 +26,9 @@ pub(crate) struct Epilogue {
     /// x holds bf16 rows of `d_in` values (a [`NormOut::bf16`] producer's `xg`): the `_x1h`
     /// twin reads them (`--activations bf16` only).
     pub x_bf16: bool,
+    /// The SwiGLU epilogue writes act as bf16 rows (rounded as an `_x1` consumer rounds x) for
+    /// an `_x1h` consumer: down reads half the bytes (`--activations bf16` only).
+    pub y_bf16: bool,
 }
 
 /// The argmax epilogue's buffers: `v`, `i` one pair per block, `ticket` (zero between
@@ -201,9 +204,14 @@ impl Gpu {
             None => tc_launch_grid(name, tiles, d_in, self.sms),
         };
         let fp8 = name.ends_with("_fp8");
-        if fp8 && epi.norm_out.is_some_and(|o| o.bf16) {
-            return Err(CudaError::Shape(format!("{name}: the FP8 kernels write xg in f32 only")));
+        if fp8 && (epi.norm_out.is_some_and(|o| o.bf16) || epi.y_bf16) {
+            return Err(CudaError::Shape(format!("{name}: the FP8 kernels write xg and act in f32 only")));
         }
+        if epi.y_bf16 && !name.contains("swiglu") {
+            return Err(CudaError::Shape(format!("{name}: only the SwiGLU epilogue writes bf16 act rows")));
+        }
+        // The kernels' last flag: xg (a norm producer) or act (SwiGLU) as bf16 rows.
+        let out_bf16 = epi.norm_out.is_some_and(|o| o.bf16) || epi.y_bf16;
         // x's row width in f32 slots: bf16 rows take half (d_in is a multiple of 8 here).
         let xw = if epi.x_bf16 { d_in / 2 } else { d_in };
         let (w, fp8_args, xsplit) = match wv {
@@ -244,12 +252,19 @@ impl Gpu {
         }
         let at = |base: u64, offset: usize| Arg::Ptr(base + 4 * offset as u64); // f32 elements
         let null = Arg::Ptr(0);
+        let y_base = device_addr(self, &y.as_view());
         let mut start = 0;
         while start < m {
             let wide = if self.wide { wide_twin(name, m - start) } else { None };
             let rows = (m - start).min(wide.map_or(TC_ROWS, |w| w.1));
             let xs = x.slice(start * xw..(start + rows) * xw);
             let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
+            // bf16 act rows: 2 bytes a value from y's start.
+            let y_arg = if epi.y_bf16 {
+                Arg::Ptr(y_base + 2 * (start * y_cols) as u64)
+            } else {
+                dptr_mut(self, &mut ys)
+            };
             let (ss_in, parts, eps) = match epi.norm_in {
                 Some(n) => (at(n.ss.0, start * n.parts), n.parts, n.eps),
                 None => (null, 0, 0.0),
@@ -269,7 +284,7 @@ impl Gpu {
                 let l = SplitLaunch {
                     w,
                     x: dptr(self, &xs),
-                    y: dptr_mut(self, &mut ys),
+                    y: y_arg,
                     rows,
                     cap: wide.map_or(TC_ROWS, |w| w.1),
                     d_in,
@@ -281,7 +296,7 @@ impl Gpu {
                     gamma,
                     xg,
                     ss_out,
-                    xg_bf16: epi.norm_out.is_some_and(|o| o.bf16),
+                    xg_bf16: out_bf16,
                 };
                 self.launch_split(split, &l)?;
                 start += rows;
@@ -305,7 +320,7 @@ impl Gpu {
             let base = [
                 w,
                 dptr(self, &xs),
-                dptr_mut(self, &mut ys),
+                y_arg,
                 Arg::I32(rows as i32),
                 Arg::I32(d_in as i32),
                 Arg::I32(d_out as i32),
@@ -359,7 +374,7 @@ impl Gpu {
                 }
                 _ => {
                     // bf16: xg_bf16, the last argument.
-                    args[base.len()] = Arg::I32(epi.norm_out.is_some_and(|o| o.bf16) as i32);
+                    args[base.len()] = Arg::I32(out_bf16 as i32);
                     base.len() + 1
                 }
             };
@@ -432,7 +447,7 @@ impl Gpu {
         act: &mut CudaViewMut<f32>,
         shape: (usize, usize, usize),
     ) -> CudaResult<()> {
-        self.swiglu_with(w, x, gate_up, act, shape, (None, false))
+        self.swiglu_with(w, x, gate_up, act, shape, (None, false, false))
     }
 
     /// [`Gpu::matvec_swiglu`], with a pending RMSNorm of `x` applied in the tensor-core epilogue
@@ -444,19 +459,21 @@ impl Gpu {
         gate_up: &mut CudaViewMut<f32>,
         act: &mut CudaViewMut<f32>,
         (m, d_in, inter): (usize, usize, usize),
-        (norm_in, x_bf16): (Option<NormIn>, bool),
+        (norm_in, x_bf16, y_bf16): (Option<NormIn>, bool, bool),
     ) -> CudaResult<()> {
         check("matvec_swiglu w", w.len(), 2 * inter * d_in)?;
         check("matvec_swiglu x", x.len(), m * d_in)?;
         check("matvec_swiglu act", act.len(), m * inter)?;
         if self.tc_path(w, x, d_in) {
-            let epi = Epilogue { norm_in, x_bf16, ..Epilogue::default() };
+            let epi = Epilogue { norm_in, x_bf16, y_bf16, ..Epilogue::default() };
             let name = if matches!(w, WeightBuf::Fp8(_)) { "matvec_tc_swiglu_fp8" } else { "matvec_tc_swiglu_bf16" };
             self.matvec_tc_epi(name, w, x, act, (m, d_in, 2 * inter), inter, false, epi)?;
             return Ok(());
         }
-        if norm_in.is_some() {
-            return Err(CudaError::Shape("matvec_swiglu: a pending norm needs the tensor-core path".into()));
+        if norm_in.is_some() || y_bf16 {
+            return Err(CudaError::Shape(
+                "matvec_swiglu: a pending norm or bf16 act rows need the tensor-core path".into(),
+            ));
         }
         self.matvec(w, x, gate_up, (m, d_in, 2 * inter), false)?;
         let (i, r) = (inter as i32, m as i32);

@@ -1,5 +1,5 @@
 //! Launch side of the wide split kernels (kernels/matvec_split.cu): with bf16 activations, a
-//! launch of 33–64 rows stages x once per block of 8 tiles instead of once per warp, each block
+//! launch of 17–64 rows stages x once per block of 8 tiles instead of once per warp, each block
 //! one part of the 8-row kernel's K split, the parts one thread-block cluster whose blocks add
 //! each other's partial sums in the 8-row kernel's order and share the epilogue — the same bits
 //! as the wide `_x1` / `_x1h` kernels of matvec.cu they stand in for (`split_twin`), which stay
@@ -13,16 +13,20 @@ use super::{CudaError, CudaResult, Gpu};
 /// (8 / ksplit groups a cluster; SPLIT_CLUSTER in kernels/matvec_split.cu).
 const CLUSTER: usize = 8;
 
-/// The split twin of a 64-row `_x1` / `_x1h` kernel of matvec.cu (`matvec_pick.rs` `wide_twin`): one
-/// kernel for the three 8-row shapes' twins (a part's chunk order does not depend on the step
-/// length), and the SwiGLU one; `None` for every other kernel. At 32 rows the split twins lost
-/// in the model (H100: 4 requests' full blocks +5%, 8 requests' budget +1%; docs/perf.md).
-pub(crate) fn split_twin(name: &str) -> Option<&'static str> {
+/// The split twin of a 64- or 32-row `_x1` / `_x1h` kernel of matvec.cu (`matvec_pick.rs`
+/// `wide_twin`): one kernel for the three 8-row shapes' twins (a part's chunk order does not
+/// depend on the step length), and the SwiGLU one; `None` for every other kernel. The 32-row
+/// twins only with `rows32` (`Gpu::split_rows32`).
+pub(crate) fn split_twin(name: &str, rows32: bool) -> Option<&'static str> {
     Some(match name {
         "matvec_tc_x1_w8_bf16" | "matvec_tc_u4_x1_w8_bf16" => "matvec_split_x1_w8_bf16",
         "matvec_tc_swiglu_x1_w8_bf16" => "matvec_split_swiglu_x1_w8_bf16",
         "matvec_tc_x1h_w8_bf16" | "matvec_tc_u4_x1h_w8_bf16" => "matvec_split_x1h_w8_bf16",
         "matvec_tc_swiglu_x1h_w8_bf16" => "matvec_split_swiglu_x1h_w8_bf16",
+        "matvec_tc_x1_w4_bf16" | "matvec_tc_u4_x1_w4_bf16" if rows32 => "matvec_split_x1_w4_bf16",
+        "matvec_tc_swiglu_x1_w4_bf16" if rows32 => "matvec_split_swiglu_x1_w4_bf16",
+        "matvec_tc_x1h_w4_bf16" | "matvec_tc_u4_x1h_w4_bf16" if rows32 => "matvec_split_x1h_w4_bf16",
+        "matvec_tc_swiglu_x1h_w4_bf16" if rows32 => "matvec_split_swiglu_x1h_w4_bf16",
         _ => return None,
     })
 }
@@ -80,7 +84,7 @@ impl Gpu {
         let (ks, _) = tc_grid(tiles, d_in);
         let covers = self.split_any_grid || tiles.div_ceil(TC_WARPS) * ks >= self.sms;
         if self.wide_split && self.clusters && covers {
-            split_twin(twin)
+            split_twin(twin, self.split_rows32)
         } else {
             None
         }
@@ -130,20 +134,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_64_row_x1_kernel_has_a_split_twin() {
+    fn every_64_and_32_row_x1_kernel_has_a_split_twin() {
         for x in ["x1", "x1h"] {
             for pre in ["", "u4_", "swiglu_"] {
                 let name = format!("matvec_tc_{pre}{x}_w8_bf16");
-                let twin = split_twin(&name).unwrap_or_else(|| panic!("{name}: no split twin"));
+                let twin = split_twin(&name, false).unwrap_or_else(|| panic!("{name}: no split twin"));
                 assert!(twin.contains(&format!("_{x}_w8_")), "{name} → {twin}");
                 assert_eq!(twin.contains("swiglu"), pre == "swiglu_", "{name} → {twin}");
                 assert_eq!(split_smem_of(twin), Some(split_smem(64, x == "x1h")));
-                // The 32-row launches stay on matvec.cu.
-                assert_eq!(split_twin(&name.replace("_w8_", "_w4_")), None, "{name}");
+                // The 32-row launches: their own twins, only with `rows32`.
+                let n32 = name.replace("_w8_", "_w4_");
+                assert_eq!(split_twin(&n32, false), None, "{n32}");
+                let t32 = split_twin(&n32, true).unwrap_or_else(|| panic!("{n32}: no split twin"));
+                assert_eq!(t32, twin.replace("_w8_", "_w4_"));
+                assert_eq!(split_smem_of(t32), Some(split_smem(32, x == "x1h")));
             }
         }
-        assert_eq!(split_twin("matvec_tc_w4_bf16"), None, "the f32-exact wide kernels have no split twin");
-        assert_eq!(split_twin("matvec_tc_x1_bf16"), None, "8-row launches stay on matvec.cu");
+        for rows32 in [false, true] {
+            assert_eq!(split_twin("matvec_tc_w4_bf16", rows32), None, "the f32-exact wide kernels have no split twin");
+            assert_eq!(split_twin("matvec_tc_x1_bf16", rows32), None, "8-row launches stay on matvec.cu");
+            assert_eq!(split_twin("matvec_tc_x1_w2_bf16", rows32), None, "16-row launches stay on matvec.cu");
+        }
     }
 
     #[test]

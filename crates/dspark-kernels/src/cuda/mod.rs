@@ -133,6 +133,9 @@ pub struct Gpu {
     pub split_any_grid: bool,
     /// Whether the sm_90 PTX is loaded: thread-block clusters, which the split kernels need.
     pub(crate) clusters: bool,
+    /// Whether launches of 17–32 rows take split twins too, as those of 33–64 do
+    /// (`DSPARK_NO_SPLIT_32=1` keeps matvec.cu's wide kernels there for A/B runs).
+    pub split_rows32: bool,
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
@@ -282,6 +285,7 @@ impl Gpu {
             wide_split: std::env::var_os("DSPARK_NO_WIDE_SPLIT").is_none(),
             split_any_grid: false,
             clusters: sm90,
+            split_rows32: std::env::var_os("DSPARK_NO_SPLIT_32").is_none(),
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),

@@ -60,12 +60,13 @@ impl Gpu {
     /// for the next matvec (pending in `ss` on the tensor-core path; `ss` needs `m · ⌈d_out/16⌉`
     /// values). `bf16_rows`: the caller's consumer reads bf16 rows ([`Gpu::reads_bf16_rows`]
     /// of its weights), so `u` may hold them — half the bytes it reads, the same bits (not for
-    /// the final norm, whose lm_head kernels read f32).
+    /// the final norm, whose lm_head kernels read f32). `x_bf16`: x holds bf16 rows (a SwiGLU
+    /// producer's act, [`Gpu::matvec_swiglu_normed`]).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_norm_out(
         &self,
         w: &super::ops::WeightBuf,
-        x: &CudaView<f32>,
+        (x, x_bf16): (&CudaView<f32>, bool),
         y: &mut CudaViewMut<f32>,
         (m, d_in, d_out): (usize, usize, usize),
         accumulate: bool,
@@ -77,6 +78,11 @@ impl Gpu {
         check("matvec_norm_out w", w.len(), d_out * d_in)?;
         check("matvec_norm_out x", x.len(), m * d_in)?;
         check("matvec_norm_out y", y.len(), m * d_out)?;
+        if x_bf16 && !(self.tc_path(w, x, d_in) && self.reads_bf16_rows(w, d_in)) {
+            return Err(CudaError::Shape(format!(
+                "matvec_norm_out x: bf16 rows of {d_in} need a bf16 tensor-core consumer"
+            )));
+        }
         if !self.tc_path(w, x, d_in) {
             self.matvec(w, x, y, (m, d_in, d_out), accumulate)?;
             self.rmsnorm(&y.as_view(), gamma, eps, m, u)?;
@@ -90,7 +96,7 @@ impl Gpu {
             ss: addr(self, &ss.as_view(), ss.len()),
             bf16,
         };
-        let epi = Epilogue { norm_out: Some(out), ..Epilogue::default() };
+        let epi = Epilogue { norm_out: Some(out), x_bf16, ..Epilogue::default() };
         let parts = self.matvec_tc_epi(name, w, x, y, (m, d_in, d_out), d_out, accumulate, epi)?;
         Ok(Normed::Pending { parts, eps, bf16 })
     }
@@ -134,7 +140,10 @@ impl Gpu {
         }
     }
 
-    /// [`Gpu::matvec_swiglu`] over `u` as [`Gpu::matvec_norm_out`] left it.
+    /// [`Gpu::matvec_swiglu`] over `u` as [`Gpu::matvec_norm_out`] left it. `bf16_rows`: the
+    /// consumer of `act` reads bf16 rows ([`Gpu::reads_bf16_rows`] of its weights), so `act`
+    /// may hold them (the tensor-core path only); returns whether it does — the consumer's
+    /// `x_bf16` in [`Gpu::matvec_norm_out`].
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_swiglu_normed(
         &self,
@@ -145,10 +154,13 @@ impl Gpu {
         gate_up: &mut CudaViewMut<f32>,
         act: &mut CudaViewMut<f32>,
         shape: (usize, usize, usize),
-    ) -> CudaResult<()> {
+        bf16_rows: bool,
+    ) -> CudaResult<bool> {
         let norm_in = self.pending_norm(w, u, norm, ss, (shape.0, shape.1))?;
         let x_bf16 = matches!(norm, Normed::Pending { bf16: true, .. });
-        self.swiglu_with(w, &u.as_view(), gate_up, act, shape, (norm_in, x_bf16))
+        let y_bf16 = bf16_rows && self.tc_path(w, &u.as_view(), shape.1) && self.reads_bf16_rows(w, shape.2);
+        self.swiglu_with(w, &u.as_view(), gate_up, act, shape, (norm_in, x_bf16, y_bf16))?;
+        Ok(y_bf16)
     }
 
     /// What a consumer of `u` must do about `norm`: `Some` — scale in the tensor-core epilogue;

@@ -169,6 +169,10 @@ pub const MODULES: &[PtxModule] = &[
             "matvec_split_swiglu_x1_w8_bf16",
             "matvec_split_x1h_w8_bf16",
             "matvec_split_swiglu_x1h_w8_bf16",
+            "matvec_split_x1_w4_bf16",
+            "matvec_split_swiglu_x1_w4_bf16",
+            "matvec_split_x1h_w4_bf16",
+            "matvec_split_swiglu_x1h_w4_bf16",
         ],
     },
     PtxModule {

@@ -38,7 +38,7 @@ fn produce(g: &Gpu, rng: &mut Rng, dtype: &str, (m, k, h): (usize, usize, usize)
     let normed = g
         .matvec_norm_out(
             &wp,
-            &xd.as_view(),
+            (&xd.as_view(), false),
             &mut yd.as_view_mut(),
             (m, k, h),
             true,
@@ -143,6 +143,7 @@ fn folded_rmsnorm_into_swiglu() {
                 &mut gu.as_view_mut(),
                 &mut act.as_view_mut(),
                 (m, h, inter),
+                false,
             )
             .unwrap();
             let e = rel_err(&down(&g, &act), &want);

@@ -49,6 +49,7 @@ const MODES: [(bool, bool); 3] = [(false, false), (true, true), (true, false)];
 fn set_mode(g: &mut Gpu, (x1, split): (bool, bool)) {
     g.wide_split = split;
     g.split_any_grid = split;
+    g.split_rows32 = split;
     g.set_activations(if x1 { Activations::Bf16 } else { Activations::F32 }).unwrap();
 }
 
@@ -69,7 +70,7 @@ fn produce(
     let (eps, acc) = (1e-6, true);
     g.matvec_norm_out(
         w,
-        &x.as_view(),
+        (&x.as_view(), false),
         &mut y.as_view_mut(),
         shape,
         acc,
@@ -165,6 +166,7 @@ fn wide_mlp(g: &mut Gpu, x1: bool) {
                 &mut gu.as_view_mut(),
                 &mut act.as_view_mut(),
                 (m, h, inter),
+                x1,
             )
             .unwrap();
         });
@@ -177,7 +179,9 @@ fn wide_mlp(g: &mut Gpu, x1: bool) {
                 "{m} rows, x1 {x1}, split {split}: {what} differs between wide and 8-row launches"
             );
         }
-        assert!(wide[4].iter().all(|v| v.is_finite()), "{m} rows: SwiGLU output left unwritten");
+        // With bf16 activations act holds bf16 rows in its first half (the rest poison).
+        let written = if x1 { m * inter / 2 } else { m * inter };
+        assert!(wide[4][..written].iter().all(|v| v.is_finite()), "{m} rows: SwiGLU output left unwritten");
         assert!(wide[0].iter().all(|v| v.is_finite()), "{m} rows: residual left unwritten");
     }
 }
@@ -191,15 +195,17 @@ fn bf16_rows_give_the_same_bits_as_f32_rows() {
     let (wo, _) = weight_cols(&g, &rng.vec(h * k), k, "bf16");
     let (wqkv, _) = weight_cols(&g, &rng.vec(qkv * h), h, "bf16");
     let (wgu, _) = weight_cols(&g, &rng.vec(2 * inter * h), h, "bf16");
+    let (wd, _) = weight_cols(&g, &rng.vec(h * inter), inter, "bf16");
     let gamma = up(&g, &rng.vec(h).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>());
     for &m in &[1, 7, 8, 9, 16, 23, 32, 40, 64] {
         let (x, y0) = (up(&g, &rng.vec(m * k)), rng.vec(m * h));
         let parts_max = h.div_ceil(16);
-        // Producer (residual, x·γ, partials), then both consumers: q|k|v-like and SwiGLU.
+        // Producer (residual, x·γ, partials), then both consumers: q|k|v-like and SwiGLU; then
+        // down over the SwiGLU's act (bf16 rows with bf16_rows), a norm producer itself.
         let run = |g: &Gpu, bf16_rows: bool| {
-            let lens = [m * h, m * h, m * parts_max, m * qkv, m * 2 * inter, m * inter];
+            let lens = [m * h, m * h, m * parts_max, m * qkv, m * 2 * inter, m * inter, m * h, m * h, m * parts_max];
             let mut o: Vec<CudaSlice<f32>> = lens.iter().map(|&n| poisoned(g, n)).collect();
-            let [y, ud, ss, q, gu, act] = &mut o[..] else { unreachable!("six outputs") };
+            let [y, ud, ss, q, gu, act, y2, u2, ss2] = &mut o[..] else { unreachable!("nine outputs") };
             let normed = produce(g, &wo, &x, &y0, &gamma, [y, ud, ss], (m, k, h), bf16_rows);
             assert!(
                 matches!(normed, Normed::Pending { bf16, .. } if bf16 == bf16_rows),
@@ -208,24 +214,54 @@ fn bf16_rows_give_the_same_bits_as_f32_rows() {
             let ssv = ss.slice(..m * normed.parts());
             g.matvec_normed(&wqkv, &mut ud.as_view_mut(), normed, &ssv, &mut q.as_view_mut(), (m, h, qkv), false)
                 .unwrap();
-            g.matvec_swiglu_normed(
-                &wgu,
-                &mut ud.as_view_mut(),
-                normed,
-                &ssv,
-                &mut gu.as_view_mut(),
-                &mut act.as_view_mut(),
-                (m, h, inter),
+            let act_bf16 = g
+                .matvec_swiglu_normed(
+                    &wgu,
+                    &mut ud.as_view_mut(),
+                    normed,
+                    &ssv,
+                    &mut gu.as_view_mut(),
+                    &mut act.as_view_mut(),
+                    (m, h, inter),
+                    bf16_rows,
+                )
+                .unwrap();
+            assert_eq!(act_bf16, bf16_rows, "{m} rows: act rows");
+            g.stream.memcpy_htod(&y0, y2).unwrap();
+            g.matvec_norm_out(
+                &wd,
+                (&act.as_view(), act_bf16),
+                &mut y2.as_view_mut(),
+                (m, inter, h),
+                true,
+                (&gamma.as_view(), 1e-6),
+                &mut u2.as_view_mut(),
+                &mut ss2.as_view_mut(),
+                false,
             )
             .unwrap();
             o.iter().map(|v| down(g, v)).collect::<Vec<_>>()
         };
         let (rows, f32s) = (run(&g, true), run(&g, false));
-        for (i, what) in
-            [(0, "residual"), (2, "partial sums of squares"), (3, "q|k|v-like output"), (5, "SwiGLU output")]
-        {
+        for (i, what) in [
+            (0, "residual"),
+            (2, "partial sums of squares"),
+            (3, "q|k|v-like output"),
+            (6, "down's residual"),
+            (7, "down's x·γ"),
+            (8, "down's partial sums of squares"),
+        ] {
             assert!(same_bits(&rows[i], &f32s[i]), "{m} rows: {what} differs with bf16 rows");
         }
+        assert!(rows[6].iter().all(|v| v.is_finite()), "{m} rows: down's output left unwritten");
+        let act: Vec<f32> = rows[5][..m * inter / 2]
+            .iter()
+            .flat_map(|v| {
+                let b = v.to_bits();
+                [f32::from_bits(b << 16), f32::from_bits(b & 0xffff_0000)]
+            })
+            .collect();
+        assert!(same_bits(&act, &round_bf16(&f32s[5])), "{m} rows: the bf16 act rows are not act rounded");
         assert!(rows[3].iter().all(|v| v.is_finite()), "{m} rows: consumer output left unwritten");
         // The stored rows: each f32 row's x·γ rounded to bf16, in u's first half.
         let stored: Vec<f32> = rows[1][..m * h / 2]

@@ -358,7 +358,7 @@ fn layer_step(
     let post = gpu
         .matvec_norm_out(
             &lw.o_proj,
-            &s.o.slice(..n * q),
+            (&s.o.slice(..n * q), false),
             x,
             (n, q, h),
             true,
@@ -368,16 +368,21 @@ fn layer_step(
             gpu.reads_bf16_rows(&lw.gate_up, h),
         )
         .map_err(e)?;
-    gpu.matvec_swiglu_normed(
-        &lw.gate_up,
-        &mut s.u.slice_mut(..n * h),
-        post,
-        &s.ss.slice(..n * post.parts()),
-        &mut s.gate_up.slice_mut(..n * 2 * inter),
-        &mut s.act.slice_mut(..n * inter),
-        (n, h, inter),
-    )
-    .map_err(e)?;
+    // act as bf16 rows where down reads them and folds the next norm (a step without one runs
+    // the plain matvec, which reads f32).
+    let act_bf16 = next_norm.is_some() && gpu.reads_bf16_rows(&lw.down_proj, inter);
+    let act_bf16 = gpu
+        .matvec_swiglu_normed(
+            &lw.gate_up,
+            &mut s.u.slice_mut(..n * h),
+            post,
+            &s.ss.slice(..n * post.parts()),
+            &mut s.gate_up.slice_mut(..n * 2 * inter),
+            &mut s.act.slice_mut(..n * inter),
+            (n, h, inter),
+            act_bf16,
+        )
+        .map_err(e)?;
     let act = s.act.slice(..n * inter);
     match next_norm {
         None => {
@@ -388,7 +393,7 @@ fn layer_step(
             let next = gpu
                 .matvec_norm_out(
                     &lw.down_proj,
-                    &act,
+                    (&act, act_bf16),
                     x,
                     (n, inter, h),
                     true,
