@@ -85,8 +85,7 @@ fn is_cluster(name: &str) -> bool {
     name.starts_with("matvec_split_cl_")
 }
 
-/// The split twin of a 32-row `_x1` / `_x1h` kernel of matvec.cu (`Gpu::split_rows32`, an
-/// experiment).
+/// The split twin of a 32-row `_x1` / `_x1h` kernel of matvec.cu (`Gpu::split_rows32`).
 fn split_twin32(name: &str) -> Option<&'static str> {
     Some(match name {
         "matvec_tc_x1_w4_bf16" | "matvec_tc_u4_x1_w4_bf16" => "matvec_split_x1_w4_bf16",
@@ -162,8 +161,9 @@ impl Gpu {
     /// Whether a wide launch of kernel `twin` over `d_out` × `d_in` goes to a split twin, and
     /// which: asked for, a twin exists, and its grid covers the SMs (one layer's k alone, 64
     /// tiles at split 8, is 64 blocks: 15.7 → 22.0 µs at 64 rows on an H100); the cluster form
-    /// where its clusters take no more waves than the blocks do (2 an SM), else the workspace
-    /// form where its scratch is reserved.
+    /// where the GPU runs clusters (with `split_wave_rule`, only where its clusters take no more
+    /// waves than the blocks do, 2 an SM: faster alone, slower in the model), else the
+    /// workspace form where its scratch is reserved.
     pub(crate) fn split_for(&self, twin: &str, d_out: usize, d_in: usize) -> Option<&'static str> {
         let tiles = d_out.div_ceil(16);
         let (ks, _) = tc_grid(tiles, d_in);
@@ -175,7 +175,8 @@ impl Gpu {
         let clusters = blocks.div_ceil(CLUSTER);
         let cluster_waves = clusters.div_ceil(self.split_max_clusters.max(1));
         let block_waves = blocks.div_ceil(2 * self.sms);
-        if self.split_clusters && self.split_max_clusters > 0 && cluster_waves <= block_waves {
+        let waves_ok = !self.split_wave_rule || cluster_waves <= block_waves;
+        if self.split_clusters && self.split_max_clusters > 0 && waves_ok {
             cluster_twin(name)
         } else if self.split_scratch.is_some() {
             Some(name)
@@ -257,7 +258,7 @@ mod tests {
                 let cl = cluster_twin(twin).unwrap_or_else(|| panic!("{twin}: no cluster form"));
                 assert_eq!(cl.replace("_cl_", "_"), twin);
                 assert_eq!(split_smem_of(cl), Some(split_smem(64, x == "x1h", true)));
-                // The 32-row twins, only when asked for (`split_rows32`).
+                // The 32-row twins (`split_rows32`).
                 let n32 = name.replace("_w8_", "_w4_");
                 let t32 = split_twin32(&n32).unwrap_or_else(|| panic!("{n32}: no 32-row twin"));
                 assert_eq!(t32, twin.replace("_w8_", "_w4_"));

@@ -137,8 +137,12 @@ pub struct Gpu {
     /// Whether the split kernels may take their cluster forms (`matvec_split.rs` `split_for`;
     /// `DSPARK_NO_SPLIT_CLUSTERS=1` keeps the workspace forms for A/B runs).
     pub split_clusters: bool,
-    /// Whether launches of 17–32 rows take split twins too (an experiment: `DSPARK_SPLIT_32=1`).
+    /// Whether launches of 17–32 rows take split twins too (`DSPARK_NO_SPLIT_32=1` keeps
+    /// matvec.cu's for A/B runs).
     pub split_rows32: bool,
+    /// Whether a split launch takes the workspace form where the cluster form's grid would take
+    /// more waves than its blocks (`DSPARK_SPLIT_WAVE_RULE=1`, an experiment).
+    pub split_wave_rule: bool,
     /// Clusters of the split kernels resident at once (0 without clusters), counted by
     /// [`Gpu::set_activations`].
     pub(crate) split_max_clusters: usize,
@@ -295,7 +299,8 @@ impl Gpu {
             clusters: sm90,
             split_clusters: std::env::var_os("DSPARK_NO_SPLIT_CLUSTERS").is_none(),
             split_max_clusters: 0,
-            split_rows32: std::env::var_os("DSPARK_SPLIT_32").is_some(),
+            split_rows32: std::env::var_os("DSPARK_NO_SPLIT_32").is_none(),
+            split_wave_rule: std::env::var_os("DSPARK_SPLIT_WAVE_RULE").is_some(),
             split_scratch: None,
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),

@@ -26,8 +26,6 @@ fn gpu_bf16_activations() -> Arc<Gpu> {
         let mut g = Gpu::new(0).expect("the GPU tier needs a CUDA device");
         // The tiny models' grids cover no SMs: take the split kernels anyway.
         g.split_any_grid = true;
-        // The 32-row split twins too (an experiment, off by default).
-        g.split_rows32 = true;
         g.set_activations(Activations::Bf16).expect("bf16 activations");
         Arc::new(g)
     })
