@@ -260,11 +260,8 @@ impl Gpu {
             let xs = x.slice(start * xw..(start + rows) * xw);
             let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
             // bf16 act rows: 2 bytes a value from y's start.
-            let y_arg = if epi.y_bf16 {
-                Arg::Ptr(y_base + 2 * (start * y_cols) as u64)
-            } else {
-                dptr_mut(self, &mut ys)
-            };
+            let y_arg =
+                if epi.y_bf16 { Arg::Ptr(y_base + 2 * (start * y_cols) as u64) } else { dptr_mut(self, &mut ys) };
             let (ss_in, parts, eps) = match epi.norm_in {
                 Some(n) => (at(n.ss.0, start * n.parts), n.parts, n.eps),
                 None => (null, 0, 0.0),
