@@ -470,10 +470,12 @@ SPLIT_ROPE_KERNEL(4, __nv_bfloat16, attention_split_rope_q1_hd128_f32_kvbf16)
 // dim (independent loads, a quarter of the serial chain) and the four sums are added in a fixed
 // order.
 // The body is a device function shared by the two kernels below (`attention_combine_f32` and
-// its twin `attention_combine_q1_f32`, which the decode launches with PDL).
+// its twin `attention_combine_q1_f32`, which the decode launches with PDL). out_bf16: out holds
+// bf16 rows for an `_x1h` consumer (o_proj with bf16 activations), each value rounded as an `_x1`
+// consumer rounds it.
 #define COMBINE_GROUPS 4
 __device__ void attention_combine(const float* part_o, const float* part_ml, float* out, int rows, int nh, int hd,
-                                  const int* lens, int keys, int max_splits, int rh) {
+                                  const int* lens, int keys, int max_splits, int rh, int out_bf16) {
     pdl_trigger();
     pdl_wait();
     const int splits = split_count(lens[1], keys, max_splits);
@@ -513,25 +515,31 @@ __device__ void attention_combine(const float* part_o, const float* part_ml, flo
     __syncthreads();
     if (grp == 0) {
         float total = ((sacc[0][d] + sacc[1][d]) + sacc[2][d]) + sacc[3][d];
-        out[(size_t)rh * hd + d] = total / sL;
+        if (out_bf16) {
+            reinterpret_cast<__nv_bfloat16*>(out)[(size_t)rh * hd + d] = __float2bfloat16_rn(total / sL);
+        } else {
+            out[(size_t)rh * hd + d] = total / sL;
+        }
     }
 }
 extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml, float* out, int rows,
-                                                 int nh, int hd, const int* lens, int keys, int max_splits) {
-    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x);
+                                                 int nh, int hd, const int* lens, int keys, int max_splits,
+                                                 int out_bf16) {
+    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x, out_bf16);
 }
 // The same after the decode kernel (one query row), under its own name so the host launches it
 // with PDL: that measured decode −0.7% at 512 keys and ±0 at 4096, while the combine after the
 // tensor-core kernel (verify, draft block) stays without it (cuda/mod.rs NO_PDL).
 extern "C" __global__ void attention_combine_q1_f32(const float* part_o, const float* part_ml, float* out, int rows,
-                                                    int nh, int hd, const int* lens, int keys, int max_splits) {
-    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x);
+                                                    int nh, int hd, const int* lens, int keys, int max_splits,
+                                                    int out_bf16) {
+    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x, out_bf16);
 }
 // The segmented twin (attention_tc.cu `attention_tc_seg_*`): blockIdx.z the sequence, x its
 // (row, head), blocks past its rows leave; each sequence's partials merged with its own slice
 // count, as its own combine would.
-extern "C" __global__ void attention_combine_seg_f32(const AttnSeg* segs, int nh, int hd, int keys) {
+extern "C" __global__ void attention_combine_seg_f32(const AttnSeg* segs, int nh, int hd, int keys, int out_bf16) {
     const AttnSeg sg = segs[blockIdx.z];
     if ((int)blockIdx.x >= sg.rows * nh) return;
-    attention_combine(sg.part_o, sg.part_ml, sg.out, sg.rows, nh, hd, sg.lens, keys, sg.splits, blockIdx.x);
+    attention_combine(sg.part_o, sg.part_ml, sg.out, sg.rows, nh, hd, sg.lens, keys, sg.splits, blockIdx.x, out_bf16);
 }

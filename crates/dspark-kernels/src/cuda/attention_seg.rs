@@ -99,6 +99,9 @@ pub struct SegPlan {
     max_splits: usize,
     /// The slices' tile stride, the same for every sequence (`split_plan`).
     stride: usize,
+    /// The outputs as bf16 rows (for an `_x1h` consumer): a sequence's rows from `out`'s start
+    /// at 2 bytes a value.
+    out_bf16: bool,
     dtype: KvDtype,
 }
 
@@ -132,7 +135,7 @@ impl Gpu {
         layers: usize,
         qkv: &CudaView<f32>,
         q: &CudaView<f32>,
-        out: &CudaView<f32>,
+        (out, out_bf16): (&CudaView<f32>, bool),
         (nh, nkv, hd): (usize, usize, usize),
     ) -> CudaResult<Option<SegPlan>> {
         let s_count = items.len();
@@ -189,14 +192,17 @@ impl Gpu {
                     va,
                     po + 4 * o_off as u64,
                     pml + 4 * ml_off as u64,
-                    f32_addr(out, it.start, nh * hd),
+                    match out_bf16 {
+                        true => device_addr(self, out) + 2 * (it.start * nh * hd) as u64,
+                        false => f32_addr(out, it.start, nh * hd),
+                    },
                     device_addr(self, &it.lens.dev),
                     it.rows as u64 | (splits as u64) << 32,
                 ]);
             }
         }
         self.stream.memcpy_htod(words.as_slice(), &mut scratch.table.slice_mut(..words.len()))?;
-        Ok(Some(SegPlan { segments: s_count, max_rows, max_groups, max_splits, stride, dtype }))
+        Ok(Some(SegPlan { segments: s_count, max_rows, max_groups, max_splits, stride, out_bf16, dtype }))
     }
 
     /// Layer `layer`'s norm + RoPE + append, attention and combine for every sequence of
@@ -237,8 +243,14 @@ impl Gpu {
         let args = [table, Arg::I32(nh as i32), Arg::I32(nkv as i32), Arg::I32(causal as i32), stride];
         let grid = ((nkv * plan.max_groups) as u32, plan.max_splits as u32, z);
         self.launch_pdl_smem(&name, grid, 256, smem as u32, &args)?;
-        // attention_combine_seg_f32(segs, nh, hd, keys)
-        let args = [table, Arg::I32(nh as i32), Arg::I32(hd as i32), Arg::I32(SPLIT_TILE as i32)];
+        // attention_combine_seg_f32(segs, nh, hd, keys, out_bf16)
+        let args = [
+            table,
+            Arg::I32(nh as i32),
+            Arg::I32(hd as i32),
+            Arg::I32(SPLIT_TILE as i32),
+            Arg::I32(plan.out_bf16 as i32),
+        ];
         self.launch_pdl("attention_combine_seg_f32", ((plan.max_rows * nh) as u32, 1, z), 4 * hd as u32, &args)
     }
 }

@@ -129,27 +129,39 @@ impl Gpu {
         Ok(())
     }
 
+    /// Whether [`Gpu::attention_split`] of `rows` rows takes the split-KV kernels (whose combine
+    /// can write bf16 rows, `out_bf16`), not the per-head kernel.
+    pub fn attention_splits(&self, rows: usize, (nh, nkv, hd): (usize, usize, usize), scratch: &OpScratch) -> bool {
+        matches!(hd, 64 | 128)
+            && nkv > 0
+            && nh % nkv == 0
+            && rows <= SPLIT_ROWS
+            && scratch.holds(rows, (nh, nkv, hd), self.sms)
+    }
+
     /// Attention of `rows` queries over the first `kv_len` cache rows (as [`Gpu::attention`]),
-    /// on the split-KV kernel when the query group fits it, else the per-head kernel.
+    /// on the split-KV kernel when the query group fits it ([`Gpu::attention_splits`]), else the
+    /// per-head kernel. `out_bf16`: write `out` as bf16 rows for an `_x1h` consumer (the split
+    /// kernels only).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_split(
         &self,
         q: &CudaView<f32>,
         k: &KvView<'_>,
         v: &KvView<'_>,
-        out: &mut CudaViewMut<f32>,
+        (out, out_bf16): (&mut CudaViewMut<f32>, bool),
         rows: usize,
         lens: &StepLens<'_>,
         (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
         causal: bool,
         scratch: &mut OpScratch,
     ) -> CudaResult<()> {
-        let fits = matches!(head_dim, 64 | 128)
-            && n_kv_heads > 0
-            && n_heads % n_kv_heads == 0
-            && rows <= SPLIT_ROWS
-            && scratch.holds(rows, (n_heads, n_kv_heads, head_dim), self.sms);
-        if !fits {
+        if !self.attention_splits(rows, (n_heads, n_kv_heads, head_dim), scratch) {
+            if out_bf16 {
+                return Err(CudaError::Shape(format!(
+                    "attention_split: {rows} rows take the per-head kernel, which writes f32 rows only"
+                )));
+            }
             return self.attention(q, k, v, out, rows, lens, (n_heads, n_kv_heads, head_dim), causal);
         }
         let kv_cap = lens.kv_cap;
@@ -192,24 +204,26 @@ impl Gpu {
             Some(smem) => self.launch_pdl_smem(&name, grid, 256, smem as u32, &args)?,
             None => self.launch_pdl(&name, grid, 128, &args)?,
         }
-        self.attention_combine(combine, scratch, out, rows, n_heads, head_dim, lens, (SPLIT_TILE, splits))
+        self.attention_combine(combine, scratch, (out, out_bf16), rows, n_heads, head_dim, lens, (SPLIT_TILE, splits))
     }
 
-    /// The merge of a split attention's partials (`scratch`) into `out [rows, nh·hd]`: kernel
-    /// `name` (`attention_combine_f32`, or its PDL twin after the decode kernel).
+    /// The merge of a split attention's partials (`scratch`) into `out [rows, nh·hd]` (bf16 rows
+    /// with `out_bf16`): kernel `name` (`attention_combine_f32`, or its PDL twin after the decode
+    /// kernel).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_combine(
         &self,
         name: &str,
         scratch: &OpScratch,
-        out: &mut CudaViewMut<f32>,
+        (out, out_bf16): (&mut CudaViewMut<f32>, bool),
         rows: usize,
         nh: usize,
         hd: usize,
         lens: &StepLens<'_>,
         (keys, splits): (usize, usize),
     ) -> CudaResult<()> {
-        // attention_combine[_q1]_f32(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits)
+        // attention_combine[_q1]_f32(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits,
+        // out_bf16)
         let args = [
             dptr(self, &scratch.attn_o),
             dptr(self, &scratch.attn_ml),
@@ -220,6 +234,7 @@ impl Gpu {
             dptr(self, &lens.dev),
             Arg::I32(keys as i32),
             Arg::I32(splits as i32),
+            Arg::I32(out_bf16 as i32),
         ];
         self.launch_pdl(name, ((rows * nh) as u32, 1, 1), 4 * hd as u32, &args)
     }

@@ -33,8 +33,9 @@ impl Gpu {
     /// Attention over layer caches `k_cache` / `v_cache` (whole, `lens.kv_cap` positions at
     /// least) for `rows` query rows at positions `lens.first_pos ..`, from the q|k|v projection
     /// output `qkv [rows, (nh + 2·nkv)·hd]`: q and k normalised and rotated, the rows' keys and
-    /// values appended to the caches, the attention output written to `out [rows, nh·hd]`.
-    /// `q_rot [rows, nh·hd]` is scratch for the unfolded path.
+    /// values appended to the caches, the attention output written to `out [rows, nh·hd]` (bf16
+    /// rows with `out_bf16`, where [`Gpu::attention_splits`] holds). `q_rot [rows, nh·hd]` is
+    /// scratch for the unfolded path.
     #[allow(clippy::too_many_arguments)]
     pub fn rope_attention(
         &self,
@@ -42,7 +43,7 @@ impl Gpu {
         rope: &RopeWeights<'_>,
         q_rot: &mut CudaViewMut<f32>,
         (k_cache, v_cache): (&mut KvViewMut<'_>, &mut KvViewMut<'_>),
-        out: &mut CudaViewMut<f32>,
+        (out, out_bf16): (&mut CudaViewMut<f32>, bool),
         rows: usize,
         lens: &StepLens<'_>,
         (nh, nkv, hd): (usize, usize, usize),
@@ -59,7 +60,7 @@ impl Gpu {
                 &q_rot.as_view(),
                 &k_read,
                 &v_read,
-                out,
+                (out, out_bf16),
                 rows,
                 lens,
                 (nh, nkv, hd),
@@ -106,6 +107,7 @@ impl Gpu {
             Arg::F32(rope.eps),
         ];
         self.launch_pdl(&name, (nkv as u32, splits as u32, 1), 128, &args)?;
+        let out = (out, out_bf16);
         self.attention_combine("attention_combine_q1_f32", scratch, out, rows, nh, hd, lens, (SPLIT_TILE, splits))
     }
 }

@@ -92,7 +92,7 @@ fn split_attention_matches_reference() {
                 (kv, graph_grid),
                 |q, k, v, out, lens, (rows, _, nh, nkv, hd, c)| {
                     let mut sc = scratch(&g, nh, hd);
-                    g.attention_split(q, k, v, out, rows, lens, (nh, nkv, hd), c.is_some(), &mut sc).unwrap();
+                    g.attention_split(q, k, v, (out, false), rows, lens, (nh, nkv, hd), c.is_some(), &mut sc).unwrap();
                 },
             );
         }
@@ -128,10 +128,79 @@ fn attention_refuses_mixed_cache_types() {
     let mut out = poisoned(&g, nh * hd);
     let mut sc = scratch(&g, nh, hd);
     let heads = (nh, nkv, hd);
-    let e =
-        g.attention_split(&q.as_view(), &kf.view(), &vb.view(), &mut out.as_view_mut(), 1, &lens, heads, true, &mut sc);
+    let e = g.attention_split(
+        &q.as_view(),
+        &kf.view(),
+        &vb.view(),
+        (&mut out.as_view_mut(), false),
+        1,
+        &lens,
+        heads,
+        true,
+        &mut sc,
+    );
     assert!(e.unwrap_err().to_string().contains("K cache is f32, V cache bf16"));
     assert!(g.attention(&q.as_view(), &kf.view(), &vb.view(), &mut out.as_view_mut(), 1, &lens, heads, true).is_err());
+}
+
+/// With `out_bf16` the split attention's combine writes bf16 rows for an `_x1h` consumer: each
+/// value the f32 output rounded, for the four-query and the tensor-core kernels and both cache
+/// types; the per-head kernel (past 16 rows) writes f32 only and refuses.
+#[test]
+fn bf16_output_rows_are_the_f32_rows_rounded() {
+    let g = gpu();
+    let mut rng = Rng(67);
+    let (nh, nkv, hd, kv_len) = (32, 8, 128, 300);
+    let width = nh * hd;
+    for kv in KV_DTYPES {
+        let mut k = rng.vec(kv_len * nkv * hd);
+        let mut v = rng.vec(kv_len * nkv * hd);
+        if kv == KvDtype::Bf16 {
+            k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = round_bf16(*x));
+        }
+        let (kd, vd) = (Cache::up(&g, &k, kv), Cache::up(&g, &v, kv));
+        let mut sc = scratch(&g, nh, hd);
+        for rows in [1, 8, 16, 17] {
+            let first_pos = kv_len - rows;
+            let qd = up(&g, &rng.vec(rows * width));
+            let lens_d = g.stream.clone_htod(&[first_pos as u32, kv_len as u32]).unwrap();
+            let lens = StepLens { dev: lens_d.as_view(), first_pos, kv_cap: kv_len };
+            let run = |sc: &mut OpScratch, bf16: bool| {
+                let mut out = poisoned(&g, rows * width);
+                let heads = (nh, nkv, hd);
+                let r = g.attention_split(
+                    &qd.as_view(),
+                    &kd.view(),
+                    &vd.view(),
+                    (&mut out.as_view_mut(), bf16),
+                    rows,
+                    &lens,
+                    heads,
+                    true,
+                    sc,
+                );
+                r.map(|()| down(&g, &out))
+            };
+            let f32s = run(&mut sc, false).unwrap();
+            let what = format!("{} cache, {rows} rows", kv.name());
+            if rows > 16 {
+                let e = run(&mut sc, true).unwrap_err().to_string();
+                assert!(e.contains("per-head kernel"), "{what}: {e}");
+                continue;
+            }
+            let rows16 = run(&mut sc, true).unwrap();
+            let got: Vec<u16> = rows16[..rows * width / 2]
+                .iter()
+                .flat_map(|x| {
+                    let b = x.to_bits();
+                    [b as u16, (b >> 16) as u16]
+                })
+                .collect();
+            let want: Vec<u16> = f32s.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+            assert_eq!(got, want, "{what}: bf16 rows are not the f32 rows rounded");
+            assert!(rows16[rows * width / 2..].iter().all(|x| x.is_nan()), "{what}: wrote past its bf16 rows");
+        }
+    }
 }
 
 /// (rows, kv_len, n_heads, n_kv_heads, head_dim, causal first position)
@@ -345,8 +414,18 @@ fn row_bits(
     let lens_d = g.stream.clone_htod(&[first_pos as u32, (first_pos + rows) as u32]).unwrap();
     let lens = StepLens { dev: lens_d.as_view(), first_pos, kv_cap };
     let mut out = poisoned(g, rows * width);
-    g.attention_split(&qd.as_view(), &k.view(), &v.view(), &mut out.as_view_mut(), rows, &lens, heads, true, sc)
-        .unwrap();
+    g.attention_split(
+        &qd.as_view(),
+        &k.view(),
+        &v.view(),
+        (&mut out.as_view_mut(), false),
+        rows,
+        &lens,
+        heads,
+        true,
+        sc,
+    )
+    .unwrap();
     let bits: Vec<u32> = down(g, &out)[j * width..(j + 1) * width].iter().map(|x| x.to_bits()).collect();
     assert!(bits.iter().all(|b| !f32::from_bits(*b).is_nan()), "an unwritten output");
     bits

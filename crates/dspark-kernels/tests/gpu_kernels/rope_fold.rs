@@ -74,7 +74,7 @@ fn folded_rope_attention_matches_the_two_launches() {
                     &rope,
                     &mut q_rot.as_view_mut(),
                     (&mut kc.view_mut(), &mut vc.view_mut()),
-                    &mut out.as_view_mut(),
+                    (&mut out.as_view_mut(), false),
                     rows,
                     &lens,
                     (nh, nkv, hd),

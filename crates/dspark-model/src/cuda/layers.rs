@@ -229,7 +229,12 @@ pub fn run_layers(
     if next != n {
         return Err(gpu_err(CudaError::Shape(format!("segments cover {next} of {n} rows"))));
     }
-    let seg = step_segments(gpu, cfg, s, segments, n, layers.len())?;
+    // The attention's output as bf16 rows where o_proj reads them and every segment's attention
+    // takes the split kernels (a prefill chunk's per-head kernel writes f32 rows).
+    let heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+    let o_bf16 = layers.iter().all(|lw| gpu.reads_bf16_rows(&lw.o_proj, cfg.q_dim()))
+        && segments.iter().all(|g| gpu.attention_splits(g.rows, heads, &s.ops));
+    let seg = step_segments(gpu, cfg, s, segments, (n, o_bf16), layers.len())?;
     let mut normed = None;
     for (l, lw) in layers.iter().enumerate() {
         // The next layer's norm feeds its q|k|v, which may read bf16 rows; the final norm
@@ -239,7 +244,7 @@ pub fn run_layers(
             None => final_norm.map(|g| (g, false)),
         };
         let step = (&mut *segments, l, seg.as_ref());
-        normed = layer_step(gpu, cfg, lw, s, x, n, inv_freq, step, causal, (normed, next_norm))?;
+        normed = layer_step(gpu, cfg, lw, s, x, (n, o_bf16), inv_freq, step, causal, (normed, next_norm))?;
         after(l, x)?;
     }
     Ok(normed)
@@ -256,7 +261,7 @@ fn step_segments(
     cfg: &Qwen3Config,
     s: &mut Scratch,
     segments: &[Segment<'_>],
-    n: usize,
+    (n, o_bf16): (usize, bool),
     layers: usize,
 ) -> Result<Option<Segmented>> {
     let heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
@@ -277,7 +282,15 @@ fn step_segments(
     }
     let (qkv_dim, qd) = (cfg.q_dim() + 2 * cfg.kv_dim(), cfg.q_dim());
     let plan = gpu
-        .plan_segments(seg, &items, layers, &qkv.slice(..n * qkv_dim), &q.slice(..n * qd), &o.slice(..n * qd), heads)
+        .plan_segments(
+            seg,
+            &items,
+            layers,
+            &qkv.slice(..n * qkv_dim),
+            &q.slice(..n * qd),
+            (&o.slice(..n * qd), o_bf16),
+            heads,
+        )
         .map_err(gpu_err)?;
     Ok(plan.map(|p| (takes, p)))
 }
@@ -296,7 +309,7 @@ fn layer_step(
     lw: &GpuLayer,
     s: &mut Scratch,
     x: &mut CudaViewMut<f32>,
-    n: usize,
+    (n, o_bf16): (usize, bool),
     inv_freq: &CudaSlice<f32>,
     (segments, l, seg): (&mut [Segment<'_>], usize, Option<&Segmented>),
     causal: bool,
@@ -341,12 +354,14 @@ fn layer_step(
         }
         let (r0, r1) = (seg.start, seg.start + seg.rows);
         let (mut k_app, mut v_app) = seg.caches.append_views(l);
+        // bf16 rows are packed from the buffer's start: row r0 at value r0 · q of 2 bytes.
+        let mut o_rows = if o_bf16 { s.o.slice_mut(r0 * q / 2..n * q) } else { s.o.slice_mut(r0 * q..r1 * q) };
         gpu.rope_attention(
             &s.qkv.slice(r0 * qkv_dim..r1 * qkv_dim),
             &rope,
             &mut s.q.slice_mut(r0 * q..r1 * q),
             (&mut k_app, &mut v_app),
-            &mut s.o.slice_mut(r0 * q..r1 * q),
+            (&mut o_rows, o_bf16),
             seg.rows,
             &seg.lens,
             heads,
@@ -358,7 +373,7 @@ fn layer_step(
     let post = gpu
         .matvec_norm_out(
             &lw.o_proj,
-            (&s.o.slice(..n * q), false),
+            (&s.o.slice(..n * q), o_bf16),
             x,
             (n, q, h),
             true,

@@ -120,7 +120,7 @@ impl Rank {
             &rope,
             &mut s.q.slice_mut(..n * q),
             (&mut k_app, &mut v_app),
-            &mut s.o.slice_mut(..n * q),
+            (&mut s.o.slice_mut(..n * q), false),
             n,
             &lens,
             (c.num_attention_heads, c.num_key_value_heads, hd),
