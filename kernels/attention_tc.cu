@@ -96,10 +96,10 @@ __device__ __forceinline__ void mma_2xtf32(float* big, float* small, const uint3
 // so K and V then skip their splits and one MMA of three in both products (mma_2xtf32), and the
 // results equal the f32 kernel's on a cache holding the same (bf16-rounded) values to within
 // the dropped small·small term.
-template <int PER, typename E = float>
+template <int PER, typename E = float, bool MULTI = false>
 __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                              float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens, int causal,
-                             int stride, unsigned bx, unsigned by) {
+                             int stride, unsigned bx, unsigned by, int nsl = 1) {
     using KE = KvElem<E>;
     using Chunk = typename KE::Chunk;
     constexpr bool F32 = KE::PER_CHUNK == 4, EXACT = KE::exact_tf32;
@@ -123,11 +123,16 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int first_pos = lens[0], kv_len = lens[1];  // host-written: safe before the wait
-    const SplitBlock sb = split_block_at(rows, nh, nkv, kv_len, stride, TC_Q, bx, by);
+    // Slices nsl·by … of the step's keys, one after another (a segmented launch's blocks take
+    // several, so Q is staged once for them and a block's setup is paid once): each slice's
+    // partial is computed from scratch, as its own block would, so its bits do not change.
+    const SplitBlock sb = split_block_at(rows, nh, nkv, kv_len, stride, TC_Q, bx, by * nsl);
     if (!sb.active) return;
     const int Q = sb.Q, kvh = sb.kvh, q0 = sb.q0, j0 = sb.j0, step = sb.step;
+    // MULTI: the segmented kernels' (several slices a block); the others take one, as before.
+    const int s_first = sb.split, s_end = MULTI ? min(s_first + nsl, split_count(kv_len, SPLIT_TILE, stride)) : s_first + 1;
     const float scale = rsqrtf((float)HD);
-    auto slot_of = [&](int qi) { return sb.slot(qi, rows, nh); };
+
 
     // The first tile's K/V loads go out before Q is staged, so the two latencies overlap.
     // Each thread's K/V addresses from one base pointer (common.cuh TileRows). The loads bypass
@@ -241,141 +246,160 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
     // instructions are unchanged, so their bits are too, and a one-row step costs half the MMAs.
     const bool mt_live = q0 + mt * 16 < Q;  // warp-uniform, as mma.sync needs
     const int ra = mt * 16 + g, rb = ra + 8;  // the lane's two rows in the S and P·V fragments
-    float m_row[4], l_row[4];
     int vis[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int qi = q0 + 4 * warp + i;
-        m_row[i] = -INFINITY;
-        l_row[i] = 0.f;
         vis[i] = qi >= Q ? 0 : causal ? min(first_pos + sb.row(qi) + 1, kv_len) : kv_len;
     }
-    float o[NQ][4];
-#pragma unroll
-    for (int n = 0; n < NQ; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-
-    for (int t0 = j0; t0 < kv_len; t0 += step) {
-        if (t0 != j0) {  // later tiles: their loads went out during the previous tile's compute
-            __syncthreads();  // the previous tile is no longer being read
-            store_tile();
-        }
-        __syncthreads();
-        if (t0 == j0) TC_MARK(3);
-        // The next tile's K/V loads are in flight (in registers) while this tile is computed.
-        if (t0 + step < kv_len) fetch(t0 + step);
-
-        // S = Q·Kᵀ for 16 queries × 8 keys (one n-tile), 3xTF32.
-        if (mt_live) {
-            const int key = quarter * 8 + g, sw = (g & 1) << 2;  // rows ra, rb and the key share g's parity
-            float sb[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int ch = 0; ch < CHUNKS; ch++) {
-                const int c4 = ch * 4 + t;
-                const uint4 q0b = sqb[mt][ch][0][lane], q1b = sqb[mt][ch][1][lane];
-                const uint4 q0s = sqs[mt][ch][0][lane], q1s = sqs[mt][ch][1][lane];
-                const float4 kk = sk[key][c4 ^ sw];
-                if constexpr (EXACT) {
-                    const uint32_t bb[4] = {__float_as_uint(kk.x), __float_as_uint(kk.y), __float_as_uint(kk.z),
-                                            __float_as_uint(kk.w)};
-                    mma_2xtf32(sb, ss, &q0b.x, &q0s.x, &bb[0]);
-                    mma_2xtf32(sb, ss, &q1b.x, &q1s.x, &bb[2]);
-                } else {
-                    uint32_t bb[4], bs[4];
-                    split_tf32(kk.x, bb[0], bs[0]);
-                    split_tf32(kk.y, bb[1], bs[1]);
-                    split_tf32(kk.z, bb[2], bs[2]);
-                    split_tf32(kk.w, bb[3], bs[3]);
-                    mma_3xtf32(sb, ss, &q0b.x, &q0s.x, &bb[0], &bs[0]);
-                    mma_3xtf32(sb, ss, &q1b.x, &q1s.x, &bb[2], &bs[2]);
-                }
-            }
-            const int col = quarter * 8 + 2 * t;
-            sp[ra][col] = sb[0] + ss[0];
-            sp[ra][col + 1] = sb[1] + ss[1];
-            sp[rb][col] = sb[2] + ss[2];
-            sp[rb][col + 1] = sb[3] + ss[3];
-        }
-        __syncthreads();
-        if (t0 == j0) TC_MARK(4);
-
-        // Online softmax, one row at a time per warp, lane = key: P replaces S in place. Each
-        // lane keeps its own share of the row sum l (every lane sees the same max, so the
-        // shares rescale alike); they are added once, after the last tile, instead of one
-        // five-shuffle reduction per row and tile. The exponentials use the hardware ex2
-        // (__expf: about 2⁻²¹ relative at the arguments that matter, well inside the 1e-5
-        // tests) rather than expf's ten-instruction exact path.
+    // One slice: its tiles from js = sl · 32 keys, then its partial written to slice sl's slots.
+    auto slice = [&](const int sl) {
+        const int js = sl * SPLIT_TILE;
+        auto slot_of = [&](int qi) { return ((size_t)sl * rows + sb.row(qi)) * nh + sb.head(qi); };
+        float m_row[4], l_row[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int r = 4 * warp + i, key = t0 + lane;
-            const bool valid = key < vis[i];  // vis ≤ kv_len
-            const float s = valid ? sp[r][lane] : -INFINITY;
-            const float m_new = fmaxf(m_row[i], warp_max(s));
-            // A row with no visible key so far keeps m = −inf, l = 0 and O = 0 (all its p are 0).
-            const float corr = m_new == -INFINITY ? 1.f : __expf(m_row[i] - m_new);
-            const float p = valid ? __expf(s - m_new) : 0.f;
-            l_row[i] = l_row[i] * corr + p;
-            m_row[i] = m_new;
-            sp[r][lane] = p;
-            if (lane == 0) scorr[r] = corr;
+            m_row[i] = -INFINITY;
+            l_row[i] = 0.f;
         }
-        __syncthreads();
-        if (t0 == j0) TC_MARK(5);
+        float o[NQ][4];
+#pragma unroll
+        for (int n = 0; n < NQ; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-        // O = O·corr + P·V for 16 rows × hd/4 dims over the tile's 32 keys (4 k8 steps), 3xTF32.
-        if (mt_live) {
-            const float ca = scorr[ra], cb = scorr[rb];
-#pragma unroll
-            for (int n = 0; n < NQ; n++) {
-                o[n][0] *= ca; o[n][1] *= ca;
-                o[n][2] *= cb; o[n][3] *= cb;
+        for (int t0 = js; t0 < kv_len; t0 += step) {
+            if (t0 != j0) {  // later tiles: their loads went out during the previous tile's compute
+                __syncthreads();  // the previous tile is no longer being read
+                store_tile();
             }
+            __syncthreads();
+            if (t0 == j0) TC_MARK(3);
+            // The next tile's K/V loads (this slice's next, else the next slice's first) are in
+            // flight (in registers) while this tile is computed.
+            if (t0 + step < kv_len) {
+                fetch(t0 + step);
+            } else if (MULTI && sl + 1 < s_end) {
+                fetch(js + SPLIT_TILE);
+            }
+
+            // S = Q·Kᵀ for 16 queries × 8 keys (one n-tile), 3xTF32.
+            if (mt_live) {
+                const int key = quarter * 8 + g, sw = (g & 1) << 2;  // rows ra, rb and the key share g's parity
+                float sb[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int ks = 0; ks < TC_TK / 8; ks++) {
-                // Slot t ↔ key 8ks + 2t, slot t+4 ↔ key 8ks + 2t + 1, in A (P) and B (V) alike.
-                const int key = 8 * ks + 2 * t;
-                uint32_t pb[4], ps[4];
-                split_tf32(sp[ra][key], pb[0], ps[0]);
-                split_tf32(sp[rb][key], pb[1], ps[1]);
-                split_tf32(sp[ra][key + 1], pb[2], ps[2]);
-                split_tf32(sp[rb][key + 1], pb[3], ps[3]);
+                for (int ch = 0; ch < CHUNKS; ch++) {
+                    const int c4 = ch * 4 + t;
+                    const uint4 q0b = sqb[mt][ch][0][lane], q1b = sqb[mt][ch][1][lane];
+                    const uint4 q0s = sqs[mt][ch][0][lane], q1s = sqs[mt][ch][1][lane];
+                    const float4 kk = sk[key][c4 ^ sw];
+                    if constexpr (EXACT) {
+                        const uint32_t bb[4] = {__float_as_uint(kk.x), __float_as_uint(kk.y), __float_as_uint(kk.z),
+                                                __float_as_uint(kk.w)};
+                        mma_2xtf32(sb, ss, &q0b.x, &q0s.x, &bb[0]);
+                        mma_2xtf32(sb, ss, &q1b.x, &q1s.x, &bb[2]);
+                    } else {
+                        uint32_t bb[4], bs[4];
+                        split_tf32(kk.x, bb[0], bs[0]);
+                        split_tf32(kk.y, bb[1], bs[1]);
+                        split_tf32(kk.z, bb[2], bs[2]);
+                        split_tf32(kk.w, bb[3], bs[3]);
+                        mma_3xtf32(sb, ss, &q0b.x, &q0s.x, &bb[0], &bs[0]);
+                        mma_3xtf32(sb, ss, &q1b.x, &q1s.x, &bb[2], &bs[2]);
+                    }
+                }
+                const int col = quarter * 8 + 2 * t;
+                sp[ra][col] = sb[0] + ss[0];
+                sp[ra][col + 1] = sb[1] + ss[1];
+                sp[rb][col] = sb[2] + ss[2];
+                sp[rb][col + 1] = sb[3] + ss[3];
+            }
+            __syncthreads();
+            if (t0 == j0) TC_MARK(4);
+
+            // Online softmax, one row at a time per warp, lane = key: P replaces S in place. Each
+            // lane keeps its own share of the row sum l (every lane sees the same max, so the
+            // shares rescale alike); they are added once, after the last tile, instead of one
+            // five-shuffle reduction per row and tile. The exponentials use the hardware ex2
+            // (__expf: about 2⁻²¹ relative at the arguments that matter, well inside the 1e-5
+            // tests) rather than expf's ten-instruction exact path.
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 4 * warp + i, key = t0 + lane;
+                const bool valid = key < vis[i];  // vis ≤ kv_len
+                const float s = valid ? sp[r][lane] : -INFINITY;
+                const float m_new = fmaxf(m_row[i], warp_max(s));
+                // A row with no visible key so far keeps m = −inf, l = 0 and O = 0 (all its p are 0).
+                const float corr = m_new == -INFINITY ? 1.f : __expf(m_row[i] - m_new);
+                const float p = valid ? __expf(s - m_new) : 0.f;
+                l_row[i] = l_row[i] * corr + p;
+                m_row[i] = m_new;
+                sp[r][lane] = p;
+                if (lane == 0) scorr[r] = corr;
+            }
+            __syncthreads();
+            if (t0 == j0) TC_MARK(5);
+
+            // O = O·corr + P·V for 16 rows × hd/4 dims over the tile's 32 keys (4 k8 steps), 3xTF32.
+            if (mt_live) {
+                const float ca = scorr[ra], cb = scorr[rb];
 #pragma unroll
                 for (int n = 0; n < NQ; n++) {
-                    const int d = (quarter * (HD / 4) + 8 * n + g) ^ (t << 3);  // (key / 2) & 3 == t
-                    // O has one accumulator, so the small terms go in before the big one.
-                    if constexpr (EXACT) {
-                        const uint32_t b0 = __float_as_uint(sv[key][d]), b1 = __float_as_uint(sv[key + 1][d]);
-                        mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], b0, b1);
-                        mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], b0, b1);
-                    } else {
-                        uint32_t bb[2], bs[2];
-                        split_tf32(sv[key][d], bb[0], bs[0]);
-                        split_tf32(sv[key + 1][d], bb[1], bs[1]);
-                        mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bs[0], bs[1]);
-                        mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], bb[0], bb[1]);
-                        mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bb[0], bb[1]);
+                    o[n][0] *= ca; o[n][1] *= ca;
+                    o[n][2] *= cb; o[n][3] *= cb;
+                }
+#pragma unroll
+                for (int ks = 0; ks < TC_TK / 8; ks++) {
+                    // Slot t ↔ key 8ks + 2t, slot t+4 ↔ key 8ks + 2t + 1, in A (P) and B (V) alike.
+                    const int key = 8 * ks + 2 * t;
+                    uint32_t pb[4], ps[4];
+                    split_tf32(sp[ra][key], pb[0], ps[0]);
+                    split_tf32(sp[rb][key], pb[1], ps[1]);
+                    split_tf32(sp[ra][key + 1], pb[2], ps[2]);
+                    split_tf32(sp[rb][key + 1], pb[3], ps[3]);
+#pragma unroll
+                    for (int n = 0; n < NQ; n++) {
+                        const int d = (quarter * (HD / 4) + 8 * n + g) ^ (t << 3);  // (key / 2) & 3 == t
+                        // O has one accumulator, so the small terms go in before the big one.
+                        if constexpr (EXACT) {
+                            const uint32_t b0 = __float_as_uint(sv[key][d]), b1 = __float_as_uint(sv[key + 1][d]);
+                            mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], b0, b1);
+                            mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], b0, b1);
+                        } else {
+                            uint32_t bb[2], bs[2];
+                            split_tf32(sv[key][d], bb[0], bs[0]);
+                            split_tf32(sv[key + 1][d], bb[1], bs[1]);
+                            mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bs[0], bs[1]);
+                            mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], bb[0], bb[1]);
+                            mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], bb[0], bb[1]);
+                        }
                     }
                 }
             }
         }
-    }
 
-    TC_MARK(6);
-    // The unnormalised partial: m and l from the softmax warps, Σ p·v from the P·V warps.
+        TC_MARK(6);
+        // This slice's unnormalised partial: m and l from the softmax warps, Σ p·v from the P·V
+        // warps.
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int qi = q0 + 4 * warp + i;
-        const float l = warp_sum(l_row[i]);
-        if (lane == 0 && qi < Q) {
-            part_ml[slot_of(qi) * 2] = m_row[i];
-            part_ml[slot_of(qi) * 2 + 1] = l;
+        for (int i = 0; i < 4; i++) {
+            const int qi = q0 + 4 * warp + i;
+            const float l = warp_sum(l_row[i]);
+            if (lane == 0 && qi < Q) {
+                part_ml[slot_of(qi) * 2] = m_row[i];
+                part_ml[slot_of(qi) * 2 + 1] = l;
+            }
         }
-    }
-    const int qa = q0 + ra, qb = q0 + rb;
+        const int qa = q0 + ra, qb = q0 + rb;
 #pragma unroll
-    for (int n = 0; n < NQ; n++) {
-        const int d = quarter * (HD / 4) + 8 * n + 2 * t;
-        if (qa < Q) *reinterpret_cast<float2*>(part_o + slot_of(qa) * HD + d) = make_float2(o[n][0], o[n][1]);
-        if (qb < Q) *reinterpret_cast<float2*>(part_o + slot_of(qb) * HD + d) = make_float2(o[n][2], o[n][3]);
+        for (int n = 0; n < NQ; n++) {
+            const int d = quarter * (HD / 4) + 8 * n + 2 * t;
+            if (qa < Q) *reinterpret_cast<float2*>(part_o + slot_of(qa) * HD + d) = make_float2(o[n][0], o[n][1]);
+            if (qb < Q) *reinterpret_cast<float2*>(part_o + slot_of(qb) * HD + d) = make_float2(o[n][2], o[n][3]);
+        }
+    };
+    if constexpr (MULTI) {
+        for (int sl = s_first; sl < s_end; sl++) slice(sl);
+    } else {
+        slice(s_first);
     }
     TC_MARK(7);
 }
@@ -399,17 +423,19 @@ TC_KERNEL_E(4, __nv_bfloat16, attention_tc_hd128_f32_kvbf16)
 
 // Segmented twins (issue #30's batched steps): the sequences of a step in one launch, blockIdx.z
 // the sequence (AttnSeg). Grid: x = nkv × the most query groups of any sequence, y = the most
-// slices; a block past its sequence's groups or slices leaves. Every other block runs the body
-// above on its sequence's rows, caches, partials and slice count, as that sequence's own launch
-// would: the same bits.
+// slices over nsl (slices a block, one after another: a step of many sequences has many more
+// one-tile slices than resident blocks); a block past its sequence's groups or slices leaves.
+// Every other block runs the body above on its sequence's rows, caches, partials and slices, as
+// that sequence's own launch would: the same bits.
 #define TC_SEG_KERNEL(PER, E, NAME)                                                                                \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
-        NAME(const AttnSeg* segs, int nh, int nkv, int causal, int stride) {                                       \
+        NAME(const AttnSeg* segs, int nh, int nkv, int causal, int stride, int nsl) {                              \
         const AttnSeg sg = segs[blockIdx.z];                                                                       \
         const int groups = (sg.rows * (nh / nkv) + TC_Q - 1) / TC_Q;                                               \
-        if ((int)blockIdx.x >= nkv * groups || (int)blockIdx.y >= sg.splits) return;                               \
-        attention_tc<PER, E>(sg.q, reinterpret_cast<const E*>(sg.k), reinterpret_cast<const E*>(sg.v), sg.part_o,  \
-                             sg.part_ml, sg.rows, nh, nkv, sg.lens, causal, stride, blockIdx.x, blockIdx.y);       \
+        if ((int)blockIdx.x >= nkv * groups || (int)(blockIdx.y * nsl) >= sg.splits) return;                       \
+        attention_tc<PER, E, true>(sg.q, reinterpret_cast<const E*>(sg.k), reinterpret_cast<const E*>(sg.v),        \
+                                   sg.part_o, sg.part_ml, sg.rows, nh, nkv, sg.lens, causal, stride, blockIdx.x,     \
+                                   blockIdx.y, nsl);                                                                 \
     }
 TC_SEG_KERNEL(2, float, attention_tc_seg_hd64_f32)
 TC_SEG_KERNEL(4, float, attention_tc_seg_hd128_f32)

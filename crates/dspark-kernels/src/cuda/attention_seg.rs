@@ -10,7 +10,7 @@
 //! ```text
 //! table[layer][s] = {qkv rows, q rows, K cache, V cache, partials, out rows, lens, rows, splits}
 //! qkv_rope_append_seg      grid (max rows · heads, 1, S)
-//! attention_tc_seg_hd*     grid (nkv · max groups, max splits, S)
+//! attention_tc_seg_hd*     grid (nkv · max groups, ⌈max splits / nsl⌉, S)
 //! attention_combine_seg    grid (max rows · nh, 1, S)
 //! ```
 //!
@@ -20,6 +20,13 @@
 //! launches bit for bit — the per-request lossless invariant. Only sequences whose own launch
 //! would take the tensor-core kernel (more than 4 queries per KV head, at most `SPLIT_ROWS`
 //! rows; [`Gpu::segment_fits`]) go here; the caller launches the others alone.
+//!
+//! A step of many sequences has many more one-tile slices than resident blocks (8 requests of
+//! 512 keys: 1,024 blocks of one tile for 264 slots, four waves of a block's fixed start — its
+//! positions and Q staged — around one tile's work), so a block of the segmented kernel takes
+//! `nsl` slices one after another (`slices_per_block`), Q staged once, the next slice's first
+//! tile loaded during the last tile of the one before; each slice's partial is still computed
+//! from scratch, as its own block's.
 //!
 //! The table for every layer is written once per step ([`Gpu::plan_segments`], one copy beside
 //! the step's other inputs), so no copy breaks the chain of launches between layers. Each
@@ -99,7 +106,17 @@ pub struct SegPlan {
     max_splits: usize,
     /// The slices' tile stride, the same for every sequence (`split_plan`).
     stride: usize,
+    /// Slices a block of the attention takes (`slices_per_block`).
+    nsl: usize,
     dtype: KvDtype,
+}
+
+/// Slices a block takes, from 1, 2, 4 and 8, for a step whose blocks of one slice number `one`
+/// (`blocks(n)` of n slices each) on `slots` resident blocks: the fewest waves of a block's
+/// fixed start plus its tiles, reckoned as one tile each (`(1 + n)` per wave), ties to fewer.
+fn slices_per_block(blocks: impl Fn(usize) -> usize, slots: usize) -> usize {
+    let cost = |n: usize| blocks(n).div_ceil(slots.max(1)) * (1 + n);
+    [1, 2, 4, 8].into_iter().min_by_key(|&n| (cost(n), n)).unwrap_or(1)
 }
 
 fn shape(what: &str) -> CudaError {
@@ -149,11 +166,13 @@ impl Gpu {
         let mut plan = Vec::with_capacity(s_count);
         let (mut o_at, mut ml_at) = (0usize, 0usize);
         let (mut max_rows, mut max_groups, mut max_splits) = (0, 0, 0);
+        let mut seq_slices = Vec::with_capacity(s_count);
         let stride = split_plan(1, nkv, TC_PER_SM * self.sms).1;
         for it in items.iter() {
             let groups = (it.rows * (nh / nkv)).div_ceil(TC_Q);
             let (splits, _) = split_plan(it.lens.kv_cap, nkv, TC_PER_SM * self.sms);
             plan.push((splits, o_at, ml_at));
+            seq_slices.push((nkv * groups, splits));
             o_at += splits * it.rows * nh * hd;
             ml_at += splits * it.rows * nh * 2;
             (max_rows, max_groups, max_splits) =
@@ -196,7 +215,14 @@ impl Gpu {
             }
         }
         self.stream.memcpy_htod(words.as_slice(), &mut scratch.table.slice_mut(..words.len()))?;
-        Ok(Some(SegPlan { segments: s_count, max_rows, max_groups, max_splits, stride, dtype }))
+        let nsl = match self.seg_slices {
+            0 => {
+                let blocks = |n: usize| seq_slices.iter().map(|&(b, sl)| b * sl.div_ceil(n)).sum::<usize>();
+                slices_per_block(blocks, TC_PER_SM * self.sms)
+            }
+            n => n,
+        };
+        Ok(Some(SegPlan { segments: s_count, max_rows, max_groups, max_splits, stride, nsl, dtype }))
     }
 
     /// Layer `layer`'s norm + RoPE + append, attention and combine for every sequence of
@@ -230,12 +256,13 @@ impl Gpu {
         let threads = (hd / 2).div_ceil(32) * 32;
         let rope_grid = ((plan.max_rows * (nh + 2 * nkv)) as u32, 1, z);
         self.launch_pdl(&format!("qkv_rope_append_seg_f32{sfx}"), rope_grid, threads as u32, &args)?;
-        // attention_tc_seg_hd*_f32*(segs, nh, nkv, causal, stride)
+        // attention_tc_seg_hd*_f32*(segs, nh, nkv, causal, stride, nsl)
         let name = format!("attention_tc_seg_hd{hd}_f32{sfx}");
         let smem = dynamic_smem(&name).ok_or_else(|| shape(&format!("no kernel for head dim {hd}")))?;
         let stride = Arg::I32(plan.stride as i32);
-        let args = [table, Arg::I32(nh as i32), Arg::I32(nkv as i32), Arg::I32(causal as i32), stride];
-        let grid = ((nkv * plan.max_groups) as u32, plan.max_splits as u32, z);
+        let nsl = Arg::I32(plan.nsl as i32);
+        let args = [table, Arg::I32(nh as i32), Arg::I32(nkv as i32), Arg::I32(causal as i32), stride, nsl];
+        let grid = ((nkv * plan.max_groups) as u32, plan.max_splits.div_ceil(plan.nsl) as u32, z);
         self.launch_pdl_smem(&name, grid, 256, smem as u32, &args)?;
         // attention_combine_seg_f32(segs, nh, hd, keys)
         let args = [table, Arg::I32(nh as i32), Arg::I32(hd as i32), Arg::I32(SPLIT_TILE as i32)];
@@ -257,5 +284,21 @@ mod tests {
         // Never more than the kernels' cap, never fewer than one.
         assert_eq!(SegScratch::sizes(1, 1, 8, (4, 1, 64), 10_000).1, MAX_SPLITS * 8 * 4 * 64);
         assert_eq!(SegScratch::sizes(1, 1, 8, (4, 4, 64), 1).1, 8 * 4 * 64);
+    }
+
+    #[test]
+    fn slices_per_block_cut_the_waves_of_many_sequences() {
+        // An H200 / H100: 2 blocks an SM of 132; Qwen3-8B's 8 KV heads, one query group each.
+        let slots = 264;
+        let step = |seqs: usize, splits: usize| move |n: usize| seqs * 8 * splits.div_ceil(n);
+        // One request, 16 slices (512 keys): 128 blocks, one wave — a block a slice.
+        assert_eq!(slices_per_block(step(1, 16), slots), 1);
+        // 4 requests: 512 blocks, two waves of one tile → one wave of two.
+        assert_eq!(slices_per_block(step(4, 16), slots), 2);
+        // 8 requests: 1,024 blocks → 256 blocks of four; 16 requests → 256 blocks of eight.
+        assert_eq!(slices_per_block(step(8, 16), slots), 4);
+        assert_eq!(slices_per_block(step(16, 16), slots), 8);
+        // Long contexts (33 slices, one wave for one request) stay at one slice a block.
+        assert_eq!(slices_per_block(step(1, 33), slots), 1);
     }
 }

@@ -139,6 +139,10 @@ pub struct Gpu {
     /// Whether a batched step's sequences attend in one launch per kernel
     /// (`attention_seg.rs`; `DSPARK_NO_SEGMENTED=1` launches them one by one for A/B runs).
     pub segmented: bool,
+    /// Slices a block of the segmented attention takes: 0 chooses by the step
+    /// (`attention_seg.rs` `slices_per_block`); `DSPARK_SEG_SLICES=n` (1, 2, 4 or 8) fixes it for
+    /// A/B runs and tests.
+    pub seg_slices: usize,
     /// Whether a one-row step (decode) attends on the tensor-core kernel that verify steps use,
     /// without the folded RoPE, so that a row's attention is the same bits in every step that
     /// holds it (`ops.rs` `split_plan`; `DSPARK_ROW_EXACT=1` for A/B runs).
@@ -287,6 +291,11 @@ impl Gpu {
             clusters: sm90,
             split_rows32: std::env::var_os("DSPARK_NO_SPLIT_32").is_none(),
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
+            seg_slices: std::env::var("DSPARK_SEG_SLICES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| [1, 2, 4, 8].contains(n))
+                .unwrap_or(0),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
             xsm_limits,

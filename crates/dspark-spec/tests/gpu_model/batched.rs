@@ -277,15 +277,29 @@ fn batched_draft_passes_equal_each_sequence_alone() {
 /// The segmented attention launches (`attention_seg.rs`: a step's sequences in one launch per
 /// kernel, those of 3 rows or more here — over 4 queries per KV head) against each sequence
 /// alone, bit for bit, for both cache element types and with sequences of different lengths
-/// and slice counts in one step; a profile shows the segmented kernels ran, once a layer.
+/// and slice counts in one step; a profile shows the segmented kernels ran, once a layer. Also
+/// with 2 and 4 slices a block of the segmented attention (`Gpu::seg_slices`; the tiny steps
+/// choose 1), so blocks take several slices, some fewer than their share.
 #[test]
 fn segmented_attention_equals_each_sequence_alone() {
+    let with_slices = |n: usize| {
+        let mut g = Gpu::new(0).expect("the GPU tier needs a CUDA device");
+        g.seg_slices = n;
+        Arc::new(g)
+    };
+    for g in [gpu(), with_slices(2), with_slices(4)] {
+        segmented_equals_alone(g);
+    }
+}
+
+fn segmented_equals_alone(g: Arc<Gpu>) {
+    let nsl = g.seg_slices;
     let (_dir, tdir, _ddir) = write_bf16_pair(5, &two_layer_draft(4, MarkovKind::Vanilla, false), DType::BF16);
     for kv in [KvDtype::F32, KvDtype::Bf16] {
         let seqs = 4;
-        let mut batch = CudaBatch::new(CudaQwen3::load_kv(gpu(), &tdir, MAX_LEN, kv).unwrap(), seqs).unwrap();
+        let mut batch = CudaBatch::new(CudaQwen3::load_kv(g.clone(), &tdir, MAX_LEN, kv).unwrap(), seqs).unwrap();
         let mut solo: Vec<CudaQwen3> =
-            (0..seqs).map(|_| CudaQwen3::load_kv(gpu(), &tdir, MAX_LEN, kv).unwrap()).collect();
+            (0..seqs).map(|_| CudaQwen3::load_kv(g.clone(), &tdir, MAX_LEN, kv).unwrap()).collect();
         let taps = [0usize, 2];
         batch.set_capture(&taps).unwrap();
         for s in &mut solo {
@@ -315,12 +329,12 @@ fn segmented_attention_equals_each_sequence_alone() {
             let fits = items.iter().filter(|(_, t)| t.len() >= 3).count();
             let profile = !profiled && fits >= 2;
             if profile {
-                gpu().set_profiling(true).unwrap();
+                g.set_profiling(true).unwrap();
             }
             let got = batch.forward_batch_logits(&batch_items, &vec![true; items.len()]).unwrap();
             if profile {
-                let kernels = gpu().take_profile().unwrap();
-                gpu().set_profiling(false).unwrap();
+                let kernels = g.take_profile().unwrap();
+                g.set_profiling(false).unwrap();
                 let launches = |name: &str| kernels.iter().find(|k| k.name == name).map_or(0, |k| k.launches);
                 let sfx = if kv == KvDtype::Bf16 { "_kvbf16" } else { "" };
                 assert_eq!(launches(&format!("attention_tc_seg_hd64_f32{sfx}")), layers, "{kv:?}: {kernels:?}");
@@ -331,7 +345,7 @@ fn segmented_attention_equals_each_sequence_alone() {
             for ((s, tokens), (g, logits)) in items.iter().zip(&got) {
                 let caps = batch.host_captures(&g.captured).unwrap();
                 let alone = solo[*s].forward(tokens, LogitRows::All).unwrap();
-                let what = format!("{kv:?} round {round}, sequence {s}, {} rows", tokens.len());
+                let what = format!("{kv:?}, {nsl} slices a block, round {round}, sequence {s}, {} rows", tokens.len());
                 assert!(same(logits, &alone.logits), "{what}: logits differ from the sequence alone");
                 assert!(same(&caps, &alone.captured), "{what}: captures differ from the sequence alone");
             }
