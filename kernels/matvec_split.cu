@@ -195,13 +195,30 @@ __device__ void matvec_split(const __nv_bfloat16* __restrict__ w, const void* xp
         if (i < nsteps) copy_stage(i);
         cp_async_commit();
     }
-    for (int i = 0; i < nsteps;) {
-        if (i + 1 < nsteps) load(a1, b1, i + 1);
-        step(i, a0, b0);
-        if (++i >= nsteps) break;
-        if (i + 1 < nsteps) load(a0, b0, i + 1);
-        step(i, a1, b1);
-        ++i;
+    if constexpr (NG <= 4) {
+        // Three steps of weights in flight where the accumulators leave the registers (32 rows).
+        uint4 a2[SPLIT_U], b2[SPLIT_U];
+        if (1 < nsteps) load(a1, b1, 1);
+        for (int i = 0; i < nsteps;) {
+            if (i + 2 < nsteps) load(a2, b2, i + 2);
+            step(i, a0, b0);
+            if (++i >= nsteps) break;
+            if (i + 2 < nsteps) load(a0, b0, i + 2);
+            step(i, a1, b1);
+            if (++i >= nsteps) break;
+            if (i + 2 < nsteps) load(a1, b1, i + 2);
+            step(i, a2, b2);
+            ++i;
+        }
+    } else {
+        for (int i = 0; i < nsteps;) {
+            if (i + 1 < nsteps) load(a1, b1, i + 1);
+            step(i, a0, b0);
+            if (++i >= nsteps) break;
+            if (i + 1 < nsteps) load(a0, b0, i + 1);
+            step(i, a1, b1);
+            ++i;
+        }
     }
     cp_async_wait_group<0>();
     __syncthreads();  // the ring is free: it holds the partial sums, then the epilogue's buffer
