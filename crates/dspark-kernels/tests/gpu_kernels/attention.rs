@@ -153,12 +153,7 @@ fn bf16_output_rows_are_the_f32_rows_rounded() {
     let (nh, nkv, hd, kv_len) = (32, 8, 128, 300);
     let width = nh * hd;
     for kv in KV_DTYPES {
-        let mut k = rng.vec(kv_len * nkv * hd);
-        let mut v = rng.vec(kv_len * nkv * hd);
-        if kv == KvDtype::Bf16 {
-            k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = round_bf16(*x));
-        }
-        let (kd, vd) = (Cache::up(&g, &k, kv), Cache::up(&g, &v, kv));
+        let (kd, vd) = random_caches(&g, &mut rng, kv_len * nkv * hd, kv);
         let mut sc = scratch(&g, nh, hd);
         for rows in [1, 8, 16, 17] {
             let first_pos = kv_len - rows;
@@ -350,12 +345,7 @@ fn a_row_is_the_same_bits_in_every_step_that_holds_it() {
         for kv in KV_DTYPES {
             for &(nh, nkv, hd, max_len) in shapes {
                 let cap = max_len.next_power_of_two();
-                let mut k = rng.vec(cap * nkv * hd);
-                let mut v = rng.vec(cap * nkv * hd);
-                if kv == KvDtype::Bf16 {
-                    k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = round_bf16(*x));
-                }
-                let (kd, vd) = (Cache::up(&g, &k, kv), Cache::up(&g, &v, kv));
+                let (kd, vd) = random_caches(&g, &mut rng, cap * nkv * hd, kv);
                 let mut sc = scratch(&g, nh, hd);
                 let width = nh * hd;
                 for _ in 0..4 {
@@ -396,6 +386,17 @@ fn a_row_is_the_same_bits_in_every_step_that_holds_it() {
             }
         }
     }
+}
+
+/// Random K and V caches of `n` values each, rounded to bf16 first for a bf16 cache (so the two
+/// element types hold the same values).
+fn random_caches(g: &Gpu, rng: &mut Rng, n: usize, kv: KvDtype) -> (Cache, Cache) {
+    let mut k = rng.vec(n);
+    let mut v = rng.vec(n);
+    if kv == KvDtype::Bf16 {
+        k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = round_bf16(*x));
+    }
+    (Cache::up(g, &k, kv), Cache::up(g, &v, kv))
 }
 
 /// The bits of row `j` of a causal split attention of `q`'s `rows` rows from `first_pos` over

@@ -38,6 +38,18 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 }
 
 /// x rounded to the nearest bf16, as the `_x1` kernels feed it to the MMAs.
+/// bf16 rows a kernel packed into an f32 buffer (two values a slot, the first in the low
+/// half), widened to f32.
+fn widen_bf16_rows(packed: &[f32]) -> Vec<f32> {
+    packed
+        .iter()
+        .flat_map(|v| {
+            let b = v.to_bits();
+            [f32::from_bits(b << 16), f32::from_bits(b & 0xffff_0000)]
+        })
+        .collect()
+}
+
 fn round_bf16(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect()
 }
@@ -254,23 +266,11 @@ fn bf16_rows_give_the_same_bits_as_f32_rows() {
             assert!(same_bits(&rows[i], &f32s[i]), "{m} rows: {what} differs with bf16 rows");
         }
         assert!(rows[6].iter().all(|v| v.is_finite()), "{m} rows: down's output left unwritten");
-        let act: Vec<f32> = rows[5][..m * inter / 2]
-            .iter()
-            .flat_map(|v| {
-                let b = v.to_bits();
-                [f32::from_bits(b << 16), f32::from_bits(b & 0xffff_0000)]
-            })
-            .collect();
+        let act = widen_bf16_rows(&rows[5][..m * inter / 2]);
         assert!(same_bits(&act, &round_bf16(&f32s[5])), "{m} rows: the bf16 act rows are not act rounded");
         assert!(rows[3].iter().all(|v| v.is_finite()), "{m} rows: consumer output left unwritten");
         // The stored rows: each f32 row's x·γ rounded to bf16, in u's first half.
-        let stored: Vec<f32> = rows[1][..m * h / 2]
-            .iter()
-            .flat_map(|v| {
-                let b = v.to_bits();
-                [f32::from_bits(b << 16), f32::from_bits(b & 0xffff_0000)]
-            })
-            .collect();
+        let stored = widen_bf16_rows(&rows[1][..m * h / 2]);
         assert!(same_bits(&stored, &round_bf16(&f32s[1])), "{m} rows: the bf16 rows are not x·γ rounded");
     }
     g.set_activations(Activations::F32).unwrap();
