@@ -60,8 +60,8 @@ impl Gpu {
     /// for the next matvec (pending in `ss` on the tensor-core path; `ss` needs `m · ⌈d_out/16⌉`
     /// values). `bf16_rows`: the caller's consumer reads bf16 rows ([`Gpu::reads_bf16_rows`]
     /// of its weights), so `u` may hold them — half the bytes it reads, the same bits (not for
-    /// the final norm, whose lm_head kernels read f32). `x_bf16`: x holds bf16 rows (a SwiGLU
-    /// producer's act, [`Gpu::matvec_swiglu_normed`]).
+    /// the final norm, whose lm_head kernels read f32). `x_bf16`: x holds bf16 rows (SwiGLU's act,
+    /// [`Gpu::matvec_swiglu_normed`], or the split attention's output, [`Gpu::attention_split`]).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec_norm_out(
         &self,
