@@ -3,11 +3,10 @@
 set -uo pipefail
 bash scripts/unbundle.sh >/dev/null 2>&1
 B=.gpu-bundle
-xz -dc .gpu-ab/dspark-ws.xz > /tmp/base && chmod +x /tmp/base
 $B/gpu_kernels --test-threads=1 attention 2>&1 | grep -E "test result|FAIL|panick" | tail -4
 $B/gpu_model --test-threads=1 activations 2>&1 | grep -E "test result|FAIL|panick" | tail -4
 for v in new base; do
-  bin=$B/dspark; [ $v = base ] && bin=/tmp/base
+  pre=""; [ $v = base ] && pre="DSPARK_ATTN_3XTF32=1"
   echo "== $v"
-  $bin bench --concurrency 1,8 --concurrency-only --contexts 512 --iters 3 --kv-cache bf16 --activations bf16 2>/dev/null | grep -E '^\| [0-9]+ \| 512'
+  env $pre $B/dspark bench --concurrency 1,8 --concurrency-only --contexts 512 --iters 3 --kv-cache bf16 --activations bf16 2>/dev/null | grep -E '^\| [0-9]+ \| 512'
 done
