@@ -64,6 +64,9 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& sma
     small = __float_as_uint(x - __uint_as_float(big));
 }
 
+// x rounded to TF32 (split_tf32's big part alone).
+__device__ __forceinline__ uint32_t tf32_big(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
 __device__ __forceinline__ void mma_tf32(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
     asm volatile(
@@ -96,7 +99,12 @@ __device__ __forceinline__ void mma_2xtf32(float* big, float* small, const uint3
 // so K and V then skip their splits and one MMA of three in both products (mma_2xtf32), and the
 // results equal the f32 kernel's on a cache holding the same (bf16-rounded) values to within
 // the dropped small·small term.
-template <int PER, typename E = float>
+// LP (`attention_tc1_*`, the bf16-activation mode's kernels, `Gpu::attention_1xtf32`): one TF32
+// MMA a product — Q, P and an f32 cache's K and V rounded to TF32 (~2⁻¹¹ relative, where bf16
+// engines round them to bf16, 2⁻⁸), no small parts split or multiplied. Every step of the mode
+// (decode, verify, a batched step's segments) takes these kernels, so a row's bits still do not
+// depend on its step.
+template <int PER, typename E = float, bool LP = false>
 __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                              float* part_o, float* part_ml, int rows, int nh, int nkv, const int* lens, int causal,
                              int stride, unsigned bx, unsigned by) {
@@ -225,9 +233,11 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
         split_tf32(val[0].w, b1.z, s1.z);
         split_tf32(val[1].w, b1.w, s1.w);
         sqb[m_t][ch][0][fl] = b0;
-        sqs[m_t][ch][0][fl] = s0;
         sqb[m_t][ch][1][fl] = b1;
-        sqs[m_t][ch][1][fl] = s1;
+        if constexpr (!LP) {
+            sqs[m_t][ch][0][fl] = s0;
+            sqs[m_t][ch][1][fl] = s1;
+        }
     }
     TC_MARK(2);
     store_tile();
@@ -272,8 +282,14 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
             for (int ch = 0; ch < CHUNKS; ch++) {
                 const int c4 = ch * 4 + t;
                 const uint4 q0b = sqb[mt][ch][0][lane], q1b = sqb[mt][ch][1][lane];
-                const uint4 q0s = sqs[mt][ch][0][lane], q1s = sqs[mt][ch][1][lane];
                 const float4 kk = sk[key][c4 ^ sw];
+                if constexpr (LP) {
+                    const uint32_t bb[4] = {tf32_big(kk.x), tf32_big(kk.y), tf32_big(kk.z), tf32_big(kk.w)};
+                    mma_tf32(sb, q0b.x, q0b.y, q0b.z, q0b.w, bb[0], bb[1]);
+                    mma_tf32(sb, q1b.x, q1b.y, q1b.z, q1b.w, bb[2], bb[3]);
+                    continue;
+                }
+                const uint4 q0s = sqs[mt][ch][0][lane], q1s = sqs[mt][ch][1][lane];
                 if constexpr (EXACT) {
                     const uint32_t bb[4] = {__float_as_uint(kk.x), __float_as_uint(kk.y), __float_as_uint(kk.z),
                                             __float_as_uint(kk.w)};
@@ -334,15 +350,24 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
                 // Slot t ↔ key 8ks + 2t, slot t+4 ↔ key 8ks + 2t + 1, in A (P) and B (V) alike.
                 const int key = 8 * ks + 2 * t;
                 uint32_t pb[4], ps[4];
-                split_tf32(sp[ra][key], pb[0], ps[0]);
-                split_tf32(sp[rb][key], pb[1], ps[1]);
-                split_tf32(sp[ra][key + 1], pb[2], ps[2]);
-                split_tf32(sp[rb][key + 1], pb[3], ps[3]);
+                if constexpr (LP) {
+                    pb[0] = tf32_big(sp[ra][key]);
+                    pb[1] = tf32_big(sp[rb][key]);
+                    pb[2] = tf32_big(sp[ra][key + 1]);
+                    pb[3] = tf32_big(sp[rb][key + 1]);
+                } else {
+                    split_tf32(sp[ra][key], pb[0], ps[0]);
+                    split_tf32(sp[rb][key], pb[1], ps[1]);
+                    split_tf32(sp[ra][key + 1], pb[2], ps[2]);
+                    split_tf32(sp[rb][key + 1], pb[3], ps[3]);
+                }
 #pragma unroll
                 for (int n = 0; n < NQ; n++) {
                     const int d = (quarter * (HD / 4) + 8 * n + g) ^ (t << 3);  // (key / 2) & 3 == t
                     // O has one accumulator, so the small terms go in before the big one.
-                    if constexpr (EXACT) {
+                    if constexpr (LP) {
+                        mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], tf32_big(sv[key][d]), tf32_big(sv[key + 1][d]));
+                    } else if constexpr (EXACT) {
                         const uint32_t b0 = __float_as_uint(sv[key][d]), b1 = __float_as_uint(sv[key + 1][d]);
                         mma_tf32(o[n], ps[0], ps[1], ps[2], ps[3], b0, b1);
                         mma_tf32(o[n], pb[0], pb[1], pb[2], pb[3], b0, b1);
@@ -383,35 +408,43 @@ __device__ void attention_tc(const float* __restrict__ q, const E* __restrict__ 
 // Dynamic shared memory of attention_tc for head dim hd (the host sets the same figure).
 #define TC_SMEM(HD) ((2 * TC_Q + 2 * TC_TK) * (HD) * 4 + (TC_Q + 1) * TC_SP * 4)
 
-// E: the cache element, as in attention.cu.
-#define TC_KERNEL_E(PER, E, NAME)                                                                                  \
+// E: the cache element, as in attention.cu; LP: the one-MMA (`attention_tc1_*`) twins.
+#define TC_KERNEL_E(PER, E, LP, NAME)                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
         NAME(const float* q, const E* k, const E* v, float* part_o, float* part_ml, int rows, int nh, int nkv,      \
              const int* lens, int causal, int stride) {                                                            \
-        attention_tc<PER, E>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, stride, blockIdx.x,            \
-                             blockIdx.y);                                                                          \
+        attention_tc<PER, E, LP>(q, k, v, part_o, part_ml, rows, nh, nkv, lens, causal, stride, blockIdx.x,        \
+                                 blockIdx.y);                                                                      \
     }
-#define TC_KERNEL(PER, NAME) TC_KERNEL_E(PER, float, NAME)
-TC_KERNEL(2, attention_tc_hd64_f32)
-TC_KERNEL(4, attention_tc_hd128_f32)
-TC_KERNEL_E(2, __nv_bfloat16, attention_tc_hd64_f32_kvbf16)
-TC_KERNEL_E(4, __nv_bfloat16, attention_tc_hd128_f32_kvbf16)
+TC_KERNEL_E(2, float, false, attention_tc_hd64_f32)
+TC_KERNEL_E(4, float, false, attention_tc_hd128_f32)
+TC_KERNEL_E(2, __nv_bfloat16, false, attention_tc_hd64_f32_kvbf16)
+TC_KERNEL_E(4, __nv_bfloat16, false, attention_tc_hd128_f32_kvbf16)
+TC_KERNEL_E(2, float, true, attention_tc1_hd64_f32)
+TC_KERNEL_E(4, float, true, attention_tc1_hd128_f32)
+TC_KERNEL_E(2, __nv_bfloat16, true, attention_tc1_hd64_f32_kvbf16)
+TC_KERNEL_E(4, __nv_bfloat16, true, attention_tc1_hd128_f32_kvbf16)
 
 // Segmented twins (issue #30's batched steps): the sequences of a step in one launch, blockIdx.z
 // the sequence (AttnSeg). Grid: x = nkv × the most query groups of any sequence, y = the most
 // slices; a block past its sequence's groups or slices leaves. Every other block runs the body
 // above on its sequence's rows, caches, partials and slice count, as that sequence's own launch
 // would: the same bits.
-#define TC_SEG_KERNEL(PER, E, NAME)                                                                                \
+#define TC_SEG_KERNEL(PER, E, LP, NAME)                                                                            \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, 2)                                                 \
         NAME(const AttnSeg* segs, int nh, int nkv, int causal, int stride) {                                       \
         const AttnSeg sg = segs[blockIdx.z];                                                                       \
         const int groups = (sg.rows * (nh / nkv) + TC_Q - 1) / TC_Q;                                               \
         if ((int)blockIdx.x >= nkv * groups || (int)blockIdx.y >= sg.splits) return;                               \
-        attention_tc<PER, E>(sg.q, reinterpret_cast<const E*>(sg.k), reinterpret_cast<const E*>(sg.v), sg.part_o,  \
-                             sg.part_ml, sg.rows, nh, nkv, sg.lens, causal, stride, blockIdx.x, blockIdx.y);       \
+        attention_tc<PER, E, LP>(sg.q, reinterpret_cast<const E*>(sg.k), reinterpret_cast<const E*>(sg.v),          \
+                                 sg.part_o, sg.part_ml, sg.rows, nh, nkv, sg.lens, causal, stride, blockIdx.x,     \
+                                 blockIdx.y);                                                                      \
     }
-TC_SEG_KERNEL(2, float, attention_tc_seg_hd64_f32)
-TC_SEG_KERNEL(4, float, attention_tc_seg_hd128_f32)
-TC_SEG_KERNEL(2, __nv_bfloat16, attention_tc_seg_hd64_f32_kvbf16)
-TC_SEG_KERNEL(4, __nv_bfloat16, attention_tc_seg_hd128_f32_kvbf16)
+TC_SEG_KERNEL(2, float, false, attention_tc_seg_hd64_f32)
+TC_SEG_KERNEL(4, float, false, attention_tc_seg_hd128_f32)
+TC_SEG_KERNEL(2, __nv_bfloat16, false, attention_tc_seg_hd64_f32_kvbf16)
+TC_SEG_KERNEL(4, __nv_bfloat16, false, attention_tc_seg_hd128_f32_kvbf16)
+TC_SEG_KERNEL(2, float, true, attention_tc1_seg_hd64_f32)
+TC_SEG_KERNEL(4, float, true, attention_tc1_seg_hd128_f32)
+TC_SEG_KERNEL(2, __nv_bfloat16, true, attention_tc1_seg_hd64_f32_kvbf16)
+TC_SEG_KERNEL(4, __nv_bfloat16, true, attention_tc1_seg_hd128_f32_kvbf16)

@@ -237,7 +237,7 @@ impl Gpu {
         let rope_grid = ((plan.max_rows * (nh + 2 * nkv)) as u32, 1, z);
         self.launch_pdl(&format!("qkv_rope_append_seg_f32{sfx}"), rope_grid, threads as u32, &args)?;
         // attention_tc_seg_hd*_f32*(segs, nh, nkv, causal, stride)
-        let name = format!("attention_tc_seg_hd{hd}_f32{sfx}");
+        let name = format!("{}_seg_hd{hd}_f32{sfx}", self.attention_tc_prefix());
         let smem = dynamic_smem(&name).ok_or_else(|| shape(&format!("no kernel for head dim {hd}")))?;
         let stride = Arg::I32(plan.stride as i32);
         let args = [table, Arg::I32(nh as i32), Arg::I32(nkv as i32), Arg::I32(causal as i32), stride];

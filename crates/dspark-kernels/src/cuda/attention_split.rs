@@ -178,7 +178,7 @@ impl Gpu {
         let (name, combine) = if per_block == 4 {
             (format!("attention_split_q1_hd{head_dim}_f32{}", kv.kernel_suffix()), "attention_combine_q1_f32")
         } else {
-            (format!("attention_tc_hd{head_dim}_f32{}", kv.kernel_suffix()), "attention_combine_f32")
+            (format!("{}_hd{head_dim}_f32{}", self.attention_tc_prefix(), kv.kernel_suffix()), "attention_combine_f32")
         };
         let groups = group_queries.div_ceil(per_block);
         let (splits, stride) = split_plan(kv_cap, n_kv_heads, per_sm * self.sms);

@@ -133,6 +133,10 @@ pub struct Gpu {
     pub split_any_grid: bool,
     /// Whether the sm_90 PTX is loaded: thread-block clusters, which the split kernels need.
     pub(crate) clusters: bool,
+    /// Whether the bf16-activation mode's tensor-core attention takes its one-MMA kernels
+    /// (`attention_tc1_*`: Q, P and f32 caches rounded to TF32; `DSPARK_ATTN_3XTF32=1` keeps the
+    /// f32 mode's 3xTF32 kernels for A/B runs).
+    pub attention_1xtf32: bool,
     /// Whether launches of 17–32 rows take split twins too, as those of 33–64 do
     /// (`DSPARK_NO_SPLIT_32=1` keeps matvec.cu's wide kernels there for A/B runs).
     pub split_rows32: bool,
@@ -215,6 +219,16 @@ impl Gpu {
         self.row_exact || self.activations == crate::Activations::Bf16
     }
 
+    /// The tensor-core attention's kernel prefix: `attention_tc1` (one TF32 MMA a product) with
+    /// bf16 activations and `attention_1xtf32`, else `attention_tc` (3xTF32).
+    pub(crate) fn attention_tc_prefix(&self) -> &'static str {
+        if self.attention_1xtf32 && self.activations == crate::Activations::Bf16 {
+            "attention_tc1"
+        } else {
+            "attention_tc"
+        }
+    }
+
     /// Opens device `ordinal`, loads every kernel module, and creates the op stream.
     pub fn new(ordinal: usize) -> CudaResult<Gpu> {
         if !available() {
@@ -286,6 +300,7 @@ impl Gpu {
             split_any_grid: false,
             clusters: sm90,
             split_rows32: std::env::var_os("DSPARK_NO_SPLIT_32").is_none(),
+            attention_1xtf32: std::env::var_os("DSPARK_ATTN_3XTF32").is_none(),
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),

@@ -195,12 +195,19 @@ impl OpScratch {
 }
 
 /// Dynamic shared memory of the kernels that use it: `attention_tc_hd*` stages Q (split in
-/// two), a 32-key K and V tile and the 32 × 33 score tile (kernels/attention_tc.cu, TC_SMEM);
+/// two; the `attention_tc1` twins use the first half), a 32-key K and V tile and the 32 × 33
+/// score tile (kernels/attention_tc.cu, TC_SMEM);
 /// `attention_prefill_hd*` double-buffers 64-key bf16 K and V tiles (attention_prefill.rs).
 pub(crate) fn dynamic_smem(name: &str) -> Option<usize> {
     let hd = match name.strip_suffix("_kvbf16").unwrap_or(name) {
-        "attention_tc_hd64_f32" | "attention_tc_seg_hd64_f32" => 64,
-        "attention_tc_hd128_f32" | "attention_tc_seg_hd128_f32" => 128,
+        "attention_tc_hd64_f32"
+        | "attention_tc_seg_hd64_f32"
+        | "attention_tc1_hd64_f32"
+        | "attention_tc1_seg_hd64_f32" => 64,
+        "attention_tc_hd128_f32"
+        | "attention_tc_seg_hd128_f32"
+        | "attention_tc1_hd128_f32"
+        | "attention_tc1_seg_hd128_f32" => 128,
         "attention_prefill_hd64_f32" => return Some(super::attention_prefill::smem_bytes(64)),
         "attention_prefill_hd128_f32" => return Some(super::attention_prefill::smem_bytes(128)),
         _ if name.starts_with("matvec_split_") => return super::matvec_split::split_smem_of(name),
