@@ -3,6 +3,7 @@
 set -uo pipefail
 bash scripts/unbundle.sh >/dev/null 2>&1
 B=.gpu-bundle
+export DSPARK_ROOT=$PWD
 O=${OUT:-/tmp}
 $B/gpu_kernels --test-threads=1 row_gemm 2>&1 | grep -E "test result|FAIL|panick|assert" | tail -6
 $B/gpu_model --test-threads=1 activations batched 2>&1 | grep -E "test result|FAIL|panick|assert" | tail -8
@@ -10,7 +11,8 @@ for r in 1 2; do
 for v in new base; do
   pre=""; [ $v = base ] && pre="DSPARK_NO_ROW_GEMM=1"
   echo "== $v $r"
-  env $pre $B/dspark bench --concurrency 1,4,8,16 --concurrency-only --contexts 512 --iters 3 --kv-cache bf16 --activations bf16 > $O/bench-$v-$r.txt 2>&1
-  grep -E '^\| [0-9]+ \| 512' $O/bench-$v-$r.txt
+  log=""; [ $v$r = new1 ] && log="DSPARK_ROW_GEMM_LOG=1"
+  env $pre $log $B/dspark bench --concurrency 1,4,8,16 --concurrency-only --contexts 512 --iters 3 --kv-cache bf16 --activations bf16 > $O/bench-$v-$r.txt 2>&1
+  grep -E '^\| [0-9]+ \| 512|^row GEMM' $O/bench-$v-$r.txt
 done
 done

@@ -20,14 +20,17 @@
 //! kernel computes each output element from its own row of x and column of W, in an order fixed
 //! by its tile shape, split-K and reduction — not by the other rows — so one kernel
 //! configuration used at every M gives every row the same bits; cuBLAS's default heuristics
-//! pick a different kernel per M, which would not. So each shape's algorithm is chosen once,
-//! at load ([`RowGemm::plan`]): the heuristic's candidates for [`PLAN_ROWS`] rows (a fixed row
-//! count, so every engine on the same GPU and library makes the same choice whatever its batch
-//! size), the first that passes a check on the real weight: 64 random rows against the same
-//! rows run as 1, 8, 13 and 33 rows at several offsets, and against a second run of all 64,
-//! bit for bit. (Measured on the H100 with cuBLAS 13: every candidate of every Qwen3-8B shape
-//! passed; `docs/perf.md`.) A shape with no passing candidate is an error at load, and the
-//! model keeps the matvec path.
+//! pick a different kernel per M, which would not. So each shape is planned once, at load
+//! ([`RowGemm::plan`]), on the real weight and 64 random rows: the reference is the first of the
+//! heuristic's candidates for [`PLAN_ROWS`] rows (a fixed row count, so every engine on the same
+//! GPU and library makes the same choice whatever its batch size) whose rows have the same bits
+//! run as 1, 8, 13 and 33 rows at several offsets and in a second run of all 64; its class is
+//! every candidate (for any of [`BUCKETS`]' row counts) that passes the same checks with the
+//! reference's bits. Calls of m rows then run the class member that was fastest at the first
+//! bucket ≥ m — which member wins moves no bit. (Measured on the H100 with cuBLAS 13: every
+//! candidate of every Qwen3-8B shape was row-exact on its own; `docs/perf.md`.) A shape with no
+//! such candidate is an error at load, and the model keeps the matvec path.
+//! `DSPARK_ROW_GEMM_LOG=1` prints each shape's class and times.
 
 use super::ops::{check, WeightBuf};
 use super::{CudaError, CudaResult, Gpu};
@@ -42,12 +45,32 @@ use std::sync::Mutex;
 /// a batched round verifies (8 requests' full blocks).
 pub const PLAN_ROWS: usize = 64;
 
-/// Heuristic candidates tried per shape.
+/// Heuristic candidates asked for per row count.
 const CANDIDATES: usize = 8;
+
+/// Calls timed per candidate and row count when a shape is planned.
+const TIMED_CALLS: usize = 10;
 
 /// Bytes of cuBLASLt workspace (NVIDIA's figure for GPUs before Hopper; GEMMs of at most a few
 /// hundred rows need no more).
 pub const WORKSPACE_BYTES: usize = 4 << 20;
+
+/// The row counts a shape's algorithms are timed at: a call of m rows runs the one chosen for
+/// the first bucket ≥ m.
+pub const BUCKETS: [usize; 5] = [1, 8, 16, 32, PLAN_ROWS];
+
+/// A planned shape: for each of [`BUCKETS`], the algorithm calls of that many rows run.
+#[derive(Clone, Copy)]
+struct Plan {
+    algos: [lt::cublasLtMatmulAlgo_t; BUCKETS.len()],
+}
+
+impl Plan {
+    fn for_rows(&self, m: usize) -> &lt::cublasLtMatmulAlgo_t {
+        let b = BUCKETS.iter().position(|&b| m <= b).unwrap_or(BUCKETS.len() - 1);
+        &self.algos[b]
+    }
+}
 
 /// (m, offset) runs each candidate is checked with against its 64-row run.
 const CHECKS: [(usize, usize); 6] = [(1, 0), (1, 63), (8, 0), (8, 56), (13, 3), (33, 31)];
@@ -57,8 +80,9 @@ pub struct RowGemm {
     handle: lt::cublasLtHandle_t,
     desc: lt::cublasLtMatmulDesc_t,
     workspace: CudaSlice<u8>,
-    /// `(n, k)` → the algorithm every call of that shape runs.
-    plans: Mutex<HashMap<(usize, usize), lt::cublasLtMatmulAlgo_t>>,
+    /// `(n, k)` → the shape's algorithms, the fastest at each of [`BUCKETS`]' row counts: all of
+    /// one bit-identical class (module docs).
+    plans: Mutex<HashMap<(usize, usize), Plan>>,
 }
 
 // SAFETY: the handle and descriptor are opaque cuBLASLt objects that cuBLASLt allows to be used
@@ -164,7 +188,7 @@ impl RowGemm {
         }
     }
 
-    fn plans(&self) -> CudaResult<std::sync::MutexGuard<'_, HashMap<(usize, usize), lt::cublasLtMatmulAlgo_t>>> {
+    fn plans(&self) -> CudaResult<std::sync::MutexGuard<'_, HashMap<(usize, usize), Plan>>> {
         self.plans.lock().map_err(|_| CudaError::Shape("row GEMM plans poisoned".into()))
     }
 
@@ -173,9 +197,9 @@ impl RowGemm {
         self.plans().map(|p| p.contains_key(&(n, k))).unwrap_or(false)
     }
 
-    /// The heuristic's candidates for `PLAN_ROWS` rows of shape `n × k`, best first.
-    fn candidates(&self, n: usize, k: usize) -> CudaResult<Vec<lt::cublasLtMatmulAlgo_t>> {
-        let lay = Layouts::new(PLAN_ROWS, k, n)?;
+    /// The heuristic's candidates for `rows` rows of shape `n × k`, best first.
+    fn candidates(&self, rows: usize, n: usize, k: usize) -> CudaResult<Vec<lt::cublasLtMatmulAlgo_t>> {
+        let lay = Layouts::new(rows, k, n)?;
         let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
         let ws = self.workspace.len();
         // SAFETY: out-pointers filled by cuBLASLt; the preference is destroyed before returning.
@@ -276,35 +300,86 @@ impl RowGemm {
         let xp = x.device_ptr(&gpu.stream).0;
         let yp = y.device_ptr_mut(&gpu.stream).0;
         let rows_at = |m: usize, off: usize| (wp, xp + (off * k * 2) as u64, yp + (off * n * 4) as u64, m);
-        let mut tried = 0;
-        for algo in self.candidates(n, k)? {
-            tried += 1;
-            let run = |(w, x, y, m): (u64, u64, u64, usize)| self.call(gpu, &algo, (w, x, y), (m, k, n), 0.0);
+        // The class: the first of the heuristic's 64-row candidates whose rows pass the checks,
+        // then every candidate for any bucket's row count with the same bits at every check.
+        let mut pool: Vec<lt::cublasLtMatmulAlgo_t> = Vec::new();
+        for rows in std::iter::once(PLAN_ROWS).chain(BUCKETS) {
+            for algo in self.candidates(rows, n, k)? {
+                if !pool.iter().any(|a| a.data == algo.data) {
+                    pool.push(algo);
+                }
+            }
+        }
+        let bits = |y: &CudaSlice<f32>| -> CudaResult<Vec<u32>> {
+            Ok(gpu.stream.clone_dtoh(y)?.iter().map(|v| v.to_bits()).collect())
+        };
+        let mut reference: Option<Vec<u32>> = None;
+        let mut class = Vec::new();
+        for algo in &pool {
+            let run = |(w, x, y, m): (u64, u64, u64, usize)| self.call(gpu, algo, (w, x, y), (m, k, n), 0.0);
+            gpu.stream.memset_zeros(&mut y)?;
             if run(rows_at(PLAN_ROWS, 0)).is_err() {
                 continue;
             }
-            let reference: Vec<u32> = gpu.stream.clone_dtoh(&y)?.iter().map(|v| v.to_bits()).collect();
-            let mut exact = run(rows_at(PLAN_ROWS, 0)).is_ok()
-                && gpu.stream.clone_dtoh(&y)?.iter().map(|v| v.to_bits()).eq(reference.iter().copied());
+            let all = bits(&y)?;
+            if reference.as_ref().is_some_and(|r| *r != all) {
+                continue;
+            }
+            let mut exact = run(rows_at(PLAN_ROWS, 0)).is_ok() && bits(&y)? == all;
             for (m, off) in CHECKS {
                 if !exact {
                     break;
                 }
                 gpu.stream.memset_zeros(&mut y)?;
                 exact = run(rows_at(m, off)).is_ok() && {
-                    let got = gpu.stream.clone_dtoh(&y)?;
+                    let got = bits(&y)?;
                     let r = off * n..(off + m) * n;
-                    got[r.clone()].iter().zip(&reference[r]).all(|(a, b)| a.to_bits() == *b)
+                    got[r.clone()] == all[r]
                 };
             }
             if exact {
-                self.plans()?.insert((n, k), algo);
-                return Ok(());
+                reference.get_or_insert(all);
+                class.push(*algo);
             }
         }
-        Err(CudaError::Shape(format!(
-            "row GEMM: none of cuBLASLt's {tried} algorithms for {n} × {k} gives each row the same bits at every row count"
-        )))
+        if class.is_empty() {
+            return Err(CudaError::Shape(format!(
+                "row GEMM: none of cuBLASLt's {} algorithms for {n} × {k} gives each row the same bits at every row count",
+                pool.len()
+            )));
+        }
+        // The fastest of the class at each bucket's row count (which one wins changes no bit).
+        let mut algos = [class[0]; BUCKETS.len()];
+        let mut report = Vec::new();
+        for (b, &m) in BUCKETS.iter().enumerate() {
+            let mut best = f64::INFINITY;
+            for algo in &class {
+                let run = || self.call(gpu, algo, (wp, xp, yp), (m, k, n), 0.0);
+                run()?;
+                gpu.stream.synchronize()?;
+                let t = std::time::Instant::now();
+                for _ in 0..TIMED_CALLS {
+                    run()?;
+                }
+                gpu.stream.synchronize()?;
+                let us = t.elapsed().as_secs_f64() * 1e6 / TIMED_CALLS as f64;
+                if us < best {
+                    best = us;
+                    algos[b] = *algo;
+                }
+            }
+            report.push(format!("{m}: {best:.1} µs"));
+        }
+        if std::env::var_os("DSPARK_ROW_GEMM_LOG").is_some() {
+            eprintln!(
+                "row GEMM {n} × {k}: {} candidates, {} in the class; {}",
+                pool.len(),
+                class.len(),
+                report.join(", ")
+            );
+        }
+        self.plans()?.insert((n, k), Plan { algos });
+        Ok(())
     }
 }
 
@@ -332,7 +407,8 @@ impl Gpu {
         let algo = *rg
             .plans()?
             .get(&(n, k))
-            .ok_or_else(|| CudaError::Shape(format!("row GEMM: shape {n} × {k} was not planned at load")))?;
+            .ok_or_else(|| CudaError::Shape(format!("row GEMM: shape {n} × {k} was not planned at load")))?
+            .for_rows(m);
         let wp = ws.device_ptr(&self.stream).0;
         let xp = x.device_ptr(&self.stream).0;
         let yp = y.device_ptr_mut(&self.stream).0;
