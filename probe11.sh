@@ -6,7 +6,7 @@ B=.gpu-bundle
 export DSPARK_ROOT=$PWD
 O=${OUT:-/tmp}
 $B/gpu_kernels --test-threads=1 row_gemm 2>&1 | grep -E "test result|FAIL|panick|assert" | tail -6
-$B/gpu_model --test-threads=1 activations batched 2>&1 | grep -E "test result|FAIL|panick|assert" | tail -8
+$B/gpu_model --test-threads=1 2>&1 | grep -E "test result|FAIL|panick|assert" | tail -12
 for r in 1 2; do
 for v in new base; do
   pre=""; [ $v = base ] && pre="DSPARK_NO_ROW_GEMM=1"

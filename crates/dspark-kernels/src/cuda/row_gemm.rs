@@ -48,8 +48,11 @@ pub const PLAN_ROWS: usize = 64;
 /// Heuristic candidates asked for per row count.
 const CANDIDATES: usize = 8;
 
-/// Calls timed per candidate and row count when a shape is planned.
-const TIMED_CALLS: usize = 10;
+/// Calls timed per candidate and row count when a shape is planned: 10 for a 4096 × 4096
+/// matrix, fewer for larger ones (at least 2), so planning lm_head stays within ~0.3 s.
+fn timed_calls(n: usize, k: usize) -> usize {
+    (10 * 4096 * 4096 / (n * k).max(1)).clamp(2, 10)
+}
 
 /// Bytes of cuBLASLt workspace (NVIDIA's figure for GPUs before Hopper; GEMMs of at most a few
 /// hundred rows need no more).
@@ -358,11 +361,12 @@ impl RowGemm {
                 run()?;
                 gpu.stream.synchronize()?;
                 let t = std::time::Instant::now();
-                for _ in 0..TIMED_CALLS {
+                let calls = timed_calls(n, k);
+                for _ in 0..calls {
                     run()?;
                 }
                 gpu.stream.synchronize()?;
-                let us = t.elapsed().as_secs_f64() * 1e6 / TIMED_CALLS as f64;
+                let us = t.elapsed().as_secs_f64() * 1e6 / calls as f64;
                 if us < best {
                     best = us;
                     algos[b] = *algo;

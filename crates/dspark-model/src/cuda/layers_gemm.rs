@@ -19,7 +19,7 @@
 use crate::checkpoint::config::Qwen3Config;
 use crate::cuda::layers::{gpu_err, GpuLayer, Scratch, Segment};
 use crate::error::Result;
-use cudarc::driver::{CudaSlice, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use dspark_kernels::cuda::gemm::Half;
 use dspark_kernels::cuda::ops::WeightBuf;
 use dspark_kernels::cuda::rope_fold::RopeWeights;
@@ -45,6 +45,38 @@ pub fn plan_row_gemms(gpu: &Gpu, cfg: &Qwen3Config, layers: &[GpuLayer]) {
             eprintln!("warning: --activations bf16 keeps the matvec kernels for {n} × {k}: {e}");
             return;
         }
+    }
+}
+
+/// Plans a head's row GEMM (lm_head: `n` = vocab rows of `k` = hidden), as [`plan_row_gemms`]
+/// does a layer's; a head that cannot be planned stays on the matvec kernels.
+pub fn plan_head(gpu: &Gpu, w: &WeightBuf, k: usize, n: usize) {
+    let Some(rg) = gpu.row_gemm.as_ref() else { return };
+    if matches!(w, WeightBuf::Bf16(_)) {
+        if let Err(e) = rg.plan(gpu, w, k, n) {
+            eprintln!("warning: --activations bf16 keeps the matvec kernels for the head ({n} × {k}): {e}");
+        }
+    }
+}
+
+/// `y = x · Wᵀ` for `m` f32 rows of `x` (a head: lm_head on normalised rows): on the row GEMM
+/// where `w`'s shape is planned, x rounded to bf16 into `half` first (as the mode's matvec
+/// rounds it), else the matvec. Both are row-exact, and which one runs depends only on the
+/// shape, so a row's logits are the same bits alone and batched.
+pub(crate) fn head_product(
+    gpu: &Gpu,
+    w: &WeightBuf,
+    x: &CudaView<f32>,
+    half: &mut CudaSlice<u16>,
+    y: &mut CudaViewMut<f32>,
+    (m, k, n): (usize, usize, usize),
+) -> Result<()> {
+    match gpu.row_gemm.as_deref() {
+        Some(rg) if matches!(w, WeightBuf::Bf16(_)) && rg.planned(n, k) => {
+            gpu.cast_to(Half::Bf16, x, &mut half.slice_mut(..m * k), m * k).map_err(gpu_err)?;
+            gpu.row_gemm_bf16(rg, w, &half.slice(..m * k), y, (m, k, n), false).map_err(gpu_err)
+        }
+        _ => gpu.matvec(w, x, y, (m, k, n), false).map_err(gpu_err),
     }
 }
 
