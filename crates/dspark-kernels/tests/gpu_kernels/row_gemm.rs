@@ -85,3 +85,25 @@ fn row_gemm_refuses_an_unplanned_shape_and_other_dtypes() {
     let (w32, _) = weight(&g, &rng.vec(32 * 64), "f32");
     assert!(rg.plan(&g, &w32, 64, 32).is_err());
 }
+
+/// `rmsnorm_to_bf16`, which feeds every row GEMM of a layer: each value the f32 RMSNorm
+/// (`rmsnorm_f32`, same sum) rounded to bf16, on the float4 path (Qwen3-8B's 4,096) and on the
+/// strided one (a row of 4,100, and an unaligned start), every output written.
+#[test]
+fn rmsnorm_to_bf16_is_the_f32_norm_rounded() {
+    use dspark_kernels::cuda::gemm::Half;
+    let g = gpu();
+    let mut rng = Rng(31);
+    for (rows, dim, skip) in [(64usize, 4096usize, 0usize), (5, 4100, 0), (3, 256, 1)] {
+        let x = up(&g, &rng.vec(skip + rows * dim));
+        let w = up(&g, &rng.vec(dim));
+        let xv = x.slice(skip..skip + rows * dim);
+        let mut f = poisoned(&g, rows * dim);
+        g.rmsnorm(&xv, &w.slice(..), 1e-6, rows, &mut f.slice_mut(..)).unwrap();
+        let want: Vec<u16> = down(&g, &f).iter().map(|v| bf16::from_f32(*v).to_bits()).collect();
+        let mut out = g.stream.clone_htod(&vec![0x7fc1u16; rows * dim]).unwrap();
+        g.rmsnorm_to(Half::Bf16, &xv, &w.slice(..), 1e-6, rows, &mut out.slice_mut(..)).unwrap();
+        let got = g.stream.clone_dtoh(&out).unwrap();
+        assert!(got == want, "{rows} rows of {dim} (start {skip}): not the f32 norm rounded");
+    }
+}
