@@ -16,7 +16,8 @@
 // round is to nearest, ties to even (__float2bfloat16_rn / __float2half_rn). The f32 results
 // before rounding are those of rmsnorm_f32 and swiglu_pairs_f32 (same formulas, same order of
 // the sum of squares: a strided loop then block_sum), so the f32-weight path can use those.
-// Launch: the norm one block of 256 threads per row; the others a grid-stride loop.
+// Launch: the norm one block of 1,024 threads per row, as rmsnorm_f32 (a float4 a thread on whole
+// aligned float4 rows of at most 4,096 values); the others a grid-stride loop.
 #include "common.cuh"
 
 template <typename T> __device__ __forceinline__ T round_to(float v);
@@ -26,11 +27,30 @@ template <> __device__ __forceinline__ __half round_to<__half>(float v) { return
 __device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }
 
 template <typename T>
-__device__ void rmsnorm_to(const float* x, const float* w, T* out, int dim, float eps) {
+__device__ void rmsnorm_to(const float* x, const float* w, T* out, int dim, float eps, int vec4) {
     pdl_trigger();
-    pdl_wait();
     const float* xr = x + (size_t)blockIdx.x * dim;
     T* o = out + (size_t)blockIdx.x * dim;
+    // As rmsnorm_f32's vec4 path (kernels/rmsnorm.cu): a float4 a thread, its weights loaded
+    // before the wait, x kept in registers through the reduction; the same sum, so the same
+    // f32 values before the rounding. Four rounded values go out as one 8-byte store.
+    if (vec4 && dim <= 4 * (int)blockDim.x) {
+        const int i = threadIdx.x;
+        const bool mine = 4 * i < dim;
+        float4 wv = make_float4(0.f, 0.f, 0.f, 0.f), xv = wv;
+        if (mine) wv = reinterpret_cast<const float4*>(w)[i];
+        pdl_wait();
+        if (mine) xv = reinterpret_cast<const float4*>(xr)[i];
+        const float ss = xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
+        const float inv = rsqrtf(block_sum(ss) / dim + eps);
+        if (mine) {
+            T v[4] = {round_to<T>(xv.x * inv * wv.x), round_to<T>(xv.y * inv * wv.y), round_to<T>(xv.z * inv * wv.z),
+                      round_to<T>(xv.w * inv * wv.w)};
+            reinterpret_cast<uint2*>(o)[i] = *reinterpret_cast<const uint2*>(v);
+        }
+        return;
+    }
+    pdl_wait();
     float ss = 0.f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
     const float inv = rsqrtf(block_sum(ss) / dim + eps);
@@ -58,8 +78,9 @@ __device__ void cast_to(const float* x, T* y, size_t n) {
 }
 
 #define PREFILL_OPS(SUF, T)                                                                                        \
-    extern "C" __global__ void rmsnorm_to_##SUF(const float* x, const float* w, T* out, int dim, float eps) {      \
-        rmsnorm_to<T>(x, w, out, dim, eps);                                                                         \
+    extern "C" __global__ void rmsnorm_to_##SUF(const float* x, const float* w, T* out, int dim, float eps,        \
+                                                int vec4) {                                                         \
+        rmsnorm_to<T>(x, w, out, dim, eps, vec4);                                                                   \
     }                                                                                                               \
     extern "C" __global__ void swiglu_pairs_to_##SUF(const float* gu, T* act, int inter, int rows) {               \
         swiglu_pairs_to<T>(gu, act, inter, rows);                                                                   \

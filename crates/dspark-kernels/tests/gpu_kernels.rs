@@ -370,6 +370,9 @@ mod markov_step;
 #[path = "gpu_kernels/rope_fold.rs"]
 mod rope_fold;
 
+#[path = "gpu_kernels/row_gemm.rs"]
+mod row_gemm;
+
 #[path = "gpu_kernels/sample.rs"]
 mod sample;
 

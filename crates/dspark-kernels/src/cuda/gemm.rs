@@ -31,7 +31,7 @@
 //! largest projection (gate|up: 201 MB for Qwen3-8B). The tiles' products are the same; only
 //! cuBLAS's choice of kernel per shape can change the order of a sum's f32 additions.
 
-use super::ops::{check, Fp8Buf, WeightBuf};
+use super::ops::{aligned16, check, Fp8Buf, WeightBuf};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::cublas::sys as cublas;
@@ -337,8 +337,20 @@ impl Gpu {
         check("rmsnorm_to x", x.len(), rows * dim)?;
         check("rmsnorm_to out", out.len(), rows * dim)?;
         let name = format!("rmsnorm_to_{}", half.suffix());
-        let args = [dptr(self, x), dptr(self, w), dptr_mut(self, out), Arg::I32(dim as i32), Arg::F32(eps)];
-        self.launch_pdl(&name, (rows as u32, 1, 1), 256, &args)
+        // As rmsnorm_f32 launches (1,024 threads; one float4 a thread on whole aligned float4
+        // rows of at most 4,096 values, 8-byte aligned output here), so the f32 values before
+        // the rounding are its values.
+        let vec4 =
+            dim % 4 == 0 && aligned16(self, x) && aligned16(self, w) && device_addr(self, &out.as_view()) % 8 == 0;
+        let args = [
+            dptr(self, x),
+            dptr(self, w),
+            dptr_mut(self, out),
+            Arg::I32(dim as i32),
+            Arg::F32(eps),
+            Arg::I32(vec4 as i32),
+        ];
+        self.launch_pdl(&name, (rows as u32, 1, 1), 1024, &args)
     }
 
     /// `act[r, i] = round(silu(gu[r, 2i]) · gu[r, 2i + 1])` into `half` bits (gate|up interleaved).

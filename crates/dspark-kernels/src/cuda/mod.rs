@@ -27,6 +27,7 @@ pub mod ops;
 mod pdl;
 pub mod ptx;
 pub mod rope_fold;
+pub mod row_gemm;
 pub mod sample;
 pub mod tp;
 
@@ -147,6 +148,11 @@ pub struct Gpu {
     /// without the folded RoPE, so that a row's attention is the same bits in every step that
     /// holds it (`ops.rs` `split_plan`; `DSPARK_ROW_EXACT=1` for A/B runs).
     pub row_exact: bool,
+    /// With bf16 activations, the cuBLASLt handle whose planned GEMMs run the layers' bf16
+    /// projections at every row count (`row_gemm.rs`; `DSPARK_NO_ROW_GEMM=1` keeps the matvec
+    /// kernels for A/B runs). Made by [`Gpu::set_activations`]; `None` in the f32 mode, or when
+    /// cuBLASLt is missing (the matvec kernels then run the mode).
+    pub row_gemm: Option<Arc<row_gemm::RowGemm>>,
     /// Whether a one-row FP8 matvec splits its x itself, in shared memory, instead of after a
     /// `split_x_f16x2` launch (`matvec_pick.rs` `fp8_n1x_twin`; the same bits;
     /// `DSPARK_NO_FP8_SPLIT_IN_BLOCK=1` keeps the two launches for A/B runs).
@@ -304,6 +310,7 @@ impl Gpu {
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
+            row_gemm: None,
             xsm_limits,
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
@@ -312,8 +319,18 @@ impl Gpu {
     }
 
     /// Sets the activations' precision in the bf16 tensor-core matvecs, before the models load.
+    /// With bf16 activations the row GEMMs' handle is made here (`row_gemm.rs`), unless
+    /// `DSPARK_NO_ROW_GEMM` is set; a machine without cuBLASLt runs the mode on the matvec
+    /// kernels, and says so on stderr.
     pub fn set_activations(&mut self, activations: crate::Activations) -> CudaResult<()> {
         self.activations = activations;
+        self.row_gemm = None;
+        if activations == crate::Activations::Bf16 && std::env::var_os("DSPARK_NO_ROW_GEMM").is_none() {
+            match row_gemm::RowGemm::new(self) {
+                Ok(rg) => self.row_gemm = Some(Arc::new(rg)),
+                Err(e) => eprintln!("warning: --activations bf16 runs on the matvec kernels: {e}"),
+            }
+        }
         Ok(())
     }
 

@@ -15,6 +15,7 @@ use crate::checkpoint::draft_config::DraftConfig;
 use crate::cpu::markov::prefix_survival;
 use crate::cuda::graphs::StepGraphs;
 use crate::cuda::layers::{drv, gpu_err, run_layers, GpuLayer, Scratch, Segment};
+use crate::cuda::layers_gemm::head_product;
 use crate::cuda::prefill::DraftPrefill;
 use build::ctx_kv_of;
 use chain::{Confidence, Markov, Variant};
@@ -293,8 +294,15 @@ impl CudaDraft {
         let rows = self.rows.clone();
         let mut rows = rows.lock().map_err(|_| Error::Request("draft rows poisoned".into()))?;
         let rows = rows.as_mut().ok_or_else(|| Error::Request("draft rows missing".into()))?;
-        gpu.matvec(&self.lm_head, &self.hidden.slice(..b * h), &mut rows.logits.slice_mut(..b * v), (b, h, v), false)
-            .map_err(gpu_err)?;
+        let hidden = self.hidden.slice(..b * h);
+        head_product(
+            &gpu,
+            &self.lm_head,
+            &hidden,
+            &mut self.scratch.half,
+            &mut rows.logits.slice_mut(..b * v),
+            (b, h, v),
+        )?;
         // The sequential chain: slot s reads its previous token from device memory.
         if let Some(Markov { variant: Variant::Rnn { state, .. }, .. }) = &mut self.markov {
             gpu.stream.memset_zeros(state).map_err(drv)?;

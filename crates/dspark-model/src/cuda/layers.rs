@@ -18,6 +18,7 @@
 
 use crate::checkpoint::config::Qwen3Config;
 use crate::cuda::fp8::{plain_linears, RowOrder};
+use crate::cuda::layers_gemm::{layer_step_gemm, runs_on_row_gemms};
 use crate::cuda::weights::WeightSource;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaViewMut};
@@ -111,6 +112,8 @@ pub struct Scratch {
     pub o: CudaSlice<f32>,
     pub gate_up: CudaSlice<f32>,
     pub act: CudaSlice<f32>,
+    /// `[rows, max(H, q, I)]` bf16 rows: a row GEMM's input (layers_gemm.rs).
+    pub half: CudaSlice<u16>,
     /// `[rows, ⌈H/16⌉]`: partial sums of squares of a folded RMSNorm (at most one per 16 rows of
     /// the producer's output).
     pub ss: CudaSlice<f32>,
@@ -135,6 +138,9 @@ impl Scratch {
             o: z(cfg.q_dim())?,
             gate_up: z(2 * cfg.intermediate_size)?,
             act: z(cfg.intermediate_size)?,
+            half: arena
+                .zeros::<u16>(rows * cfg.hidden_size.max(cfg.q_dim()).max(cfg.intermediate_size))
+                .map_err(drv)?,
             ss: z(cfg.hidden_size.div_ceil(16))?,
             ops: OpScratch {
                 attn_o: arena.zeros(ao).map_err(drv)?,
@@ -235,6 +241,25 @@ pub fn run_layers(
     let o_bf16 = layers.iter().all(|lw| gpu.reads_bf16_rows(&lw.o_proj, cfg.q_dim()))
         && segments.iter().all(|g| gpu.attention_splits(g.rows, heads, &s.ops));
     let seg = step_segments(gpu, cfg, s, segments, (n, o_bf16), layers.len())?;
+    if runs_on_row_gemms(gpu, cfg, layers) {
+        // Each layer leaves the next one's input norm in `s.half`; the last leaves the final
+        // norm as f32 rows in `s.u` for the caller's head.
+        let mut normed = false;
+        for (l, lw) in layers.iter().enumerate() {
+            let next = layers.get(l + 1).map(|next| &next.input_layernorm);
+            let step = (&mut *segments, l, seg.as_ref());
+            normed = layer_step_gemm(gpu, cfg, lw, s, x, (n, o_bf16), inv_freq, step, causal, (normed, next))?;
+            after(l, x)?;
+        }
+        return match final_norm {
+            Some(g) => {
+                let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps as f32);
+                gpu.rmsnorm(&x.as_view(), &g.as_view(), eps, n, &mut s.u.slice_mut(..n * h)).map_err(gpu_err)?;
+                Ok(Some(Normed::Done))
+            }
+            None => Ok(None),
+        };
+    }
     let mut normed = None;
     for (l, lw) in layers.iter().enumerate() {
         // The next layer's norm feeds its q|k|v, which may read bf16 rows; the final norm
@@ -251,7 +276,7 @@ pub fn run_layers(
 }
 
 /// A step's segmented attention: which of its segments the launches take, and their plan.
-type Segmented = (Vec<bool>, SegPlan);
+pub(crate) type Segmented = (Vec<bool>, SegPlan);
 
 /// The segmented attention of a step with several sequences (`attention_seg.rs`): which
 /// segments it takes (those whose own launch is the tensor-core split kernel) and the planned
@@ -340,36 +365,7 @@ fn layer_step(
     .map_err(e)?;
     let rope =
         RopeWeights { q_norm: &lw.q_norm.as_view(), k_norm: &lw.k_norm.as_view(), inv_freq: &inv_freq.as_view(), eps };
-    // Each sequence's rows attend over its own cache: those the segmented launch takes in one
-    // launch per kernel, the rest in launches of their own (the kernels and their split are
-    // chosen by the segment's rows, as when that sequence runs alone).
-    let mut taken = &[][..];
-    if let (Some((takes, plan)), Some(table)) = (seg, s.seg.as_ref()) {
-        gpu.rope_attention_segments(plan, table, l, &rope, heads, causal).map_err(e)?;
-        taken = takes.as_slice();
-    }
-    for (i, seg) in segments.iter_mut().enumerate() {
-        if taken.get(i).copied().unwrap_or(false) {
-            continue;
-        }
-        let (r0, r1) = (seg.start, seg.start + seg.rows);
-        let (mut k_app, mut v_app) = seg.caches.append_views(l);
-        // bf16 rows are packed from the buffer's start: row r0 at value r0 · q of 2 bytes.
-        let mut o_rows = if o_bf16 { s.o.slice_mut(r0 * q / 2..n * q) } else { s.o.slice_mut(r0 * q..r1 * q) };
-        gpu.rope_attention(
-            &s.qkv.slice(r0 * qkv_dim..r1 * qkv_dim),
-            &rope,
-            &mut s.q.slice_mut(r0 * q..r1 * q),
-            (&mut k_app, &mut v_app),
-            (&mut o_rows, o_bf16),
-            seg.rows,
-            &seg.lens,
-            heads,
-            causal,
-            &mut s.ops,
-        )
-        .map_err(e)?;
-    }
+    attend(gpu, s, (segments, l, seg), &rope, (n, o_bf16), heads, causal)?;
     let post = gpu
         .matvec_norm_out(
             &lw.o_proj,
@@ -421,4 +417,50 @@ fn layer_step(
             Ok(Some(next))
         }
     }
+}
+
+/// A layer's norms, RoPE, K/V append and attention over `n` rows of `s.qkv`, into `s.o` (bf16
+/// rows packed from its start when `o_bf16`, else f32 rows): the segmented launches where the
+/// step has them, each other segment's own launches.
+pub(crate) fn attend(
+    gpu: &Gpu,
+    s: &mut Scratch,
+    (segments, l, seg): (&mut [Segment<'_>], usize, Option<&Segmented>),
+    rope: &RopeWeights<'_>,
+    (n, o_bf16): (usize, bool),
+    heads: (usize, usize, usize),
+    causal: bool,
+) -> Result<()> {
+    let (q, qkv_dim) = (heads.0 * heads.2, heads.0 * heads.2 + 2 * heads.1 * heads.2);
+    // Each sequence's rows attend over its own cache: those the segmented launch takes in one
+    // launch per kernel, the rest in launches of their own (the kernels and their split are
+    // chosen by the segment's rows, as when that sequence runs alone).
+    let mut taken = &[][..];
+    if let (Some((takes, plan)), Some(table)) = (seg, s.seg.as_ref()) {
+        gpu.rope_attention_segments(plan, table, l, rope, heads, causal).map_err(gpu_err)?;
+        taken = takes.as_slice();
+    }
+    for (i, seg) in segments.iter_mut().enumerate() {
+        if taken.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let (r0, r1) = (seg.start, seg.start + seg.rows);
+        let (mut k_app, mut v_app) = seg.caches.append_views(l);
+        // bf16 rows are packed from the buffer's start: row r0 at value r0 · q of 2 bytes.
+        let mut o_rows = if o_bf16 { s.o.slice_mut(r0 * q / 2..n * q) } else { s.o.slice_mut(r0 * q..r1 * q) };
+        gpu.rope_attention(
+            &s.qkv.slice(r0 * qkv_dim..r1 * qkv_dim),
+            rope,
+            &mut s.q.slice_mut(r0 * q..r1 * q),
+            (&mut k_app, &mut v_app),
+            (&mut o_rows, o_bf16),
+            seg.rows,
+            &seg.lens,
+            heads,
+            causal,
+            &mut s.ops,
+        )
+        .map_err(gpu_err)?;
+    }
+    Ok(())
 }

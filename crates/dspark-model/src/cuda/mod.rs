@@ -2,7 +2,8 @@
 //!
 //! * [`qwen3`] — `CudaQwen3`, the target; [`dspark`] — `CudaDraft`, the draft.
 //! * [`layers`] — decoder-layer weights (fused q|k|v, interleaved gate|up, folded RMSNorms) and
-//!   the layer step both share.
+//!   the layer step both share; [`layers_gemm`] — that step on cuBLASLt GEMMs, one algorithm per
+//!   shape, for `--activations bf16`.
 //! * [`graphs`] — one CUDA graph per step shape, captured on first use and replayed.
 //! * [`kv_vmm`] — paged K/V for `--kv-capacity`: physical pages mapped into each sequence's
 //!   contiguous address range, so every kernel is unchanged.
@@ -20,6 +21,7 @@ pub mod graphs;
 pub mod handoff;
 pub mod kv_vmm;
 pub mod layers;
+pub mod layers_gemm;
 pub mod plan;
 pub mod prefill;
 pub mod qwen3;

@@ -18,6 +18,7 @@ use crate::backend::{
 use crate::checkpoint::config::Qwen3Config;
 use crate::cuda::graphs::StepGraphs;
 use crate::cuda::layers::{capture_layer, drv, gpu_err, run_layers, GpuLayer, Scratch, Segment};
+use crate::cuda::layers_gemm::{head_product, runs_on_row_gemms};
 use crate::cuda::prefill::{Prefill, PrefillMode};
 
 mod batch;
@@ -278,6 +279,12 @@ impl CudaQwen3 {
         let normed = normed.unwrap_or(Normed::Done);
         let parts = normed.parts();
         let s = &mut self.scratch;
+        if normed == Normed::Done && runs_on_row_gemms(&self.gpu, &self.cfg, &self.layers) {
+            let x = s.u.slice(from * h..n * h);
+            let mut y = self.logits.slice_mut(..rows * v);
+            head_product(&self.gpu, &self.lm_head, &x, &mut s.half, &mut y, (rows, h, v))?;
+            return Ok(rows);
+        }
         self.gpu
             .matvec_normed(
                 &self.lm_head,

@@ -29,6 +29,7 @@ use crate::backend::{Captured, Drafter, Proposal};
 use crate::batch::{close_slot, open_slot, slot_mut, slots_mut, BatchDrafter, SeqId, SeqState};
 use crate::cpu::markov::prefix_survival;
 use crate::cuda::layers::{drv, gpu_err, run_layers, Segment};
+use crate::cuda::layers_gemm::head_product;
 use crate::error::{Error, Result};
 use cudarc::driver::CudaSlice;
 use dspark_kernels::cuda::ops::StepLens;
@@ -155,8 +156,15 @@ impl CudaDraft {
         if self.chains_together() {
             return self.chain_all(bb, count, anchors_at);
         }
-        gpu.matvec(&self.lm_head, &bb.hidden.slice(..n * h), &mut bb.logits.slice_mut(..n * v), (n, h, v), false)
-            .map_err(gpu_err)?;
+        let hidden = bb.hidden.slice(..n * h);
+        head_product(
+            &gpu,
+            &self.lm_head,
+            &hidden,
+            &mut self.scratch.half,
+            &mut bb.logits.slice_mut(..n * v),
+            (n, h, v),
+        )?;
 
         // Each request's chain on the single-sequence buffers, as `launch_propose` runs it.
         let mut out = Vec::with_capacity(count);
@@ -228,8 +236,15 @@ impl CudaDraft {
             let mut dst = bb.hidden_sm.slice_mut(s * count * h..(s + 1) * count * h);
             gpu.copy_rows(&src, &mut dst, count, h, (b * h, h)).map_err(gpu_err)?;
         }
-        gpu.matvec(&self.lm_head, &bb.hidden_sm.slice(..n * h), &mut bb.logits.slice_mut(..n * v), (n, h, v), false)
-            .map_err(gpu_err)?;
+        let hidden = bb.hidden_sm.slice(..n * h);
+        head_product(
+            &gpu,
+            &self.lm_head,
+            &hidden,
+            &mut self.scratch.half,
+            &mut bb.logits.slice_mut(..n * v),
+            (n, h, v),
+        )?;
         let r = self.markov.as_ref().map_or(0, |m| m.rank);
         if let Some(m) = &self.markov {
             let anchors = bb.step_in.slice(anchors_at..anchors_at + count);

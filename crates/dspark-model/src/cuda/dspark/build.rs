@@ -175,6 +175,8 @@ impl CudaDraft {
         let layers = (0..n_layers)
             .map(|i| GpuLayer::load(&arena, l, ck, &format!("layers.{i}.")))
             .collect::<Result<Vec<_>>>()?;
+        crate::cuda::layers_gemm::plan_row_gemms(&gpu, l, &layers);
+        crate::cuda::layers_gemm::plan_head(&gpu, &lm_head, h, l.vocab_size);
         check_one_dtype(&layers)?;
         // A small card's plan (the target's embedding in host memory) keeps no stacked copy.
         let ctx_kv = if host_tables { None } else { Some(stack_kv_rows(&arena, &gpu, &layers, (l.q_dim(), kv, h))?) };

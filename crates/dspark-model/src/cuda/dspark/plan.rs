@@ -91,7 +91,10 @@ impl CudaDraft {
         let caches = 2 * n * (host.max_len + b) * kv * host.kv_dtype.bytes();
         // Scratch::new for `rows` rows, with its attention partials and split argmax.
         let (ao, aml, am, at) = OpScratch::sizes((l.num_attention_heads, l.num_key_value_heads, hd), host.sms);
-        let scratch = f32s(rows * (h + (q + 2 * kv) + 2 * q + 3 * i + h.div_ceil(16)) + ao + aml + at) + 8 * am;
+        // (the bf16 rows of a row GEMM's input: 2 bytes a value)
+        let scratch = f32s(rows * (h + (q + 2 * kv) + 2 * q + 3 * i + h.div_ceil(16)) + ao + aml + at)
+            + 8 * am
+            + 2 * rows * h.max(q).max(i);
         // ctx_k_norm, ctx_out, features, c, x, hidden; the proposal rows and their states.
         let step = f32s(n * hd + CHUNK * width + CHUNK * t * h + CHUNK * h + rows * h + b * h);
         let proposals = f32s(b * v + b * ROW_WORDS + cfg_at(b) + b * CFG_WORDS + 4 * b + (b * r).max(1) + r.max(1) + b);

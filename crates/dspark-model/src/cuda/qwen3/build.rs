@@ -93,6 +93,8 @@ impl CudaQwen3 {
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| GpuLayer::load(&arena, &cfg, ck, &format!("model.layers.{l}.")))
             .collect::<Result<Vec<_>>>()?;
+        crate::cuda::layers_gemm::plan_row_gemms(&gpu, &cfg, &layers);
+        crate::cuda::layers_gemm::plan_head(&gpu, &lm_head, h, v);
         let norm = ck.vector(&arena, "model.norm.weight", &[h])?;
         let inv = arena.upload(&inv_freq(cfg.rope_theta as f32, cfg.head_dim)).map_err(drv)?;
         let (kv, n) = (cfg.kv_dim(), cfg.num_hidden_layers);
