@@ -156,15 +156,7 @@ impl CudaDraft {
         if self.chains_together() {
             return self.chain_all(bb, count, anchors_at);
         }
-        let hidden = bb.hidden.slice(..n * h);
-        head_product(
-            &gpu,
-            &self.lm_head,
-            &hidden,
-            &mut self.scratch.half,
-            &mut bb.logits.slice_mut(..n * v),
-            (n, h, v),
-        )?;
+        self.head_rows(bb, false, n)?;
 
         // Each request's chain on the single-sequence buffers, as `launch_propose` runs it.
         let mut out = Vec::with_capacity(count);
@@ -204,6 +196,16 @@ impl CudaDraft {
 }
 
 impl CudaDraft {
+    /// `logits = lm_head · hidden` for the `n` normalised rows in `bb.hidden` (request-major)
+    /// or `bb.hidden_sm` (slot-major), on the row GEMM where the mode planned lm_head
+    /// (`layers_gemm::head_product`).
+    fn head_rows(&mut self, bb: &mut BlockBatch, slot_major: bool, n: usize) -> Result<()> {
+        let (h, v) = (self.cfg.layer.hidden_size, self.cfg.layer.vocab_size);
+        let hidden = if slot_major { bb.hidden_sm.slice(..n * h) } else { bb.hidden.slice(..n * h) };
+        let mut logits = bb.logits.slice_mut(..n * v);
+        head_product(&self.gpu, &self.lm_head, &hidden, &mut self.scratch.half, &mut logits, (n, h, v))
+    }
+
     /// Whether the requests' chains can run together, slot by slot (`chain_all`): a vanilla
     /// Markov head (e_s alone is W2's input) or none. The gated and RNN heads' per-slot inputs
     /// keep the request-by-request chain.
@@ -236,15 +238,7 @@ impl CudaDraft {
             let mut dst = bb.hidden_sm.slice_mut(s * count * h..(s + 1) * count * h);
             gpu.copy_rows(&src, &mut dst, count, h, (b * h, h)).map_err(gpu_err)?;
         }
-        let hidden = bb.hidden_sm.slice(..n * h);
-        head_product(
-            &gpu,
-            &self.lm_head,
-            &hidden,
-            &mut self.scratch.half,
-            &mut bb.logits.slice_mut(..n * v),
-            (n, h, v),
-        )?;
+        self.head_rows(bb, true, n)?;
         let r = self.markov.as_ref().map_or(0, |m| m.rank);
         if let Some(m) = &self.markov {
             let anchors = bb.step_in.slice(anchors_at..anchors_at + count);
