@@ -68,10 +68,14 @@ struct Plan {
     algos: [lt::cublasLtMatmulAlgo_t; BUCKETS.len()],
 }
 
+/// The bucket a call of `m` rows takes: the first of [`BUCKETS`] ≥ m, the last past them.
+fn bucket(m: usize) -> usize {
+    BUCKETS.iter().position(|&b| m <= b).unwrap_or(BUCKETS.len() - 1)
+}
+
 impl Plan {
     fn for_rows(&self, m: usize) -> &lt::cublasLtMatmulAlgo_t {
-        let b = BUCKETS.iter().position(|&b| m <= b).unwrap_or(BUCKETS.len() - 1);
-        &self.algos[b]
+        &self.algos[bucket(m)]
     }
 }
 
@@ -418,5 +422,35 @@ impl Gpu {
         let yp = y.device_ptr_mut(&self.stream).0;
         let beta = if accumulate { 1f32 } else { 0f32 };
         self.timed("row_gemm_bf16", || rg.call(self, &algo, (wp, xp, yp), (m, k, n), beta))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bucket, timed_calls, BUCKETS};
+
+    #[test]
+    fn a_call_takes_the_first_bucket_at_least_its_rows() {
+        for m in 0..=100 {
+            let b = bucket(m);
+            let want = match m {
+                0 | 1 => 0,
+                2..=8 => 1,
+                9..=16 => 2,
+                17..=32 => 3,
+                _ => 4,
+            };
+            assert_eq!(b, want, "{m} rows");
+            assert!(m > BUCKETS[BUCKETS.len() - 1] || m <= BUCKETS[b]);
+        }
+    }
+
+    #[test]
+    fn planning_times_fewer_calls_on_larger_matrices() {
+        assert_eq!(timed_calls(4096, 4096), 10);
+        assert_eq!(timed_calls(151_936, 4096), 2);
+        assert_eq!(timed_calls(24_576, 4096), 2);
+        assert_eq!(timed_calls(96, 256), 10);
+        assert_eq!(timed_calls(0, 0), 10);
     }
 }
