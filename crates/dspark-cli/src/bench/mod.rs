@@ -364,7 +364,15 @@ fn measure_model(
     gpu.stream.synchronize()?;
     let after = in_use()?;
     if gpu.activations != dspark_kernels::Activations::F32 {
-        out.notes.push(format!("--activations {}: every bf16 projection rounds its x once.", gpu.activations.name()));
+        let path = match (&gpu.row_gemm, target.runs_on_row_gemms()) {
+            (Some(_), true) => "the layers' projections and lm_head on cuBLASLt row GEMMs (row_gemm.rs)",
+            (Some(_), false) => "the layers on the matvec kernels (a shape could not be planned on cuBLASLt)",
+            (None, _) => "the matvec kernels (no cuBLASLt, or DSPARK_NO_ROW_GEMM)",
+        };
+        out.notes.push(format!(
+            "--activations {}: every bf16 projection rounds its x once; {path}.",
+            gpu.activations.name()
+        ));
     }
     out.notes.push(format!(
         "{format:?}: device memory in use by this process (cuMemGetInfo, total − free): {:.2} GB before the models were built, {:.2} GB after ({:.3} GiB).",

@@ -271,6 +271,11 @@ impl CudaQwen3 {
         Ok(())
     }
 
+    /// Whether the layers run on the bf16 mode's row GEMMs (`layers_gemm.rs`).
+    pub fn runs_on_row_gemms(&self) -> bool {
+        runs_on_row_gemms(&self.gpu, &self.cfg, &self.layers)
+    }
+
     /// Logits of rows `from..n` into `self.logits` from what the last layer's `down` left (the
     /// final norm of all n rows in `scratch`); returns how many rows.
     fn head_logits(&mut self, normed: Option<Normed>, from: usize, n: usize) -> Result<usize> {
