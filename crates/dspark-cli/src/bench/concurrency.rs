@@ -32,6 +32,8 @@ pub const TAU: f64 = 3.5;
 /// One (requests, policy) row of the report.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ConcurrencyRow {
+    /// The target's weight format (`bf16`, `fp8`: `--weights`).
+    pub weights: String,
     pub requests: usize,
     pub ctx: usize,
     /// `full` (every request verifies its block) or `budget` (Algorithm 1).
@@ -70,12 +72,13 @@ pub fn alpha_for(tau: f64, block: usize) -> f64 {
 /// Measures every level of `levels` at context `ctx` (see the module docs).
 ///
 /// Also returns kernel profiles of one full-block round at the largest level: its draft half
-/// (`batched_draft_R`) and its target half (`batched_target_R`).
+/// (`batched_draft_R`) and its target half (`batched_target_R`), suffixed `_fp8` for an FP8 target.
 pub fn measure(
     gpu: &Gpu,
     mut target: CudaQwen3,
     mut draft: CudaDraft,
     (ctx, paged): (usize, bool),
+    weights: &str,
     levels: &[usize],
     iters: usize,
     token: &mut dyn FnMut() -> u32,
@@ -143,6 +146,7 @@ pub fn measure(
                 false => None,
             };
             rows.push(ConcurrencyRow {
+                weights: weights.into(),
                 requests: r,
                 ctx,
                 policy: policy.into(),
@@ -163,7 +167,8 @@ pub fn measure(
     gpu.set_profiling(true)?;
     let items: Vec<(SeqId, u32)> = active.iter().map(|&(_, did, anchor)| (did, anchor)).collect();
     let proposals = drafts.propose_batch(&items)?;
-    let draft_profile = profile(gpu, &format!("batched_draft_{most}"), ctx, draft_us)?;
+    let sfx = if weights == "bf16" { String::new() } else { format!("_{weights}") };
+    let draft_profile = profile(gpu, &format!("batched_draft_{most}{sfx}"), ctx, draft_us)?;
     let inputs: Vec<Vec<u32>> = active
         .iter()
         .zip(&proposals)
@@ -172,7 +177,7 @@ pub fn measure(
     let forward: Vec<(SeqId, &[u32], LogitRows)> =
         active.iter().zip(&inputs).map(|(&(tid, ..), rows)| (tid, rows.as_slice(), LogitRows::All)).collect();
     batch.forward_batch(&forward)?;
-    let target_profile = profile(gpu, &format!("batched_target_{most}"), ctx, target_us)?;
+    let target_profile = profile(gpu, &format!("batched_target_{most}{sfx}"), ctx, target_us)?;
     gpu.set_profiling(false)?;
     for &(tid, did, _) in active {
         batch.truncate(tid, ctx)?;
@@ -278,18 +283,19 @@ pub fn markdown(rows: &[ConcurrencyRow]) -> String {
     let _ = writeln!(s, "\n### Batched rounds (`--concurrency`; acceptance modelled at τ = {TAU} a full block)\n");
     let _ = writeln!(
         s,
-        "| requests | ctx | policy | verify rows | round µs | draft µs | target µs | target, same rows as one sequence µs | tokens / round | aggregate tok/s | per-request tok/s | aggregate ÷ 1 request's | per request ÷ 1 request's |"
+        "| weights | requests | ctx | policy | verify rows | round µs | draft µs | target µs | target, same rows as one sequence µs | tokens / round | aggregate tok/s | per-request tok/s | aggregate ÷ 1 request's | per request ÷ 1 request's |"
     );
-    let _ = writeln!(s, "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let single = rows
             .iter()
-            .find(|o| o.requests == 1 && o.ctx == r.ctx && o.policy == "full")
+            .find(|o| o.requests == 1 && o.ctx == r.ctx && o.policy == "full" && o.weights == r.weights)
             .map(|o| o.aggregate_tokens_per_s);
         let ratio = |x: f64| single.map_or("—".to_string(), |one| format!("{:.2}×", x / one));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.2} | {:.0} | {:.0} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.2} | {:.0} | {:.0} | {} | {} |",
+            r.weights,
             r.requests,
             r.ctx,
             r.policy,

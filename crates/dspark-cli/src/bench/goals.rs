@@ -96,12 +96,12 @@ impl Report {
         out
     }
 
-    /// #30's targets, per context of the `--concurrency` rows.
+    /// #30's targets (bf16), per context of the `--concurrency` rows.
     fn concurrency_goals(&self) -> Vec<Goal> {
         let mut out = Vec::new();
-        let rows = &self.concurrency;
+        let rows: Vec<_> = self.concurrency.iter().filter(|r| r.weights == "bf16").collect();
         let row = |n: usize, ctx: usize, policy: &str| {
-            rows.iter().find(|r| r.requests == n && r.ctx == ctx && r.policy == policy)
+            rows.iter().copied().find(|r| r.requests == n && r.ctx == ctx && r.policy == policy)
         };
         let mut ctxs: Vec<usize> = rows.iter().map(|r| r.ctx).collect();
         ctxs.sort_unstable();
@@ -134,6 +134,7 @@ mod tests {
 
     fn conc(requests: usize, policy: &str, aggregate: f64) -> ConcurrencyRow {
         ConcurrencyRow {
+            weights: "bf16".into(),
             requests,
             ctx: 512,
             policy: policy.into(),
@@ -175,6 +176,9 @@ mod tests {
             // One request 100 tok/s (budget) and 101 (full); 8 requests 520 (5.2×, 0.65 each);
             // 16 requests 1,000 against 950 full blocks (1.05×: short of 1.10).
             concurrency: vec![
+                // An FP8 target's rows are reported, not judged: counted, this one would make
+                // 8 requests 0.5× one request's.
+                ConcurrencyRow { weights: "fp8".into(), ..conc(1, "budget", 1040.0) },
                 conc(1, "full", 101.0),
                 conc(1, "budget", 100.0),
                 conc(8, "full", 400.0),

@@ -138,6 +138,14 @@ pub enum WeightFormat {
 impl WeightFormat {
     /// What the format's phase, projection and profile names end with (bf16: nothing, so the
     /// bf16 rows read as they always have).
+    /// As `--weights` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::Fp8 => "fp8",
+        }
+    }
+
     pub fn suffix(self) -> &'static str {
         match self {
             WeightFormat::Bf16 => "",
@@ -192,12 +200,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.concurrency.contains(&0) {
         bail!("--concurrency: every level must be at least 1 request");
     }
-    if !args.concurrency.is_empty() {
+    let levels = if args.concurrency.is_empty() { &[][..] } else { &formats[..] };
+    for &format in levels {
         for &ctx in &args.contexts {
-            eprintln!("bench: batched rounds at {ctx} positions, requests {:?}", args.concurrency);
+            eprintln!("bench: batched rounds ({format:?}) at {ctx} positions, requests {:?}", args.concurrency);
             let weights = RandomWeights::new(gpu.clone(), args.seed, 0.02);
             let plan = args.memory.plan(Device::Cuda, max_ctx, args.kv_cache)?;
-            let target = CudaQwen3::from_source_plan(gpu.clone(), configs::qwen3_8b()?, &weights, plan)?;
+            let tcfg = match format {
+                WeightFormat::Bf16 => configs::qwen3_8b()?,
+                WeightFormat::Fp8 => configs::qwen3_8b_fp8()?,
+            };
+            let target = CudaQwen3::from_source_plan(gpu.clone(), tcfg, &weights, plan)?;
             let dw = RandomWeights::new(gpu.clone(), args.seed + 1_000_000, 0.02);
             let draft = CudaDraft::from_source(configs::dspark_8b()?, &dw, &target)?;
             let mut token = tokens(args.seed, target.config().vocab_size);
@@ -206,6 +219,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 target,
                 draft,
                 (ctx, args.paged),
+                format.name(),
                 &args.concurrency,
                 args.iters,
                 &mut token,
@@ -392,7 +406,7 @@ fn measure_model(
         target.streamed_weight_bytes() as f64 / 1e9,
     ));
     out.memory.push(report::MemoryRow {
-        weights: if sfx.is_empty() { "bf16".into() } else { sfx.trim_start_matches('_').into() },
+        weights: format.name().into(),
         ctx: target.max_len(),
         kv: target.kv_dtype().name().into(),
         target_gb: target.arena.bytes() as f64 / 1e9,

@@ -385,6 +385,7 @@ mod tests {
             }],
             concurrency: vec![
                 ConcurrencyRow {
+                    weights: "bf16".into(),
                     requests: 1,
                     ctx: 512,
                     policy: "full".into(),
@@ -398,6 +399,7 @@ mod tests {
                     per_request_tokens_per_s: 700.0,
                 },
                 ConcurrencyRow {
+                    weights: "bf16".into(),
                     requests: 8,
                     ctx: 512,
                     policy: "budget".into(),
