@@ -342,15 +342,7 @@ impl Gpu {
         // the rounding are its values.
         let vec4 =
             dim % 4 == 0 && aligned16(self, x) && aligned16(self, w) && device_addr(self, &out.as_view()) % 8 == 0;
-        let args = [
-            dptr(self, x),
-            dptr(self, w),
-            dptr_mut(self, out),
-            Arg::I32(dim as i32),
-            Arg::F32(eps),
-            Arg::I32(vec4 as i32),
-        ];
-        self.launch_pdl(&name, (rows as u32, 1, 1), 1024, &args)
+        self.launch_rmsnorm(&name, (x, w, dptr_mut(self, out)), (rows, dim), eps, vec4)
     }
 
     /// `act[r, i] = round(silu(gu[r, 2i]) · gu[r, 2i + 1])` into `half` bits (gate|up interleaved).

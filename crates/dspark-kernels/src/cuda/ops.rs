@@ -334,6 +334,20 @@ impl Gpu {
         Ok(())
     }
 
+    /// One launch of an RMSNorm kernel of rmsnorm_f32's form (`rmsnorm_f32`, `rmsnorm_to_*`):
+    /// (x, w, out, dim, eps, vec4), a block of 1,024 threads a row.
+    pub(crate) fn launch_rmsnorm(
+        &self,
+        name: &str,
+        (x, w, out): (&CudaView<f32>, &CudaView<f32>, Arg),
+        (rows, dim): (usize, usize),
+        eps: f32,
+        vec4: bool,
+    ) -> CudaResult<()> {
+        let args = [dptr(self, x), dptr(self, w), out, Arg::I32(dim as i32), Arg::F32(eps), Arg::I32(vec4 as i32)];
+        self.launch_pdl(name, (rows as u32, 1, 1), 1024, &args)
+    }
+
     /// `out = rmsnorm(x) · w` per row of `w.len()`.
     pub fn rmsnorm(
         &self,
@@ -349,15 +363,7 @@ impl Gpu {
         // The one-float4-per-thread path needs whole, 16-byte aligned float4s in every row.
         let vec4 = dim % 4 == 0 && aligned16(self, x) && aligned16(self, w) && aligned16(self, &out.as_view());
         // rmsnorm_f32(x, w, out, dim, eps, vec4); lengths checked above.
-        let args = [
-            dptr(self, x),
-            dptr(self, w),
-            dptr_mut(self, out),
-            Arg::I32(dim as i32),
-            Arg::F32(eps),
-            Arg::I32(vec4 as i32),
-        ];
-        self.launch_pdl("rmsnorm_f32", (rows as u32, 1, 1), 1024, &args)?;
+        self.launch_rmsnorm("rmsnorm_f32", (x, w, dptr_mut(self, out)), (rows, dim), eps, vec4)?;
         Ok(())
     }
 
