@@ -180,7 +180,7 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
                           const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am,
                           const Fp8Scales& fs, int xg_bf16 = 0) {
     static_assert(!FP8 || (!XP && HOLD == 0), "FP8 loads x inside the multiply");
-    static_assert(NG == 1 || (!FP8 && !XP && !ARGMAX && HOLD == 0), "wide launches: bf16, x loaded in the multiply");
+    static_assert(NG == 1 || (!XP && !ARGMAX && HOLD == 0 && !XSM), "wide launches: x loaded in the multiply");
     static_assert(!XSM || (FP8 && NT == 1), "x split in the block: the one-row FP8 kernels");
     static_assert(XPARTS == 3 || (XPARTS == 1 && !FP8), "x rounded to bf16: the bf16 kernels");
     static_assert(!XH || XPARTS == 1, "x stored as bf16 rows: the `_x1h` kernels");
@@ -222,6 +222,17 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         for (int j = 0; j < NT; j++) {
             const int c = 8 * j + g;
             if (c < 2 * m) xcol[j] = (c & 1) * fs.plane + (c >> 1) * (in / 2);
+        }
+    }
+    // Wide FP8 launches: lane g's column in n-tile j is part xgoff[j] of its group's row
+    // xgrow[j] (every group alike; a group's rows past m load zeros).
+    int xgoff[2] = {0, 0}, xgrow[2] = {8, 8};
+    if constexpr (FP8 && NG > 1) {
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int c = 8 * j + g;
+            xgrow[j] = c >> 1;
+            xgoff[j] = (c & 1) * fs.plane + (c >> 1) * (in / 2);
         }
     }
     // Where the x parts are read: fs.xs (split_x_f16x2 wrote them before this launch), or, with
@@ -304,6 +315,46 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
                     xr[0] = a.x; xr[1] = a.y; xr[2] = a.z; xr[3] = a.w;
                     xr[4] = b.x; xr[5] = b.y; xr[6] = b.z; xr[7] = b.w;
                     chunk_mma(accg[r], va[u], vb[u], xr);
+                }
+            }
+        } else if constexpr (NG > 1) {
+            // FP8, wide: each chunk's weights widened once, then every group's MMAs on them in
+            // the 8-row kernel's order (per n-tile: half 0's two MMAs, then half 1's), each
+            // group's chunk sums block-scaled into its own accumulators: an 8-row launch's
+            // arithmetic for each group, so the same bits. Group r's rows are 8r .. 8r + 7,
+            // their parts 8r·in/2 pairs further into each plane.
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                const int kc = chunk + u * stride;  // warp-uniform
+                if (kc >= kend) break;
+                const int k = kc + 16 * t;
+                const uint4 f[2][2] = {{e4m3x8_to_f16(va[u], 0), e4m3x8_to_f16(vb[u], 0)},
+                                       {e4m3x8_to_f16(va[u], 1), e4m3x8_to_f16(vb[u], 1)}};
+                const int kb = kc >> fs.kb_log2;
+                const float s_a = sa[kb], s_b = sb[kb];
+#pragma unroll
+                for (int r = 0; r < NG; r++) {
+                    float tmp[NT][4];
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) tmp[j][i] = 0.f;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+#pragma unroll
+                        for (int j = 0; j < NT; j++) {
+                            uint4 xv = make_uint4(0, 0, 0, 0);
+                            if (8 * r + xgrow[j] < m && k < kend)
+                                xv = *reinterpret_cast<const uint4*>(xparts + xgoff[j] + r * 4 * in + (k + 8 * h) / 2);
+                            mma_f16(tmp[j], f[h][0].x, f[h][1].x, f[h][0].y, f[h][1].y, xv.x, xv.y);
+                            mma_f16(tmp[j], f[h][0].z, f[h][1].z, f[h][0].w, f[h][1].w, xv.z, xv.w);
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            accg[r][j][i] = fmaf(i < 2 ? s_a : s_b, tmp[j][i], accg[r][j][i]);
                 }
             }
         } else {
@@ -460,9 +511,9 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
 #pragma unroll
             for (int j = 0; j < 2; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) raw[warp][g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = j < NT ? acc[j][i] : 0.f;
+                for (int i = 0; i < 4; i++) raw[warp][g + (i >= 2 ? 8 : 0)][8 * j + 2 * t + (i & 1)] = j < NT ? accg[grp][j][i] : 0.f;
             __syncthreads();
-            const float* xscale = reinterpret_cast<const float*>(xparts + 2 * (size_t)fs.plane);
+            const float* xscale = reinterpret_cast<const float*>(xparts + 2 * (size_t)fs.plane) + 8 * grp;
             float v[4];
 #pragma unroll
             for (int q = 0; q < 4; q++) {
@@ -747,7 +798,7 @@ MATVEC_TC_X1H(matvec_tc_swiglu_x1h_w8_bf16, 2, true, false, 2, 0, 8)
 // The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
 // k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block
 // scales (fp8.cuh `Fp8Scales`). The argmax epilogue's arguments stay for one launch signature.
-#define MATVEC_TC_FP8X(NAME, U, SW, MINB, NT, XSM)                                                               \
+#define MATVEC_TC_FP8XW(NAME, U, SW, MINB, NT, XSM, NG)                                                          \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const uint8_t* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,            \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
@@ -755,10 +806,11 @@ MATVEC_TC_X1H(matvec_tc_swiglu_x1h_w8_bf16, 2, true, false, 2, 0, 8)
              float* am_gathered, int am_dim, const float* scale, const uint32_t* srow, int scale_cols,          \
              int kb_log2, const uint32_t* xs, int plane) {                                                        \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, false, false, 0, true, NT, 1, XSM>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps,  \
+        matvec_tc<U, SW, false, false, 0, true, NT, NG, XSM>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, \
                                                             gamma, xg, ss_out, am,                               \
                                                             Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane}); \
     }
+#define MATVEC_TC_FP8X(NAME, U, SW, MINB, NT, XSM) MATVEC_TC_FP8XW(NAME, U, SW, MINB, NT, XSM, 1)
 #define MATVEC_TC_FP8(NAME, U, SW, MINB, NT) MATVEC_TC_FP8X(NAME, U, SW, MINB, NT, false)
 MATVEC_TC_FP8(matvec_tc_fp8, 2, false, 3, 2)
 MATVEC_TC_FP8(matvec_tc_u4_fp8, 4, false, 2, 2)
@@ -776,6 +828,16 @@ MATVEC_TC_FP8X(matvec_tc_n1x_fp8, 2, false, 3, 1, true)
 MATVEC_TC_FP8X(matvec_tc_u4_n1x_fp8, 4, false, 2, 1, true)
 MATVEC_TC_FP8X(matvec_tc_u4b1_n1x_fp8, 4, false, 1, 1, true)
 MATVEC_TC_FP8X(matvec_tc_swiglu_n1x_fp8, 2, true, 3, 1, true)
+// Wide launches (batched rounds of an FP8 target): 16 or 32 rows a launch, NG groups of 8 on one
+// read of the weights, each group's columns, MMAs and epilogue an 8-row launch's: the same bits.
+// x split for all the launch's rows by one split_x_f16x2 before it, as for eight.
+#define MATVEC_TC_FP8W(NAME, U, SW, MINB, NG) MATVEC_TC_FP8XW(NAME, U, SW, MINB, 2, false, NG)
+MATVEC_TC_FP8W(matvec_tc_w2_fp8, 2, false, 2, 2)
+MATVEC_TC_FP8W(matvec_tc_w4_fp8, 2, false, 2, 4)
+MATVEC_TC_FP8W(matvec_tc_u4_w2_fp8, 4, false, 1, 2)
+MATVEC_TC_FP8W(matvec_tc_u4_w4_fp8, 4, false, 1, 4)
+MATVEC_TC_FP8W(matvec_tc_swiglu_w2_fp8, 2, true, 2, 2)
+MATVEC_TC_FP8W(matvec_tc_swiglu_w4_fp8, 2, true, 2, 4)
 
 // The tile-looping twins (matvec_tc_loop): same arguments, K never split (ksplit, the norm
 // fold's and, without ARGMAX, the argmax epilogue's arguments unused).

@@ -130,9 +130,9 @@ pub(crate) fn n1x_smem(d_in: usize) -> usize {
     (4 * d_in + 4).next_multiple_of(16)
 }
 
-/// The wide twin of an 8-row bf16 kernel for `rows` rows still to launch: 64 rows a launch
-/// (`_w8`, the `_x1` kernels only) past 32, 32 (`_w4`) past 16, 16 (`_w2`) past 8; `None` for 8
-/// or fewer, and for the kernels without one (FP8, argmax, tile-looping). The twins take their
+/// The wide twin of an 8-row bf16 or FP8 kernel for `rows` rows still to launch: 64 rows a
+/// launch (`_w8`, the `_x1` kernels only) past 32, 32 (`_w4`) past 16, 16 (`_w2`) past 8; `None`
+/// for 8 or fewer, and for the kernels without one (argmax, tile-looping, FP8's one-n-tile ones). The twins take their
 /// shape's K split and grid, so every row's sums are the 8-row kernel's bit for bit
 /// (kernels/matvec.cu).
 pub(crate) fn wide_twin(name: &str, rows: usize) -> Option<(&'static str, usize)> {
@@ -145,6 +145,9 @@ pub(crate) fn wide_twin(name: &str, rows: usize) -> Option<(&'static str, usize)
             ["matvec_tc_u4_w2_bf16", "matvec_tc_u4_w4_bf16", ""]
         }
         "matvec_tc_swiglu_bf16" => ["matvec_tc_swiglu_w2_bf16", "matvec_tc_swiglu_w4_bf16", ""],
+        "matvec_tc_fp8" => ["matvec_tc_w2_fp8", "matvec_tc_w4_fp8", ""],
+        "matvec_tc_u4_fp8" | "matvec_tc_u4b1_fp8" => ["matvec_tc_u4_w2_fp8", "matvec_tc_u4_w4_fp8", ""],
+        "matvec_tc_swiglu_fp8" => ["matvec_tc_swiglu_w2_fp8", "matvec_tc_swiglu_w4_fp8", ""],
         "matvec_tc_x1_bf16" => ["matvec_tc_x1_w2_bf16", "matvec_tc_x1_w4_bf16", "matvec_tc_x1_w8_bf16"],
         "matvec_tc_u4_x1_bf16" | "matvec_tc_u4b1_x1_bf16" | "matvec_tc_u4b1h_x1_bf16" => {
             ["matvec_tc_u4_x1_w2_bf16", "matvec_tc_u4_x1_w4_bf16", "matvec_tc_u4_x1_w8_bf16"]
@@ -251,7 +254,11 @@ mod tests {
         assert_eq!(wide_twin("matvec_tc_bf16", 9), Some(("matvec_tc_w2_bf16", 16)));
         assert_eq!(wide_twin("matvec_tc_u4b1h_bf16", 17), Some(("matvec_tc_u4_w4_bf16", 32)));
         assert_eq!(wide_twin("matvec_tc_swiglu_bf16", 64), Some(("matvec_tc_swiglu_w4_bf16", 32)));
-        assert_eq!(wide_twin("matvec_tc_fp8", 32), None);
+        // FP8: 16 or 32 rows (no 64-row twins: two n-tiles a group leave no registers for eight).
+        assert_eq!(wide_twin("matvec_tc_fp8", 32), Some(("matvec_tc_w4_fp8", 32)));
+        assert_eq!(wide_twin("matvec_tc_u4b1_fp8", 12), Some(("matvec_tc_u4_w2_fp8", 16)));
+        assert_eq!(wide_twin("matvec_tc_swiglu_fp8", 64), Some(("matvec_tc_swiglu_w4_fp8", 32)));
+        assert_eq!(wide_twin("matvec_tc_n1_fp8", 32), None);
         assert_eq!(wide_twin("matvec_tc_argmax_bf16", 32), None);
         // The one-part kernels also take 64 rows a launch.
         assert_eq!(wide_twin("matvec_tc_x1_bf16", 33), Some(("matvec_tc_x1_w8_bf16", 64)));

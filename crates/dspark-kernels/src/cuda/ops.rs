@@ -45,12 +45,15 @@ pub struct Fp8Buf {
     pub xsplit: Arc<CudaSlice<u32>>,
 }
 
+/// The most rows one FP8 tensor-core launch splits x for: a `_w4_fp8` twin's 32.
+pub const FP8_SPLIT_ROWS: usize = 32;
+
 impl Fp8Buf {
-    /// u32 words of the x-split scratch for `cols` columns: two parts of the 8 rows a
-    /// tensor-core launch takes as f16 pairs, then the 8 rows' scales (16·cols + 32 bytes: 64 KB
-    /// at 4,096 columns).
+    /// u32 words of the x-split scratch for `cols` columns: two parts of the up to 32 rows a
+    /// tensor-core launch takes (its wide twins: matvec_pick.rs `wide_twin`) as f16 pairs, then
+    /// the rows' scales (64·cols + 128 bytes: 256 KB at 4,096 columns).
     pub fn xsplit_len(cols: usize) -> usize {
-        2 * 8 * cols / 2 + 8
+        2 * FP8_SPLIT_ROWS * cols / 2 + FP8_SPLIT_ROWS
     }
 
     /// The weight from its parts on the device: E4M3 bytes `q` `[srow.len(), cols]`, the scale

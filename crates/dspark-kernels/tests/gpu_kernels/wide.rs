@@ -99,12 +99,35 @@ fn wide_launches_equal_eight_row_launches_bit_for_bit() {
     let mut g = gpu();
     for mode in MODES {
         set_mode(&mut g, mode);
-        wide_products(&mut g, mode.0);
+        wide_products(&mut g, mode.0, "bf16");
     }
     set_mode(&mut g, (false, true));
 }
 
-fn wide_products(g: &mut Gpu, x1: bool) {
+/// FP8 weights (Qwen's 128 × 128 blocks, and 16 × 64 ones whose scale rows change inside a
+/// tile): the `_w2_fp8` / `_w4_fp8` twins, each group's x split with its own rows' scales.
+#[test]
+fn wide_fp8_launches_equal_eight_row_launches_bit_for_bit() {
+    let mut g = gpu();
+    set_mode(&mut g, (false, false));
+    for dtype in ["fp8", "fp8b"] {
+        wide_products(&mut g, false, dtype);
+        wide_mlp(&mut g, false, dtype);
+    }
+    set_mode(&mut g, (false, true));
+}
+
+/// Row r of x scaled by 10^((r mod 9) − 4) (FP8: each row's own power of two before its f16
+/// split, so a group's rows must find their own scales), or as drawn for bf16.
+fn rows_of_ranges(rng: &mut Rng, m: usize, k: usize, dtype: &str) -> Vec<f32> {
+    let x = rng.vec(m * k);
+    if dtype == "bf16" {
+        return x;
+    }
+    x.chunks(k).enumerate().flat_map(|(r, row)| row.iter().map(move |v| v * 10f32.powi((r % 9) as i32 - 4))).collect()
+}
+
+fn wide_products(g: &mut Gpu, x1: bool, dtype: &str) {
     let split = g.wide_split;
     let mut rng = Rng(71);
     // (out, in): many tiles (matvec_tc_bf16), K split over a block (u4), one layer's k|v (u4b1h);
@@ -116,20 +139,27 @@ fn wide_products(g: &mut Gpu, x1: bool) {
         &[(200, 136), (96, 64), (40, 1024), (200, 512), (200, 256)]
     };
     for &(out, k) in shapes {
-        let (w, wf) = weight_cols(g, &rng.vec(out * k), k, "bf16");
+        if dtype != "bf16" && !k.is_multiple_of(64) {
+            continue; // FP8's tensor-core kernels take whole 64-wide chunks of scale blocks
+        }
+        let (w, wf) = weight_cols(g, &rng.vec(out * k), k, dtype);
         for &m in &ROWS {
-            let x = rng.vec(m * k);
+            let x = rows_of_ranges(&mut rng, m, k, dtype);
             let xd = up(g, &x);
             let [wide, eight] = both(g, &[m * out], |g, o| {
                 g.matvec(&w, &xd.as_view(), &mut o[0].as_view_mut(), (m, k, out), false).unwrap();
             });
             assert!(
                 same_bits(&wide[0], &eight[0]),
-                "{out}x{k}, {m} rows, x1 {x1}, split {split}: wide launches differ"
+                "{dtype} {out}x{k}, {m} rows, x1 {x1}, split {split}: wide launches differ"
             );
             let xr = if x1 { round_bf16(&x) } else { x.clone() };
-            let e = rel_err(&wide[0], &cpu::matmul::linear(&xr, &wf, m, k, out));
-            assert!(e <= 1e-5, "{out}x{k}, {m} rows, x1 {x1}, split {split}: rel err {e}");
+            let want = cpu::matmul::linear(&xr, &wf, m, k, out);
+            // Row by row: FP8's rows span eight decades.
+            for r in 0..m {
+                let e = rel_err(&wide[0][r * out..][..out], &want[r * out..][..out]);
+                assert!(e <= 1e-5, "{dtype} {out}x{k}, row {r} of {m}, x1 {x1}, split {split}: rel err {e}");
+            }
             // The last row launched alone: the same bits as inside the wide launch.
             let r = m - 1;
             let mut one = poisoned(g, out);
@@ -137,7 +167,7 @@ fn wide_products(g: &mut Gpu, x1: bool) {
             g.matvec(&w, &xs, &mut one.as_view_mut(), (1, k, out), false).unwrap();
             assert!(
                 same_bits(&down(g, &one), &wide[0][r * out..]),
-                "{out}x{k}, row {r} of {m}, x1 {x1}, split {split}: alone differs"
+                "{dtype} {out}x{k}, row {r} of {m}, x1 {x1}, split {split}: alone differs"
             );
         }
     }
@@ -148,17 +178,22 @@ fn wide_swiglu_and_norm_fold_equal_eight_row_launches() {
     let mut g = gpu();
     for mode in MODES {
         set_mode(&mut g, mode);
-        wide_mlp(&mut g, mode.0);
+        wide_mlp(&mut g, mode.0, "bf16");
     }
     set_mode(&mut g, (false, true));
 }
 
-fn wide_mlp(g: &mut Gpu, x1: bool) {
+fn wide_mlp(g: &mut Gpu, x1: bool, dtype: &str) {
     let split = g.wide_split;
     let mut rng = Rng(73);
-    let (h, k, inter) = if full_size() { (4096, 4096, 12288) } else { (256, 136, 96) };
-    let (wp, _) = weight_cols(g, &rng.vec(h * k), k, "bf16");
-    let (wgu, _) = weight_cols(g, &rng.vec(2 * inter * h), h, "bf16");
+    let (h, k, inter) = match (full_size(), dtype) {
+        (true, _) => (4096, 4096, 12288),
+        (false, "bf16") => (256, 136, 96),
+        // FP8: K a multiple of 64 (whole chunks of scale blocks).
+        (false, _) => (256, 128, 96),
+    };
+    let (wp, _) = weight_cols(g, &rng.vec(h * k), k, dtype);
+    let (wgu, _) = weight_cols(g, &rng.vec(2 * inter * h), h, dtype);
     let gamma = up(g, &rng.vec(h).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>());
     for &m in &ROWS {
         let (x, y0) = (up(g, &rng.vec(m * k)), rng.vec(m * h));
@@ -188,7 +223,7 @@ fn wide_mlp(g: &mut Gpu, x1: bool) {
             // in both runs.
             assert!(
                 same_bits(&wide[i], &eight[i]),
-                "{m} rows, x1 {x1}, split {split}: {what} differs between wide and 8-row launches"
+                "{dtype}, {m} rows, x1 {x1}, split {split}: {what} differs between wide and 8-row launches"
             );
         }
         // With bf16 activations act holds bf16 rows in its first half (the rest poison).

@@ -31,18 +31,33 @@ fn batched_forward_items_equal_each_sequence_alone() {
     forward_items_equal_each_sequence_alone(gpu());
 }
 
+/// An FP8 target (Qwen's 128 × 128 blocks): batched forwards of up to 48 rows run the wide FP8
+/// matvecs (`_w2_fp8`, `_w4_fp8`), whose rows must be each sequence's alone.
+#[test]
+fn batched_forward_items_equal_each_sequence_alone_fp8() {
+    let cfg = target_config(300, 128, 3, 4, 2, 32, 512);
+    let spec = two_layer_draft(4, MarkovKind::Vanilla, false);
+    let (_dir, tdir, _ddir) = super::fp8::write_fp8_pair(&cfg, 8200, [128, 128], &spec);
+    forward_items_on(gpu(), &tdir);
+}
+
 /// Random batched forwards on `g` against each item's sequence alone (also `row_exact.rs`).
 pub(super) fn forward_items_equal_each_sequence_alone(g: Arc<Gpu>) {
     let (_dir, tdir, _ddir) = write_bf16_pair(3, &two_layer_draft(4, MarkovKind::Vanilla, false), DType::BF16);
+    forward_items_on(g, &tdir);
+}
+
+/// Random batched forwards of the target in `tdir` against each item's sequence alone.
+fn forward_items_on(g: Arc<Gpu>, tdir: &std::path::Path) {
     let seqs = 4;
-    let mut batch = CudaBatch::new(CudaQwen3::load(g.clone(), &tdir, MAX_LEN).unwrap(), seqs).unwrap();
+    let mut batch = CudaBatch::new(CudaQwen3::load(g.clone(), tdir, MAX_LEN).unwrap(), seqs).unwrap();
     let taps = [0usize, 2];
     batch.set_capture(&taps).unwrap();
     let vocab = batch.config().vocab_size;
     let ids: Vec<usize> = (0..seqs).map(|_| batch.open().unwrap()).collect();
     let err = batch.open().unwrap_err().to_string();
     assert!(err.contains("in use"), "a fifth sequence: {err}");
-    let mut solo: Vec<CudaQwen3> = (0..seqs).map(|_| CudaQwen3::load(g.clone(), &tdir, MAX_LEN).unwrap()).collect();
+    let mut solo: Vec<CudaQwen3> = (0..seqs).map(|_| CudaQwen3::load(g.clone(), tdir, MAX_LEN).unwrap()).collect();
     for s in &mut solo {
         s.set_capture(&taps).unwrap();
     }
