@@ -1,9 +1,11 @@
-//! The wide bf16 matvec kernels (16 or 32 rows a launch on one weight read, `Gpu::wide`) against
+//! The wide matvec kernels (16 or 32 rows a launch on one weight read, `Gpu::wide`) against
 //! the 8-row kernels they stand in for: every output bit for bit — plain products on each of the
 //! three tensor-core shapes (Qwen3-8B's q|k|v, o / down, one layer's k|v), the SwiGLU epilogue,
 //! and both sides of the RMSNorm fold (the producer's residual, x·γ and partial sums of
 //! squares; the consumer scaling by 1/rms) — at row counts that split into wide and 8-row
-//! launches. Outputs are poisoned first, and held to the f32 reference at 1e-5 as well.
+//! launches. Outputs are poisoned first, and held to the f32 reference at 1e-5 as well. The
+//! same on FP8 weights (`_w2_fp8`, `_w4_fp8`) in two block layouts, with rows eight decades
+//! apart, so each group's rows must take their own x scales.
 //! Each also runs with x rounded to bf16 (`Gpu::activations` bf16, the one-part `_x1` kernels and their
 //! 64-row twins): wide launches against 8-row ones bit for bit, every row against the same row
 //! launched alone, and the products against the reference fed the rounded x. In that mode a
