@@ -748,13 +748,17 @@ MATVEC_TC(matvec_tc_argmax_bf16, 2, false, false, true, 3)
 // Wide launches (issue #30's batched steps): the same three shapes and the SwiGLU epilogue for
 // 16 or 32 activation rows a launch (NG groups of 8), x loaded per group inside the multiply.
 // A row's bits are those of the 8-row kernels (same K split, chunks and MMA order per group).
+// The set of wide twins, for a kernel macro W(NAME, U, SW, MINB, NG) and a dtype suffix (the
+// FP8 one below takes it too).
+#define MATVEC_TC_WIDE_SET(W, SFX)                    \
+    W(matvec_tc_w2_##SFX, 2, false, 2, 2)             \
+    W(matvec_tc_w4_##SFX, 2, false, 2, 4)             \
+    W(matvec_tc_u4_w2_##SFX, 4, false, 1, 2)          \
+    W(matvec_tc_u4_w4_##SFX, 4, false, 1, 4)          \
+    W(matvec_tc_swiglu_w2_##SFX, 2, true, 2, 2)       \
+    W(matvec_tc_swiglu_w4_##SFX, 2, true, 2, 4)
 #define MATVEC_TC_W(NAME, U, SW, MINB, NG) MATVEC_TC_HN(NAME, U, SW, false, false, MINB, 0, NG)
-MATVEC_TC_W(matvec_tc_w2_bf16, 2, false, 2, 2)
-MATVEC_TC_W(matvec_tc_w4_bf16, 2, false, 2, 4)
-MATVEC_TC_W(matvec_tc_u4_w2_bf16, 4, false, 1, 2)
-MATVEC_TC_W(matvec_tc_u4_w4_bf16, 4, false, 1, 4)
-MATVEC_TC_W(matvec_tc_swiglu_w2_bf16, 2, true, 2, 2)
-MATVEC_TC_W(matvec_tc_swiglu_w4_bf16, 2, true, 2, 4)
+MATVEC_TC_WIDE_SET(MATVEC_TC_W, bf16)
 
 // The `_x1` twins of the plain, wide and SwiGLU kernels above (`--activations bf16`): x rounded
 // to bf16, one MMA part (mma_chunk1), otherwise the same K split, chunks and epilogue, so a row's
@@ -832,12 +836,7 @@ MATVEC_TC_FP8X(matvec_tc_swiglu_n1x_fp8, 2, true, 3, 1, true)
 // read of the weights, each group's columns, MMAs and epilogue an 8-row launch's: the same bits.
 // x split for all the launch's rows by one split_x_f16x2 before it, as for eight.
 #define MATVEC_TC_FP8W(NAME, U, SW, MINB, NG) MATVEC_TC_FP8XW(NAME, U, SW, MINB, 2, false, NG)
-MATVEC_TC_FP8W(matvec_tc_w2_fp8, 2, false, 2, 2)
-MATVEC_TC_FP8W(matvec_tc_w4_fp8, 2, false, 2, 4)
-MATVEC_TC_FP8W(matvec_tc_u4_w2_fp8, 4, false, 1, 2)
-MATVEC_TC_FP8W(matvec_tc_u4_w4_fp8, 4, false, 1, 4)
-MATVEC_TC_FP8W(matvec_tc_swiglu_w2_fp8, 2, true, 2, 2)
-MATVEC_TC_FP8W(matvec_tc_swiglu_w4_fp8, 2, true, 2, 4)
+MATVEC_TC_WIDE_SET(MATVEC_TC_FP8W, fp8)
 
 // The tile-looping twins (matvec_tc_loop): same arguments, K never split (ksplit, the norm
 // fold's and, without ARGMAX, the argmax epilogue's arguments unused).
