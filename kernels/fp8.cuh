@@ -101,15 +101,30 @@ __device__ __forceinline__ int x_split_exp(float mx) {
     return max(-126, min(126, 14 - e));
 }
 
-// The largest |x| of a row of `in` (a multiple of 4) f32, every thread of the block given it: a
-// 16-byte load a thread a step, all in flight, then the warps' maxima through shared memory.
+// How many 16-byte loads of x a thread has in flight at once in block_abs_max and split_x_block.
+// Written as a loop over k with a runtime bound, the loads compiled to one LDG at a time, each
+// followed by its bounds branch and its use: a row of 12,288 (down_proj's x) was twelve L2 round
+// trips in series per thread before the first weight was multiplied (sm_90 SASS, ptxas 13.0).
+#define XSPLIT_BATCH 4
+
+// The largest |x| of a row of `in` (a multiple of 4) f32, every thread of the block given it:
+// XSPLIT_BATCH 16-byte loads a thread a batch, all issued before any is used, then the warps'
+// maxima through shared memory. (fmaxf is exact and ignores NaN in any order: the maximum does
+// not depend on how the loads are grouped.)
 __device__ __forceinline__ float block_abs_max(const float* x, int in) {
     __shared__ float wmax[32];
     float mx = 0.f;
-#pragma unroll 4
-    for (int k = 4 * threadIdx.x; k < in; k += 4 * blockDim.x) {
-        const float4 v = *reinterpret_cast<const float4*>(x + k);
-        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const int step = 4 * blockDim.x;
+    for (int k0 = 4 * threadIdx.x; k0 < in; k0 += XSPLIT_BATCH * step) {
+        float4 v[XSPLIT_BATCH];
+#pragma unroll
+        for (int j = 0; j < XSPLIT_BATCH; j++) {
+            const int k = k0 + j * step;
+            v[j] = k < in ? *reinterpret_cast<const float4*>(x + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < XSPLIT_BATCH; j++)
+            mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
     }
     mx = warp_max(mx);
     if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = mx;
@@ -122,18 +137,30 @@ __device__ __forceinline__ float block_abs_max(const float* x, int in) {
 // One row of x split by the whole block into `xs` (shared memory: hi [in/2] f16 pairs, lo [in/2],
 // then 2^-s as f32) — split_x_f16x2's arithmetic (fp8.cu) for a launch of one row, so the
 // one-row matvecs need no launch before them. The row is read twice, from L2 then L1: once for
-// its largest |x| (a 16-byte load a thread a step, all in flight), once for the pairs. Ends with
-// a barrier: the parts are the block's to read.
+// its largest |x|, once for the pairs, each pass in batches of XSPLIT_BATCH 16-byte loads a
+// thread (two pairs a load). Ends with a barrier: the parts are the block's to read.
 __device__ __forceinline__ void split_x_block(const float* x, int in, uint32_t* xs) {
     const int s = x_split_exp(block_abs_max(x, in));
     const float up = __uint_as_float((uint32_t)(127 + s) << 23);
-    const int pairs = in / 2;
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-        const float2 v = *reinterpret_cast<const float2*>(x + 2 * i);
-        uint32_t hi, lo;
-        split2_f16(v.x * up, v.y * up, hi, lo);
-        xs[i] = hi;
-        xs[pairs + i] = lo;
+    const int pairs = in / 2, quads = in / 4;
+    for (int q0 = threadIdx.x; q0 < quads; q0 += XSPLIT_BATCH * blockDim.x) {
+        float4 v[XSPLIT_BATCH];
+#pragma unroll
+        for (int j = 0; j < XSPLIT_BATCH; j++) {
+            const int q = q0 + j * blockDim.x;
+            v[j] = q < quads ? *reinterpret_cast<const float4*>(x + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < XSPLIT_BATCH; j++) {
+            const int q = q0 + j * blockDim.x;
+            if (q < quads) {
+                uint2 hi, lo;
+                split2_f16(v[j].x * up, v[j].y * up, hi.x, lo.x);
+                split2_f16(v[j].z * up, v[j].w * up, hi.y, lo.y);
+                *reinterpret_cast<uint2*>(xs + 2 * q) = hi;  // pairs 2q, 2q + 1
+                *reinterpret_cast<uint2*>(xs + pairs + 2 * q) = lo;
+            }
+        }
     }
     if (threadIdx.x == 0) reinterpret_cast<float*>(xs + 2 * (size_t)pairs)[0] = __uint_as_float((uint32_t)(127 - s) << 23);
     __syncthreads();
