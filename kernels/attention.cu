@@ -508,9 +508,22 @@ __device__ void attention_combine(const float* part_o, const float* part_ml, flo
         if (lane == 0) sL = L;
     }
     __syncthreads();
+    // Eight slices' partials requested at once, then added in slice order. Written as one loop
+    // over the slices (`#pragma unroll 8`), a group's last splits / 4 mod 8 slices — all of them
+    // at 512 keys — were a remainder loop of one L2 round trip each, in series (sm_90 SASS).
     float acc = 0.f;
-#pragma unroll 8
-    for (int sp = grp; sp < splits; sp += COMBINE_GROUPS) acc += part_o[(sp * stride + rh) * hd + d] * sw[sp];
+    for (int sp0 = grp; sp0 < splits; sp0 += 8 * COMBINE_GROUPS) {
+        float pv[8], pw[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int sp = sp0 + j * COMBINE_GROUPS;
+            pv[j] = sp < splits ? part_o[(sp * stride + rh) * hd + d] : 0.f;
+            pw[j] = sp < splits ? sw[sp] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (sp0 + j * COMBINE_GROUPS < splits) acc += pv[j] * pw[j];
+    }
     sacc[grp][d] = acc;
     __syncthreads();
     if (grp == 0) {
