@@ -474,6 +474,7 @@ SPLIT_ROPE_KERNEL(4, __nv_bfloat16, attention_split_rope_q1_hd128_f32_kvbf16)
 // bf16 rows for an `_x1h` consumer (o_proj with bf16 activations), each value rounded as an `_x1`
 // consumer rounds it.
 #define COMBINE_GROUPS 4
+#define COMBINE_BATCH 16
 __device__ void attention_combine(const float* part_o, const float* part_ml, float* out, int rows, int nh, int hd,
                                   const int* lens, int keys, int max_splits, int rh, int out_bf16) {
     pdl_trigger();
@@ -508,20 +509,21 @@ __device__ void attention_combine(const float* part_o, const float* part_ml, flo
         if (lane == 0) sL = L;
     }
     __syncthreads();
-    // Eight slices' partials requested at once, then added in slice order. Written as one loop
-    // over the slices (`#pragma unroll 8`), a group's last splits / 4 mod 8 slices — all of them
-    // at 512 keys — were a remainder loop of one L2 round trip each, in series (sm_90 SASS).
+    // A group's slices' partials requested COMBINE_BATCH at once (one round trip up to 64
+    // slices), then added in slice order. Written as one loop over the slices (`#pragma unroll
+    // 8`), a group's last splits / 4 mod 8 slices — all of them at 512 keys — were a remainder
+    // loop of one L2 round trip each, in series (sm_90 SASS).
     float acc = 0.f;
-    for (int sp0 = grp; sp0 < splits; sp0 += 8 * COMBINE_GROUPS) {
-        float pv[8], pw[8];
+    for (int sp0 = grp; sp0 < splits; sp0 += COMBINE_BATCH * COMBINE_GROUPS) {
+        float pv[COMBINE_BATCH], pw[COMBINE_BATCH];
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < COMBINE_BATCH; j++) {
             const int sp = sp0 + j * COMBINE_GROUPS;
             pv[j] = sp < splits ? part_o[(sp * stride + rh) * hd + d] : 0.f;
             pw[j] = sp < splits ? sw[sp] : 0.f;
         }
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < COMBINE_BATCH; j++)
             if (sp0 + j * COMBINE_GROUPS < splits) acc += pv[j] * pw[j];
     }
     sacc[grp][d] = acc;
