@@ -23,9 +23,10 @@
 // issue (ncu: splitting x in each tile was 88 of ~210 instructions per KB of weights). s_m puts
 // row m's largest |x| in [2^14, 2^15) (fp8.cuh says why); each block of the grid (blocks of a
 // pair a thread along the row, a row per grid row) finds the row's largest |x| itself — the row
-// is read from L2 in a few 16-byte loads a thread, all in flight at once — so the split needs no
-// second launch and no grid barrier. A one-row launch on a GPU whose shared memory holds the
-// split row splits it inside the matvec instead (fp8.cuh `split_x_block`, the same arithmetic).
+// is read from L2 in batches of four 16-byte loads a thread, each batch in flight at once
+// (fp8.cuh `block_abs_max`) — so the split needs no second launch and no grid barrier. A one-row
+// launch on a GPU whose shared memory holds the split row splits it inside the matvec instead
+// (fp8.cuh `split_x_block`, the same arithmetic).
 #include "common.cuh"
 #include "fp8.cuh"
 

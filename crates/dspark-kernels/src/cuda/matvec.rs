@@ -352,9 +352,10 @@ impl Gpu {
                 (Some(f), Some(xsp)) => {
                     let pairs = rows * d_in / 2;
                     // split_x_f16x2(x, planes, in, plane): blocks of 256 threads along each row, a
-                    // pair a thread (each block reads the whole row for its largest |x|: one round
-                    // trip, where fewer blocks with several pairs a thread took a chain of them),
-                    // a row per grid row.
+                    // pair a thread (each block reads the whole row for its largest |x|, four
+                    // 16-byte loads a thread in flight at once: fp8.cuh `block_abs_max`; fewer
+                    // blocks with several pairs a thread took a chain of round trips), a row per
+                    // grid row.
                     if in_block.is_none() {
                         let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(d_in as i32), Arg::I32(pairs as i32)];
                         self.launch_pdl(
