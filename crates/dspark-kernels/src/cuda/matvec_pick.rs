@@ -132,9 +132,9 @@ pub(crate) fn n1x_smem(d_in: usize) -> usize {
 
 /// The wide twin of an 8-row bf16 or FP8 kernel for `rows` rows still to launch: 64 rows a
 /// launch (`_w8`, the `_x1` kernels only) past 32, 32 (`_w4`) past 16, 16 (`_w2`) past 8; `None`
-/// for 8 or fewer, and for the kernels without one (argmax, tile-looping, FP8's one-n-tile ones). The twins take their
-/// shape's K split and grid, so every row's sums are the 8-row kernel's bit for bit
-/// (kernels/matvec.cu).
+/// for 8 or fewer, and for the kernels without one (argmax, tile-looping, FP8's one-n-tile
+/// ones). The twins take their shape's K split and grid, so every row's sums are the 8-row
+/// kernel's bit for bit (kernels/matvec.cu).
 pub(crate) fn wide_twin(name: &str, rows: usize) -> Option<(&'static str, usize)> {
     if rows <= 8 {
         return None;
