@@ -209,6 +209,25 @@ fn xsm_limit(f: &CudaFunction, blocks: u32, optin: usize) -> CudaResult<usize> {
     Ok(f.occupancy_available_dynamic_smem_per_block(blocks, 32 * matvec_pick::TC_WARPS as u32)?.min(most))
 }
 
+/// The shared-memory carveout (percent) the one-row FP8 matvecs that split x in their blocks
+/// (`_n1x`) ask for: on an SM of 228 KB (sm_90), 71% — the 164 KB configuration the decode
+/// attention launches between them runs in, where the driver would give them 132 KB (their
+/// 3 × 26 or 2 × 58 KB). Measured on an H100 (docs/perf.md): FP8 decode −0.5 to −1.0%, the verify
+/// unchanged; the multi-row FP8 kernels asking for it too lost 3% of the verify (their x comes
+/// through L1). Other SM sizes keep the driver's choice (`None`), as does
+/// `DSPARK_NO_N1X_CARVEOUT=1` for A/B runs.
+fn n1x_carveout(ctx: &CudaContext) -> CudaResult<Option<i32>> {
+    const SM90_SMEM: i32 = 228 * 1024;
+    const ATTENTION_CONFIG: i32 = 164 * 1024;
+    let per_sm = ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
+    if per_sm != SM90_SMEM || std::env::var_os("DSPARK_NO_N1X_CARVEOUT").is_some() {
+        return Ok(None);
+    }
+    // The driver rounds the percentage's bytes up to a configuration: 71% is 165,765 bytes → 164 KB.
+    Ok(Some(ATTENTION_CONFIG * 100 / SM90_SMEM))
+}
+
 /// Total time and launch count of one kernel name in a profile.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelTime {
@@ -270,6 +289,7 @@ impl Gpu {
         let optin = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             .max(0) as usize;
+        let n1x_carveout = n1x_carveout(&ctx)?;
         for (m, src) in ptx::MODULES.iter().zip(ptx_text(sm90)?) {
             let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src.as_str()))?;
             for &name in m.functions {
@@ -285,6 +305,13 @@ impl Gpu {
                     // A driver that refuses the query or the limit costs the in-block split, not
                     // the GPU: those launches then take the split launch (limit 0).
                     xsm_limits.insert(name, xsm_limit(&f, minb, optin).unwrap_or(0));
+                    if let Some(pct) = n1x_carveout {
+                        // A refused hint costs the measured 0.5–1%, not the GPU.
+                        let _ = f.set_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                            pct,
+                        );
+                    }
                 }
                 functions.insert(name, (f, pdl && !no_pdl_for.iter().any(|s| name.contains(s.as_str()))));
             }
