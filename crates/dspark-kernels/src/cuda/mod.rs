@@ -212,7 +212,7 @@ fn xsm_limit(f: &CudaFunction, blocks: u32, optin: usize) -> CudaResult<usize> {
 /// The shared-memory carveout (percent) the one-row FP8 matvecs that split x in their blocks
 /// (`_n1x`) ask for: on an SM of 228 KB (sm_90), 71% — the 164 KB configuration the decode
 /// attention launches between them runs in, where the driver would give them 132 KB (their
-/// 3 × 26 or 2 × 58 KB). Measured on an H100 (docs/perf.md): FP8 decode −0.5 to −1.0%, the verify
+/// 3 × 26 or 2 × 58 KB). Measured on an H100 (docs/perf.md): FP8 decode −0.5 to −1.3%, the verify
 /// unchanged; the multi-row FP8 kernels asking for it too lost 3% of the verify (their x comes
 /// through L1). Other SM sizes keep the driver's choice (`None`), as does
 /// `DSPARK_NO_N1X_CARVEOUT=1` for A/B runs.
