@@ -224,8 +224,14 @@ fn n1x_carveout(ctx: &CudaContext) -> CudaResult<Option<i32>> {
     if per_sm != SM90_SMEM || std::env::var_os("DSPARK_NO_N1X_CARVEOUT").is_some() {
         return Ok(None);
     }
-    // The driver rounds the percentage's bytes up to a configuration: 71% is 165,765 bytes → 164 KB.
-    Ok(Some(ATTENTION_CONFIG * 100 / SM90_SMEM))
+    Ok(Some(carveout_percent(ATTENTION_CONFIG, SM90_SMEM)))
+}
+
+/// The carveout percentage that lands on shared-memory configuration `config` of an SM of
+/// `per_sm` bytes: the driver rounds the percentage's bytes up to a configuration, so the
+/// percentage is rounded down (164 KB of 228: 71%, 165,765 bytes → 164 KB).
+fn carveout_percent(config: i32, per_sm: i32) -> i32 {
+    config * 100 / per_sm
 }
 
 /// Total time and launch count of one kernel name in a profile.
@@ -458,5 +464,19 @@ impl Gpu {
     /// Number of loaded modules (for `dspark info`-style reports).
     pub fn module_count(&self) -> usize {
         self.modules.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::carveout_percent;
+
+    /// The n1x carveout's percentage must round up to the attention's 164 KB on a 228 KB SM, not
+    /// to the 132 KB below it (the driver's own choice) nor the 196 KB above.
+    #[test]
+    fn carveout_percent_lands_on_its_configuration() {
+        let (config, per_sm, below) = (164 * 1024, 228 * 1024, 132 * 1024);
+        let bytes = carveout_percent(config, per_sm) * per_sm / 100;
+        assert!(bytes > below && bytes <= config, "{bytes} bytes");
     }
 }
