@@ -109,3 +109,40 @@ extern "C" __global__ void split_x_f16x2(const float* x, uint32_t* planes, int i
     if (blockIdx.x == 0 && threadIdx.x == 0)
         reinterpret_cast<float*>(planes + 2 * (size_t)plane)[m] = __uint_as_float((uint32_t)(127 - s) << 23);
 }
+
+// One block a row (grid (1, m)): the row's 16-byte groups, up to SPLIT_ROW_Q a thread, all
+// requested at once — one L2 round trip, where split_x_f16x2 takes one for its maximum pass and
+// then reads the row again — its largest |x| from the registers, then the same parts and 2^-s.
+// For rows of up to 4 · SPLIT_ROW_Q · blockDim.x values (the host keeps split_x_f16x2 beyond).
+#define SPLIT_ROW_Q 8
+extern "C" __global__ void split_x_f16x2_row(const float* x, uint32_t* planes, int in, int plane) {
+    pdl_trigger();
+    pdl_wait();
+    const int m = blockIdx.y, quads = in / 4;
+    const float4* xr = reinterpret_cast<const float4*>(x + (size_t)m * in);
+    float4 v[SPLIT_ROW_Q];
+#pragma unroll
+    for (int j = 0; j < SPLIT_ROW_Q; j++) {
+        const int q = threadIdx.x + j * blockDim.x;
+        v[j] = q < quads ? xr[q] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float mx = 0.f;
+#pragma unroll
+    for (int j = 0; j < SPLIT_ROW_Q; j++)
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+    const int s = x_split_exp(block_max(mx));
+    const float up = __uint_as_float((uint32_t)(127 + s) << 23);
+    uint32_t* row = planes + (size_t)m * (in / 2);
+#pragma unroll
+    for (int j = 0; j < SPLIT_ROW_Q; j++) {
+        const int q = threadIdx.x + j * blockDim.x;
+        if (q < quads) {
+            uint2 hi, lo;
+            split2_f16(v[j].x * up, v[j].y * up, hi.x, lo.x);
+            split2_f16(v[j].z * up, v[j].w * up, hi.y, lo.y);
+            *reinterpret_cast<uint2*>(row + 2 * q) = hi;  // pairs 2q, 2q + 1
+            *reinterpret_cast<uint2*>(row + plane + 2 * q) = lo;
+        }
+    }
+    if (threadIdx.x == 0) reinterpret_cast<float*>(planes + 2 * (size_t)plane)[m] = __uint_as_float((uint32_t)(127 - s) << 23);
+}

@@ -107,12 +107,23 @@ __device__ __forceinline__ int x_split_exp(float mx) {
 // trips in series per thread before the first weight was multiplied (sm_90 SASS, ptxas 13.0).
 #define XSPLIT_BATCH 4
 
+// The largest of the block's threads' values (≥ 0), every thread given it: the warps' maxima
+// through shared memory.
+__device__ __forceinline__ float block_max(float mx) {
+    __shared__ float wmax[32];
+    mx = warp_max(mx);
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, wmax[w]);
+    return mx;
+}
+
 // The largest |x| of a row of `in` (a multiple of 4) f32, every thread of the block given it:
 // XSPLIT_BATCH 16-byte loads a thread a batch, all issued before any is used, then the warps'
 // maxima through shared memory. (fmaxf is exact and ignores NaN in any order: the maximum does
 // not depend on how the loads are grouped.)
 __device__ __forceinline__ float block_abs_max(const float* x, int in) {
-    __shared__ float wmax[32];
     float mx = 0.f;
     const int step = 4 * blockDim.x;
     for (int k0 = 4 * threadIdx.x; k0 < in; k0 += XSPLIT_BATCH * step) {
@@ -126,12 +137,7 @@ __device__ __forceinline__ float block_abs_max(const float* x, int in) {
         for (int j = 0; j < XSPLIT_BATCH; j++)
             mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
     }
-    mx = warp_max(mx);
-    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mx = 0.f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, wmax[w]);
-    return mx;
+    return block_max(mx);
 }
 
 // One row of x split by the whole block into `xs` (shared memory: hi [in/2] f16 pairs, lo [in/2],

@@ -358,12 +358,17 @@ impl Gpu {
                     // grid row.
                     if in_block.is_none() {
                         let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(d_in as i32), Arg::I32(pairs as i32)];
-                        self.launch_pdl(
-                            "split_x_f16x2",
-                            ((d_in / 2).div_ceil(256) as u32, rows as u32, 1),
-                            256,
-                            &split,
-                        )?;
+                        match split_row_threads(d_in) {
+                            Some(threads) => {
+                                self.launch_pdl("split_x_f16x2_row", (1, rows as u32, 1), threads, &split)?
+                            }
+                            None => self.launch_pdl(
+                                "split_x_f16x2",
+                                ((d_in / 2).div_ceil(256) as u32, rows as u32, 1),
+                                256,
+                                &split,
+                            )?,
+                        }
                     }
                     args[base.len()..base.len() + 4].copy_from_slice(&f);
                     args[base.len() + 4] = Arg::Ptr(xsp);
@@ -481,6 +486,21 @@ impl Gpu {
         launch!(self, "swiglu_pairs_f32", b, cfg((m * inter).div_ceil(256), 256));
         Ok(())
     }
+}
+
+/// Threads of `split_x_f16x2_row`'s one block a row for rows of `d_in` values (fp8.cu: up to
+/// `SPLIT_ROW_Q` = 8 groups of 4 a thread), or `None` where a row needs more than 1024 threads of
+/// those (`split_x_f16x2` then splits it). Probe: `DSPARK_SPLIT_ROW_THREADS` = 0 (the old
+/// kernel), 256, 512 or 1024.
+fn split_row_threads(d_in: usize) -> Option<u32> {
+    let least = d_in.div_ceil(4 * 8).next_power_of_two().max(256);
+    let pick = std::env::var("DSPARK_SPLIT_ROW_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
+    let threads = match pick {
+        Some(0) => return None,
+        Some(t) => t.max(least),
+        None => least,
+    };
+    (threads <= 1024).then_some(threads as u32)
 }
 
 #[cfg(test)]

@@ -88,7 +88,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "fp8",
         sm90: include_bytes!("../../ptx/fp8.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/fp8.sm80.ptx.xz"),
-        functions: &["matvec_fp8", "dequant_fp8_bf16", "split_x_f16x2"],
+        functions: &["matvec_fp8", "dequant_fp8_bf16", "split_x_f16x2", "split_x_f16x2_row"],
     },
     PtxModule {
         name: "markov",
