@@ -358,7 +358,7 @@ impl Gpu {
                     // grid row.
                     if in_block.is_none() {
                         let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(d_in as i32), Arg::I32(pairs as i32)];
-                        match split_row_threads(d_in) {
+                        match split_row_threads(d_in).filter(|_| self.fp8_split_row) {
                             Some(threads) => {
                                 self.launch_pdl("split_x_f16x2_row", (1, rows as u32, 1), threads, &split)?
                             }

@@ -157,6 +157,10 @@ pub struct Gpu {
     /// `split_x_f16x2` launch (`matvec_pick.rs` `fp8_n1x_twin`; the same bits;
     /// `DSPARK_NO_FP8_SPLIT_IN_BLOCK=1` keeps the two launches for A/B runs).
     pub fp8_split_in_block: bool,
+    /// Launches of two or more rows split x one block a row, the row's loads all in flight at
+    /// once (`split_x_f16x2_row`, fp8.cu; the same bits as `split_x_f16x2`, which
+    /// `DSPARK_NO_SPLIT_ROW=1` keeps for A/B runs, as rows too wide for the one block do).
+    pub fp8_split_row: bool,
     /// The dynamic shared memory each `_n1x` FP8 kernel may take with its blocks per SM still
     /// resident (0: none; measured at load by the driver's occupancy calculator).
     xsm_limits: HashMap<&'static str, usize>,
@@ -343,6 +347,7 @@ impl Gpu {
             segmented: std::env::var_os("DSPARK_NO_SEGMENTED").is_none(),
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
+            fp8_split_row: std::env::var_os("DSPARK_NO_SPLIT_ROW").is_none(),
             row_gemm: None,
             xsm_limits,
             profiling: AtomicBool::new(false),

@@ -85,7 +85,7 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
             assert_eq!(bits(&one), bits(got), "{dtype} {d_in}->{d_out} row {r}: alone differs from the batch of 8");
             let (one, ran) = run(&mut g, r..r + 1, true);
             assert!(
-                ran.iter().any(|k| k.ends_with("_n1x_fp8")) && !ran.iter().any(|k| k == "split_x_f16x2"),
+                ran.iter().any(|k| k.ends_with("_n1x_fp8")) && !ran.iter().any(|k| k.starts_with("split_x_f16x2")),
                 "1 row, split in the block: ran {ran:?}"
             );
             assert_eq!(bits(&one), bits(got), "{dtype} {d_in}->{d_out} row {r}: split in the block differs");
@@ -94,6 +94,45 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
                 assert_eq!(bits(&pair), bits(&all[r * d_out..][..2 * d_out]), "rows {r}, {}: the pair differs", r + 1);
             }
         }
+    }
+}
+
+/// The one-block-a-row split (`split_x_f16x2_row`) against the two-pass split it replaces
+/// (`split_x_f16x2`, which finds each row's largest |x| in every block and then reads the row
+/// again): the eight-row matvec after each, bit for bit, on rows of very different scales; rows
+/// that need a thread more than 1024 threads of eight groups of four take the two-pass split.
+#[test]
+fn fp8_split_row_equals_the_two_pass_split() {
+    let mut g = gpu();
+    let mut rng = Rng(31);
+    let widths: &[usize] = if full_size() { &[256, 4096, 12288, 25600, 32896] } else { &[256, 4224] };
+    for &d_in in widths {
+        let d_out = 32;
+        let (w, _) = weight_cols(&g, &rng.vec(d_out * d_in), d_in, "fp8");
+        let x: Vec<f32> = (0..8)
+            .flat_map(|r| {
+                let scale = [1.0f32, 3e6, 1e-30, 0.0, 1.0, 7e4, 1e-3, 0.25][r];
+                rng.vec(d_in).into_iter().map(move |v| v * scale)
+            })
+            .collect();
+        let xd = up(&g, &x);
+        let run = |g: &mut Gpu, row: bool| -> (Vec<u32>, Vec<String>) {
+            g.fp8_split_row = row;
+            let mut y = poisoned(g, 8 * d_out);
+            g.set_profiling(true).unwrap();
+            g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (8, d_in, d_out), false).unwrap();
+            let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
+            g.set_profiling(false).unwrap();
+            g.fp8_split_row = true;
+            (down(g, &y).iter().map(|v| v.to_bits()).collect(), ran)
+        };
+        let (two_pass, ran) = run(&mut g, false);
+        assert!(ran.iter().any(|k| k == "split_x_f16x2"), "{d_in}: two-pass split ran {ran:?}");
+        assert!(two_pass.iter().all(|b| f32::from_bits(*b).is_finite()), "{d_in}: unwritten or non-finite outputs");
+        let (row, ran) = run(&mut g, true);
+        let want = if d_in <= 4 * 8 * 1024 { "split_x_f16x2_row" } else { "split_x_f16x2" };
+        assert!(ran.iter().any(|k| k == want), "{d_in}: wanted {want}, ran {ran:?}");
+        assert_eq!(row, two_pass, "{d_in}: the one-block-a-row split changes the matvec's bits");
     }
 }
 
