@@ -18,19 +18,19 @@
 //   split_x_f16x2[_row]: planes[p][m, i] = part p of (y[m, 2i], y[m, 2i + 1]) as f16x2, y[m] = x[m]·2^s_m
 //                      (fp8.cuh split2_f16: hi, lo), then 2^-s_m as f32 after the planes
 //
-// A split runs before each tensor-core FP8 matvec of two or more rows (matvec.cu `matvec_tc_*_fp8`), which
-// load the parts instead of splitting x in every tile: those kernels are bound by instruction
-// issue (ncu: splitting x in each tile was 88 of ~210 instructions per KB of weights). s_m puts
-// row m's largest |x| in [2^14, 2^15) (fp8.cuh says why). split_x_f16x2_row (below) splits a row
-// in one block: each thread requests its up to eight 16-byte groups of the row at once, the block
-// takes their largest |x|, and each thread splits its groups from its registers — one L2 round
-// trip. split_x_f16x2, for rows wider than one block takes (and `DSPARK_NO_SPLIT_ROW=1`), is a
-// grid of blocks of a pair a thread along the row, a row per grid row, each block finding the
-// row's largest |x| itself — the row read from L2 in batches of four 16-byte loads a thread, each
-// batch in flight at once (fp8.cuh `block_abs_max`) — and then reading its pairs again: no second
-// launch and no grid barrier, but two round trips. A one-row launch on a GPU whose shared memory
-// holds the split row splits it inside the matvec instead (fp8.cuh `split_x_block`, the same
-// arithmetic).
+// A split launch runs before each tensor-core FP8 matvec (matvec.cu `matvec_tc_*_fp8`) that does
+// not split x in its own blocks; those kernels load the parts instead of splitting x in every tile:
+// they are bound by instruction issue (ncu: splitting x in each tile was 88 of ~210 instructions
+// per KB of weights). s_m puts row m's largest |x| in [2^14, 2^15) (fp8.cuh says why).
+// split_x_f16x2_row (below) splits a row in one block: each thread requests its up to eight 16-byte
+// groups of the row at once, the block takes their largest |x|, and each thread splits its groups
+// from its registers — one L2 round trip. split_x_f16x2, for rows wider than one block takes (and
+// `DSPARK_NO_SPLIT_ROW=1`), is a grid of blocks of a pair a thread along the row, a row per grid
+// row, each block finding the row's largest |x| itself — the row read from L2 in batches of four
+// 16-byte loads a thread, each batch in flight at once (fp8.cuh `block_abs_max`) — and then reading
+// its pairs again: no second launch and no grid barrier, but two round trips. A one-row launch on a
+// GPU whose shared memory holds the split row splits it inside the matvec instead (fp8.cuh
+// `split_x_block`, the same arithmetic).
 #include "common.cuh"
 #include "fp8.cuh"
 
