@@ -117,9 +117,10 @@ extern "C" __global__ void split_x_f16x2(const float* x, uint32_t* planes, int i
 // One block a row (grid (1, m)): the row's 16-byte groups, up to SPLIT_ROW_Q a thread, all
 // requested at once — one L2 round trip, where split_x_f16x2 takes one for its maximum pass and
 // then reads the row again — its largest |x| from the registers, then the same parts and 2^-s.
-// For rows of up to 4 · SPLIT_ROW_Q · blockDim.x values (the host keeps split_x_f16x2 beyond).
+// For rows of up to 4 · SPLIT_ROW_Q · blockDim.x values (the host keeps split_x_f16x2 beyond);
+// blocks of up to 1024 threads (the bound keeps it within 64 registers: 48 on sm_90, ptxas 13.0).
 #define SPLIT_ROW_Q 8
-extern "C" __global__ void split_x_f16x2_row(const float* x, uint32_t* planes, int in, int plane) {
+extern "C" __global__ void __launch_bounds__(1024) split_x_f16x2_row(const float* x, uint32_t* planes, int in, int plane) {
     pdl_trigger();
     pdl_wait();
     const int m = blockIdx.y, quads = in / 4;
