@@ -359,9 +359,12 @@ impl Gpu {
                     if in_block.is_none() {
                         let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(d_in as i32), Arg::I32(pairs as i32)];
                         match split_row_threads(d_in).filter(|_| self.fp8_split_row) {
-                            Some(threads) => {
-                                self.launch_pdl("split_x_f16x2_row", (1, rows as u32, 1), threads, &split)?
-                            }
+                            Some(threads) => self.launch_pdl(
+                                "split_x_f16x2_row",
+                                (split_row_blocks(), rows as u32, 1),
+                                threads,
+                                &split,
+                            )?,
                             None => self.launch_pdl(
                                 "split_x_f16x2",
                                 ((d_in / 2).div_ceil(256) as u32, rows as u32, 1),
@@ -486,6 +489,12 @@ impl Gpu {
         launch!(self, "swiglu_pairs_f32", b, cfg((m * inter).div_ceil(256), 256));
         Ok(())
     }
+}
+
+/// Probe: `split_x_f16x2_row`'s blocks a row (`DSPARK_SPLIT_ROW_BLOCKS`, default 1, at most 8):
+/// each reads the whole row for its maximum and splits every one of that many of its groups.
+fn split_row_blocks() -> u32 {
+    std::env::var("DSPARK_SPLIT_ROW_BLOCKS").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(1).clamp(1, 8)
 }
 
 /// Threads of `split_x_f16x2_row`'s one block a row for rows of `d_in` values (fp8.cu: up to
