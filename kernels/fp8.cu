@@ -110,7 +110,7 @@ extern "C" __global__ void split_x_f16x2(const float* x, uint32_t* planes, int i
         row[i] = hi;
         row[plane + i] = lo;
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0)
+    if (threadIdx.x == 0)
         reinterpret_cast<float*>(planes + 2 * (size_t)plane)[m] = __uint_as_float((uint32_t)(127 - s) << 23);
 }
 
@@ -119,8 +119,6 @@ extern "C" __global__ void split_x_f16x2(const float* x, uint32_t* planes, int i
 // then reads the row again — its largest |x| from the registers, then the same parts and 2^-s.
 // For rows of up to 4 · SPLIT_ROW_Q · blockDim.x values (the host keeps split_x_f16x2 beyond), in
 // blocks of up to 1024 threads (the bound keeps it within 64 registers: 48 on sm_90, ptxas 13.0).
-// Probe: with gridDim.x = n > 1, n blocks a row each read it whole and store the groups j ≡ their
-// block index (mod n), so that one SM does not write the whole row.
 #define SPLIT_ROW_Q 8
 extern "C" __global__ void __launch_bounds__(1024) split_x_f16x2_row(const float* x, uint32_t* planes, int in, int plane) {
     pdl_trigger();
@@ -143,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(1024) split_x_f16x2_row(const float
 #pragma unroll
     for (int j = 0; j < SPLIT_ROW_Q; j++) {
         const int q = threadIdx.x + j * blockDim.x;
-        if (q < quads && j % gridDim.x == blockIdx.x) {
+        if (q < quads) {
             uint2 hi, lo;
             split2_f16(v[j].x * up, v[j].y * up, hi.x, lo.x);
             split2_f16(v[j].z * up, v[j].w * up, hi.y, lo.y);
@@ -151,6 +149,6 @@ extern "C" __global__ void __launch_bounds__(1024) split_x_f16x2_row(const float
             *reinterpret_cast<uint2*>(row + plane + 2 * q) = lo;
         }
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0)
+    if (threadIdx.x == 0)
         reinterpret_cast<float*>(planes + 2 * (size_t)plane)[m] = __uint_as_float((uint32_t)(127 - s) << 23);
 }

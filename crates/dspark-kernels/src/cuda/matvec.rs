@@ -351,20 +351,18 @@ impl Gpu {
             let n = match (fp8_args, xsplit) {
                 (Some(f), Some(xsp)) => {
                     let pairs = rows * d_in / 2;
-                    // split_x_f16x2(x, planes, in, plane): blocks of 256 threads along each row, a
-                    // pair a thread (each block reads the whole row for its largest |x|, four
-                    // 16-byte loads a thread in flight at once: fp8.cuh `block_abs_max`; fewer
-                    // blocks with several pairs a thread took a chain of round trips), a row per
-                    // grid row.
+                    // split_x_f16x2_row(x, planes, in, plane): one block a row, the row's loads
+                    // all in flight at once, split from registers after the block's maximum (one
+                    // L2 round trip; FP8 verify −1.4% on an H100 against the form below). Rows
+                    // wider than one block holds: split_x_f16x2, blocks of 256 threads along each
+                    // row, a pair a thread, each block reading the whole row for its largest |x|
+                    // (fp8.cuh `block_abs_max`), a row per grid row.
                     if in_block.is_none() {
                         let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(d_in as i32), Arg::I32(pairs as i32)];
                         match split_row_threads(d_in).filter(|_| self.fp8_split_row) {
-                            Some(threads) => self.launch_pdl(
-                                "split_x_f16x2_row",
-                                (split_row_blocks(), rows as u32, 1),
-                                threads,
-                                &split,
-                            )?,
+                            Some(threads) => {
+                                self.launch_pdl("split_x_f16x2_row", (1, rows as u32, 1), threads, &split)?
+                            }
                             None => self.launch_pdl(
                                 "split_x_f16x2",
                                 ((d_in / 2).div_ceil(256) as u32, rows as u32, 1),
@@ -491,30 +489,32 @@ impl Gpu {
     }
 }
 
-/// Probe: `split_x_f16x2_row`'s blocks a row (`DSPARK_SPLIT_ROW_BLOCKS`, default 1, at most 8):
-/// each reads the whole row for its maximum and splits every one of that many of its groups.
-fn split_row_blocks() -> u32 {
-    std::env::var("DSPARK_SPLIT_ROW_BLOCKS").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(1).clamp(1, 8)
-}
-
-/// Threads of `split_x_f16x2_row`'s one block a row for rows of `d_in` values (fp8.cu: up to
-/// `SPLIT_ROW_Q` = 8 groups of 4 a thread), or `None` where a row needs more than 1024 threads of
-/// those (`split_x_f16x2` then splits it). Probe: `DSPARK_SPLIT_ROW_THREADS` = 0 (the old
-/// kernel), 256, 512 or 1024.
+/// Threads of `split_x_f16x2_row`'s one block a row for rows of `d_in` values, or `None` where
+/// a row needs more than fp8.cu's `SPLIT_ROW_Q` = 8 groups of 4 on each of 1024 threads
+/// (`split_x_f16x2` then splits it). At most four groups a thread where 1024 threads allow, at
+/// least 256 threads: on an H100 (bench projections at M = 7, 2026-12-06) 1024 threads took
+/// down_proj's 12,288-wide rows 27.8 → 27.1 µs against 512, and lost 2–7% against 256 on the
+/// 4,096-wide rows of q|k|v and gate|up.
 fn split_row_threads(d_in: usize) -> Option<u32> {
-    let least = d_in.div_ceil(4 * 8).next_power_of_two().max(256);
-    let pick = std::env::var("DSPARK_SPLIT_ROW_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
-    let threads = match pick {
-        Some(0) => return None,
-        Some(t) => t.max(least),
-        None => least,
-    };
-    (threads <= 1024).then_some(threads as u32)
+    (d_in <= 4 * 8 * 1024).then(|| d_in.div_ceil(4 * 4).next_power_of_two().clamp(256, 1024) as u32)
 }
 
 #[cfg(test)]
 mod tests {
     use half::bf16;
+
+    /// The split's threads a row: Qwen3-8B's widths, the smallest rows, and the last width one
+    /// block takes (4 · 8 · 1024 values) before the grid form.
+    #[test]
+    fn split_row_threads_cover_the_row_in_at_most_eight_groups_a_thread() {
+        let t = super::split_row_threads;
+        assert_eq!((t(16), t(4096), t(6144), t(12288)), (Some(256), Some(256), Some(512), Some(1024)));
+        assert_eq!((t(25600), t(32768), t(32784)), (Some(1024), Some(1024), None));
+        for d in (16..=32768).step_by(16) {
+            let n = t(d).map(|n| n as usize).unwrap_or(0);
+            assert!(d.div_ceil(4) <= 8 * n && n.is_power_of_two(), "{d} values on {n} threads");
+        }
+    }
 
     /// kernels/matvec.cu `split3`, as it was (seven conversions: every part rounded) and as it is
     /// (two: lo taken as the upper half of its f32 bits), on the host: the parts must be the same
