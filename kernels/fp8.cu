@@ -118,36 +118,20 @@ extern "C" __global__ void split_x_f16x2(const float* x, uint32_t* planes, int i
 // requested at once — one L2 round trip, where split_x_f16x2 takes one for its maximum pass and
 // then reads the row again — its largest |x| from the registers, then the same parts and 2^-s.
 // For rows of up to 4 · SPLIT_ROW_Q · blockDim.x values (the host keeps split_x_f16x2 beyond), in
-// blocks of up to 1024 threads (the bound keeps it within 64 registers: 48 on sm_90, ptxas 13.0).
+// blocks of up to 1024 threads (the bound keeps it within 64 registers: 59 on sm_90, ptxas 13.0).
 #define SPLIT_ROW_Q 8
 extern "C" __global__ void __launch_bounds__(1024) split_x_f16x2_row(const float* x, uint32_t* planes, int in, int plane) {
     pdl_trigger();
     pdl_wait();
     const int m = blockIdx.y, quads = in / 4;
-    const float4* xr = reinterpret_cast<const float4*>(x + (size_t)m * in);
     float4 v[SPLIT_ROW_Q];
-#pragma unroll
-    for (int j = 0; j < SPLIT_ROW_Q; j++) {
-        const int q = threadIdx.x + j * blockDim.x;
-        v[j] = q < quads ? xr[q] : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float mx = 0.f;
-#pragma unroll
-    for (int j = 0; j < SPLIT_ROW_Q; j++)
-        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
-    const int s = x_split_exp(block_max(mx));
+    const int s = x_split_exp(block_max(load_groups(x + (size_t)m * in, quads, v)));
     const float up = __uint_as_float((uint32_t)(127 + s) << 23);
     uint32_t* row = planes + (size_t)m * (in / 2);
 #pragma unroll
     for (int j = 0; j < SPLIT_ROW_Q; j++) {
         const int q = threadIdx.x + j * blockDim.x;
-        if (q < quads) {
-            uint2 hi, lo;
-            split2_f16(v[j].x * up, v[j].y * up, hi.x, lo.x);
-            split2_f16(v[j].z * up, v[j].w * up, hi.y, lo.y);
-            *reinterpret_cast<uint2*>(row + 2 * q) = hi;  // pairs 2q, 2q + 1
-            *reinterpret_cast<uint2*>(row + plane + 2 * q) = lo;
-        }
+        if (q < quads) split_quad(v[j], up, q, plane, row);
     }
     if (threadIdx.x == 0)
         reinterpret_cast<float*>(planes + 2 * (size_t)plane)[m] = __uint_as_float((uint32_t)(127 - s) << 23);

@@ -142,29 +142,67 @@ __device__ __forceinline__ float block_abs_max(const float* x, int in) {
 
 // One row of x split by the whole block into `xs` (shared memory: hi [in/2] f16 pairs, lo [in/2],
 // then 2^-s as f32) — split_x_f16x2's arithmetic (fp8.cu) for a launch of one row, so the
-// one-row matvecs need no launch before them. The row is read twice, from L2 then L1: once for
-// its largest |x|, once for the pairs, each pass in batches of XSPLIT_BATCH 16-byte loads a
-// thread (two pairs a load). Ends with a barrier: the parts are the block's to read.
+// one-row matvecs need no launch before them. A row of at most 4 · Q · blockDim.x values is read
+// once: each thread requests its up to Q 16-byte groups at once, the block takes their largest
+// |x|, and each thread splits its groups from its registers (one L2 round trip, as fp8.cu's
+// split_x_f16x2_row). A wider row is read twice, from L2 then L1: once for its largest |x|, once
+// for the pairs, each pass in batches of XSPLIT_BATCH 16-byte loads a thread (two pairs a load).
+// The same parts either way (fmaxf's maximum does not depend on the grouping). Q is the caller's
+// register budget: the weights of its first step are in flight beside these loads. Ends with a
+// barrier: the parts are the block's to read.
+// Group q (values 4q .. 4q + 3) of a row scaled by `up`, split: its hi pairs at xs[2q ..], its lo
+// pairs `lo_at` further on.
+__device__ __forceinline__ void split_quad(float4 v, float up, int q, int lo_at, uint32_t* xs) {
+    uint2 hi, lo;
+    split2_f16(v.x * up, v.y * up, hi.x, lo.x);
+    split2_f16(v.z * up, v.w * up, hi.y, lo.y);
+    *reinterpret_cast<uint2*>(xs + 2 * q) = hi;  // pairs 2q, 2q + 1
+    *reinterpret_cast<uint2*>(xs + lo_at + 2 * q) = lo;
+}
+
+// This thread's groups threadIdx.x + j · blockDim.x (j < Q) of a row of `quads` 16-byte groups,
+// all requested before any is used (zeros past the row), and their largest |x|.
+template <int Q>
+__device__ __forceinline__ float load_groups(const float* x, int quads, float4 (&v)[Q]) {
+#pragma unroll
+    for (int j = 0; j < Q; j++) {
+        const int q = threadIdx.x + j * blockDim.x;
+        v[j] = q < quads ? *reinterpret_cast<const float4*>(x + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float mx = 0.f;
+#pragma unroll
+    for (int j = 0; j < Q; j++)
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+    return mx;
+}
+
+template <int Q>
 __device__ __forceinline__ void split_x_block(const float* x, int in, uint32_t* xs) {
-    const int s = x_split_exp(block_abs_max(x, in));
-    const float up = __uint_as_float((uint32_t)(127 + s) << 23);
     const int pairs = in / 2, quads = in / 4;
-    for (int q0 = threadIdx.x; q0 < quads; q0 += XSPLIT_BATCH * blockDim.x) {
-        float4 v[XSPLIT_BATCH];
+    int s;
+    if (quads <= Q * (int)blockDim.x) {
+        float4 v[Q];
+        s = x_split_exp(block_max(load_groups(x, quads, v)));
+        const float up = __uint_as_float((uint32_t)(127 + s) << 23);
 #pragma unroll
-        for (int j = 0; j < XSPLIT_BATCH; j++) {
-            const int q = q0 + j * blockDim.x;
-            v[j] = q < quads ? *reinterpret_cast<const float4*>(x + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j = 0; j < Q; j++) {
+            const int q = threadIdx.x + j * blockDim.x;
+            if (q < quads) split_quad(v[j], up, q, pairs, xs);
         }
+    } else {
+        s = x_split_exp(block_abs_max(x, in));
+        const float up = __uint_as_float((uint32_t)(127 + s) << 23);
+        for (int q0 = threadIdx.x; q0 < quads; q0 += XSPLIT_BATCH * blockDim.x) {
+            float4 v[XSPLIT_BATCH];
 #pragma unroll
-        for (int j = 0; j < XSPLIT_BATCH; j++) {
-            const int q = q0 + j * blockDim.x;
-            if (q < quads) {
-                uint2 hi, lo;
-                split2_f16(v[j].x * up, v[j].y * up, hi.x, lo.x);
-                split2_f16(v[j].z * up, v[j].w * up, hi.y, lo.y);
-                *reinterpret_cast<uint2*>(xs + 2 * q) = hi;  // pairs 2q, 2q + 1
-                *reinterpret_cast<uint2*>(xs + pairs + 2 * q) = lo;
+            for (int j = 0; j < XSPLIT_BATCH; j++) {
+                const int q = q0 + j * blockDim.x;
+                v[j] = q < quads ? *reinterpret_cast<const float4*>(x + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int j = 0; j < XSPLIT_BATCH; j++) {
+                const int q = q0 + j * blockDim.x;
+                if (q < quads) split_quad(v[j], up, q, pairs, xs);
             }
         }
     }

@@ -448,7 +448,9 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         prefetch_gamma();
         if (SWIGLU || XP || FP8 || NG > 1) anchor_loads(wa);  // the others' loads stay above the wait without it (SASS)
         pdl_wait();
-        if constexpr (XSM) split_x_block(x, in, reinterpret_cast<uint32_t*>(xsm_raw));
+        // Rows of up to 12,288 (down_proj's) in one read where the kernel's registers allow
+        // (UNROLL 4: launch bounds of 1–2 blocks an SM), 4,096 elsewhere (3 blocks an SM).
+        if constexpr (XSM) split_x_block<UNROLL == 4 ? 12 : 4>(x, in, reinterpret_cast<uint32_t*>(xsm_raw));
         if (XP) load_x(x0, kbeg);
         for (int chunk = kbeg; chunk < kend;) {
             load(a1, b1, chunk + step);
