@@ -219,3 +219,45 @@ fn fp8_gemm_matches_the_rounded_reference() {
     let e = g.gemm(&plain, &w, &GemmIn::Half(x.slice(..)), &mut y.as_view_mut(), (4, 64, 32), false).unwrap_err();
     assert!(e.to_string().contains("dequant"), "{e}");
 }
+
+/// The one-row split inside the matvec's blocks (fp8.cuh `split_x_block`: rows of up to 4 · Q ·
+/// 256 values read once and split from registers, Q = 12 on the UNROLL-4 kernels and 4 on the
+/// others; wider rows read twice) against the split launch before the `_n1` kernel, bit for bit,
+/// on every FP8 one-row kernel shape at widths on both sides of each kernel's bound: 4,096 and
+/// 12,288 (Qwen3-8B's), 17,408 (Qwen3-14B's down_proj), on rows from 1e-30 to 3e6.
+#[test]
+fn fp8_split_in_block_equals_the_split_launch_at_every_width() {
+    let mut g = gpu();
+    let mut rng = Rng(37);
+    let widths: &[usize] = if full_size() { &[256, 4096, 4352, 12288, 17408] } else { &[256, 4224] };
+    for &d_in in widths {
+        let d_out = 256;
+        let (w, _) = weight_cols(&g, &rng.vec(d_out * d_in), d_in, "fp8");
+        for (r, scale) in [1.0f32, 3e6, 1e-30].into_iter().enumerate() {
+            let x: Vec<f32> = rng.vec(d_in).into_iter().map(|v| v * scale).collect();
+            let xd = up(&g, &x);
+            for kernel in ["matvec_tc_fp8", "matvec_tc_u4_fp8", "matvec_tc_u4b1_fp8"] {
+                let mut run = |in_block: bool| -> (Vec<u32>, Vec<String>) {
+                    g.fp8_split_in_block = in_block;
+                    let mut y = poisoned(&g, d_out);
+                    g.set_profiling(true).unwrap();
+                    g.matvec_tc_variant(kernel, &w, &xd.as_view(), &mut y.as_view_mut(), (1, d_in, d_out)).unwrap();
+                    let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
+                    g.set_profiling(false).unwrap();
+                    g.fp8_split_in_block = true;
+                    (down(&g, &y).iter().map(|v| v.to_bits()).collect(), ran)
+                };
+                let (launch, ran) = run(false);
+                assert!(ran.iter().any(|k| k.starts_with("split_x_f16x2")), "{kernel} {d_in}: ran {ran:?}");
+                assert!(launch.iter().all(|b| f32::from_bits(*b).is_finite()), "{kernel} {d_in}: unwritten outputs");
+                let (block, ran) = run(true);
+                // The three-block kernel's shared memory (3 × ~70 KB of split row) may not hold
+                // 17,408 values: it keeps the split launch there.
+                let in_block =
+                    ran.iter().any(|k| k.ends_with("_n1x_fp8")) && !ran.iter().any(|k| k.starts_with("split_x"));
+                assert!(in_block || (d_in > 12288 && kernel == "matvec_tc_fp8"), "{kernel} {d_in}: ran {ran:?}");
+                assert_eq!(block, launch, "{kernel} {d_in} row {r}: the split in the block changes the bits");
+            }
+        }
+    }
+}
