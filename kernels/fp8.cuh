@@ -101,7 +101,8 @@ __device__ __forceinline__ int x_split_exp(float mx) {
     return max(-126, min(126, 14 - e));
 }
 
-// How many 16-byte loads of x a thread has in flight at once in block_abs_max and split_x_block.
+// How many 16-byte loads of x a thread has in flight at once in block_abs_max and the two-pass form
+// of split_x_block (rows wider than its one read).
 // Written as a loop over k with a runtime bound, the loads compiled to one LDG at a time, each
 // followed by its bounds branch and its use: a row of 12,288 (down_proj's x) was twelve L2 round
 // trips in series per thread before the first weight was multiplied (sm_90 SASS, ptxas 13.0).
