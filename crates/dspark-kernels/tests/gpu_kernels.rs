@@ -46,6 +46,15 @@ fn kv_down(g: &Gpu, v: &dspark_kernels::cuda::kv::KvView<'_>) -> Vec<f32> {
     }
 }
 
+/// The names of the kernels `f` launches on `g`, in order (the per-launch profiler on around it).
+fn kernels_run(g: &Gpu, f: impl FnOnce(&Gpu)) -> Vec<String> {
+    g.set_profiling(true).unwrap();
+    f(g);
+    let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
+    g.set_profiling(false).unwrap();
+    ran
+}
+
 /// A weight in `dtype` plus the exact f32 values the device will see.
 fn weight(g: &Gpu, v: &[f32], dtype: &str) -> (WeightBuf, Vec<f32>) {
     match dtype {

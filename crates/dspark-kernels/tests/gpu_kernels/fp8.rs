@@ -63,10 +63,8 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
             let m = rows.len();
             let xd = up(g, &x[rows.start * d_in..rows.end * d_in]);
             let mut y = poisoned(g, m * d_out);
-            g.set_profiling(true).unwrap();
-            g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap();
-            let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
-            g.set_profiling(false).unwrap();
+            let ran =
+                kernels_run(g, |g| g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap());
             g.fp8_split_in_block = true;
             (down(g, &y), ran)
         };
@@ -100,7 +98,7 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
 /// The one-block-a-row split (`split_x_f16x2_row`) against the two-pass split it replaces
 /// (`split_x_f16x2`, which finds each row's largest |x| in every block and then reads the row
 /// again): the eight-row matvec after each, bit for bit, on rows of very different scales; rows
-/// that need a thread more than 1024 threads of eight groups of four take the two-pass split.
+/// wider than 1024 threads of eight groups of four hold (32,896) take the two-pass split.
 #[test]
 fn fp8_split_row_equals_the_two_pass_split() {
     let mut g = gpu();
@@ -119,10 +117,8 @@ fn fp8_split_row_equals_the_two_pass_split() {
         let run = |g: &mut Gpu, row: bool| -> (Vec<u32>, Vec<String>) {
             g.fp8_split_row = row;
             let mut y = poisoned(g, 8 * d_out);
-            g.set_profiling(true).unwrap();
-            g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (8, d_in, d_out), false).unwrap();
-            let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
-            g.set_profiling(false).unwrap();
+            let ran =
+                kernels_run(g, |g| g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (8, d_in, d_out), false).unwrap());
             g.fp8_split_row = true;
             (down(g, &y).iter().map(|v| v.to_bits()).collect(), ran)
         };
@@ -240,10 +236,10 @@ fn fp8_split_in_block_equals_the_split_launch_at_every_width() {
                 let mut run = |in_block: bool| -> (Vec<u32>, Vec<String>) {
                     g.fp8_split_in_block = in_block;
                     let mut y = poisoned(&g, d_out);
-                    g.set_profiling(true).unwrap();
-                    g.matvec_tc_variant(kernel, &w, &xd.as_view(), &mut y.as_view_mut(), (1, d_in, d_out)).unwrap();
-                    let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
-                    g.set_profiling(false).unwrap();
+                    let shape = (1, d_in, d_out);
+                    let ran = kernels_run(&g, |g| {
+                        g.matvec_tc_variant(kernel, &w, &xd.as_view(), &mut y.as_view_mut(), shape).unwrap()
+                    });
                     g.fp8_split_in_block = true;
                     (down(&g, &y).iter().map(|v| v.to_bits()).collect(), ran)
                 };

@@ -233,9 +233,5 @@ fn matvec_profiled(
     shape: (usize, usize, usize),
     accumulate: bool,
 ) -> Vec<String> {
-    g.set_profiling(true).unwrap();
-    g.matvec(w, &x.as_view(), &mut y.as_view_mut(), shape, accumulate).unwrap();
-    let ran = g.take_profile().unwrap().into_iter().map(|k| k.name).collect();
-    g.set_profiling(false).unwrap();
-    ran
+    kernels_run(g, |g| g.matvec(w, &x.as_view(), &mut y.as_view_mut(), shape, accumulate).unwrap())
 }
