@@ -10,6 +10,9 @@
 //!   3e6, an all-zero row, a row spanning 12 decades), each within 1e-5 of the f32 reference. A
 //!   row alone runs both ways: split inside the matvec's own blocks (`_n1x_fp8`, no split launch)
 //!   and split by `split_x_f16x2` first (`_n1_fp8`), both those bits.
+//! * The splits' own forms, bit for bit: the eight-row split one block a row against the
+//!   two-pass grid, and the one-row split in the block against the split launch, at widths on
+//!   both sides of each form's one-read bound.
 //!
 //! * The widening exactly: an identity activation matrix makes the GEMM's output the widened
 //!   weights themselves (one nonzero product per output), which must equal
