@@ -110,7 +110,7 @@ extern "C" __global__ void split_x_f16x2(const float* x, uint32_t* planes, int i
         row[i] = hi;
         row[plane + i] = lo;
     }
-    if (threadIdx.x == 0)
+    if (blockIdx.x == 0 && threadIdx.x == 0)
         reinterpret_cast<float*>(planes + 2 * (size_t)plane)[m] = __uint_as_float((uint32_t)(127 - s) << 23);
 }
 

@@ -141,16 +141,6 @@ __device__ __forceinline__ float block_abs_max(const float* x, int in) {
     return block_max(mx);
 }
 
-// One row of x split by the whole block into `xs` (shared memory: hi [in/2] f16 pairs, lo [in/2],
-// then 2^-s as f32) — split_x_f16x2's arithmetic (fp8.cu) for a launch of one row, so the
-// one-row matvecs need no launch before them. A row of at most 4 · Q · blockDim.x values is read
-// once: each thread requests its up to Q 16-byte groups at once, the block takes their largest
-// |x|, and each thread splits its groups from its registers (one L2 round trip, as fp8.cu's
-// split_x_f16x2_row). A wider row is read twice, from L2 then L1: once for its largest |x|, once
-// for the pairs, each pass in batches of XSPLIT_BATCH 16-byte loads a thread (two pairs a load).
-// The same parts either way (fmaxf's maximum does not depend on the grouping). Q is the caller's
-// register budget: the weights of its first step are in flight beside these loads. Ends with a
-// barrier: the parts are the block's to read.
 // Group q (values 4q .. 4q + 3) of a row scaled by `up`, split: its hi pairs at xs[2q ..], its lo
 // pairs `lo_at` further on.
 __device__ __forceinline__ void split_quad(float4 v, float up, int q, int lo_at, uint32_t* xs) {
@@ -177,6 +167,16 @@ __device__ __forceinline__ float load_groups(const float* x, int quads, float4 (
     return mx;
 }
 
+// One row of x split by the whole block into `xs` (shared memory: hi [in/2] f16 pairs, lo [in/2],
+// then 2^-s as f32) — split_x_f16x2's arithmetic (fp8.cu) for a launch of one row, so the
+// one-row matvecs need no launch before them. A row of at most 4 · Q · blockDim.x values is read
+// once: each thread requests its up to Q 16-byte groups at once, the block takes their largest
+// |x|, and each thread splits its groups from its registers (one L2 round trip, as fp8.cu's
+// split_x_f16x2_row). A wider row is read twice, from L2 then L1: once for its largest |x|, once
+// for the pairs, each pass in batches of XSPLIT_BATCH 16-byte loads a thread (two pairs a load).
+// The same parts either way (fmaxf's maximum does not depend on the grouping). Q is the caller's
+// register budget: the weights of its first step are in flight beside these loads. Ends with a
+// barrier: the parts are the block's to read.
 template <int Q>
 __device__ __forceinline__ void split_x_block(const float* x, int in, uint32_t* xs) {
     const int pairs = in / 2, quads = in / 4;
