@@ -353,7 +353,7 @@ impl Gpu {
                     let pairs = rows * d_in / 2;
                     // split_x_f16x2_row(x, planes, in, plane): one block a row, the row's loads
                     // all in flight at once, split from registers after the block's maximum (one
-                    // L2 round trip; FP8 verify −1.4% on an H100 against the form below). Rows
+                    // L2 round trip; FP8 verify −2.0 / −2.2% on an H100 against the form below). Rows
                     // wider than one block holds: split_x_f16x2, blocks of 256 threads along each
                     // row, a pair a thread, each block reading the whole row for its largest |x|
                     // (fp8.cuh `block_abs_max`), a row per grid row.
