@@ -12,6 +12,12 @@ use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
+/// Arguments of a tensor-core matvec launch at most (the FP8 twins': the bf16 ones and the block
+/// scales).
+const TC_ARGS: usize = 27;
+// A launch refuses more arguments than its fixed array holds (pdl.rs): checked here at build time.
+const _: () = assert!(TC_ARGS <= Gpu::MAX_ARGS);
+
 /// Extra epilogue work of one tensor-core matvec (the RMSNorm fold, see `norm_fold.rs`), as
 /// device addresses with their lengths in f32 values (checked at launch).
 #[derive(Clone, Copy, Default)]
@@ -313,7 +319,7 @@ impl Gpu {
             };
             // matvec_tc_*(w, x, y, m, in, out, accumulate, ksplit, ss_in, parts, eps, gamma, xg,
             // ss_out, am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim)
-            let mut args = [Arg::I32(0); 27];
+            let mut args = [Arg::I32(0); TC_ARGS];
             let base = [
                 w,
                 dptr(self, &xs),

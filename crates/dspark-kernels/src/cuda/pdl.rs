@@ -33,6 +33,9 @@ impl Gpu {
         self.kernel(name).is_ok_and(|(_, pdl)| pdl)
     }
 
+    /// The most arguments a launch takes (the FP8 matvecs' 27 are the most today).
+    pub(crate) const MAX_ARGS: usize = 28;
+
     /// Launches `name` on the op stream, with the PDL attribute when the GPU supports it.
     pub(crate) fn launch_pdl(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> CudaResult<()> {
         self.launch_pdl_smem(name, grid, block, 0, args)
@@ -50,11 +53,14 @@ impl Gpu {
     ) -> CudaResult<()> {
         let (f, pdl) = self.kernel(name)?;
         // Fixed-size arrays: this runs ~300 times per decoded token, so no heap allocation.
-        const MAX_ARGS: usize = 28;
-        if args.len() > MAX_ARGS {
-            return Err(CudaError::Shape(format!("{name}: {} kernel arguments, at most {MAX_ARGS}", args.len())));
+        if args.len() > Self::MAX_ARGS {
+            return Err(CudaError::Shape(format!(
+                "{name}: {} kernel arguments, at most {}",
+                args.len(),
+                Self::MAX_ARGS
+            )));
         }
-        let mut slots = [0u64; MAX_ARGS];
+        let mut slots = [0u64; Self::MAX_ARGS];
         for (slot, a) in slots.iter_mut().zip(args) {
             *slot = match *a {
                 Arg::Ptr(p) => p,
@@ -62,7 +68,7 @@ impl Gpu {
                 Arg::F32(v) => v.to_bits() as u64,
             };
         }
-        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_ARGS];
+        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); Self::MAX_ARGS];
         for (p, slot) in params.iter_mut().zip(slots.iter_mut()) {
             *p = slot as *mut u64 as *mut std::ffi::c_void;
         }
