@@ -136,3 +136,20 @@ extern "C" __global__ void __launch_bounds__(1024) split_x_f16x2_row(const float
     if (threadIdx.x == 0)
         reinterpret_cast<float*>(planes + 2 * (size_t)plane)[m] = __uint_as_float((uint32_t)(127 - s) << 23);
 }
+
+// x [m, in] f32 → E4M3 bytes [m, in] at xs, then the groups' scales [m, in / 128] f32 at
+// xs + plane / 2 words (plane: the launch's f16 pairs, so the bytes take plane / 2 words): the
+// activations of the E4M3-activation kernels (fp8.cuh `quant_group_e4m3`; experiment
+// `DSPARK_FP8_A8=1`). A warp a group, grid (⌈groups / 8⌉, m) of 256 threads.
+extern "C" __global__ void quant_x_e4m3(const float* x, uint32_t* xs, int in, int plane) {
+    const int groups = in >> 7, gi = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int r = blockIdx.y;
+    pdl_trigger();
+    pdl_wait();
+    if (gi >= groups) return;  // warp-uniform
+    const float4 v = *reinterpret_cast<const float4*>(x + (size_t)r * in + gi * 128 + 4 * lane);
+    float s;
+    const uint32_t q = quant_group_e4m3(v, s);
+    xs[(size_t)r * (in / 4) + gi * 32 + lane] = q;
+    if (lane == 0) reinterpret_cast<float*>(xs + plane / 2)[(size_t)r * groups + gi] = s;
+}

@@ -210,3 +210,73 @@ __device__ __forceinline__ void split_x_block(const float* x, int in, uint32_t* 
     if (threadIdx.x == 0) reinterpret_cast<float*>(xs + 2 * (size_t)pairs)[0] = __uint_as_float((uint32_t)(127 - s) << 23);
     __syncthreads();
 }
+
+// ---- E4M3 activations (experiment `DSPARK_FP8_A8=1`, branch w8a8) ----
+// x quantized as Qwen, vLLM and transformers run `Qwen3-8B-FP8` (`activation_scheme: dynamic`):
+// per row and 128-wide k group, s = max|x| / 448 and xq = e4m3_rn_satfinite(x / s), so the
+// m16n8k32 E4M3 MMA multiplies the weight bytes as they lie in memory (no widening) and a
+// group's sums are scaled by scale_w · s. sm_89+ only (the sm_80 build traps).
+
+// The m16n8k32 MMA on E4M3 operands with f32 accumulation. A lane's 16 bytes of a row are its
+// k slots (4t..4t+3, 16+4t..16+4t+3 in the first, the next 8 bytes in the second MMA), as x's.
+__device__ __forceinline__ void mma_e4m3(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+#if __CUDA_ARCH__ >= 890
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// Two f32 as E4M3 bytes (a in the low byte), rounded to nearest, saturating to ±448.
+__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float a, float b) {
+#if __CUDA_ARCH__ >= 890
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+    return r;
+#else
+    __trap();
+    return 0;
+#endif
+}
+
+// One 128-value group of a row, four values a lane (v): its scale s = max|x| / 448 (0 for an
+// all-zero group, whose bytes are then 0) and this lane's four E4M3 bytes.
+__device__ __forceinline__ uint32_t quant_group_e4m3(float4 v, float& s) {
+    s = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)))) / 448.f;
+    if (!(s > 0.f)) return 0u;
+    return f32x2_to_e4m3x2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)) |
+           (f32x2_to_e4m3x2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)) << 16);
+}
+
+// One row of x quantized by the whole block into `xs` (shared memory: in bytes, then in / 128
+// f32 scales) — quant_x_e4m3's arithmetic (fp8.cu) for a launch of one row. Warp w takes groups
+// w, w + warps, …, Q at a time with their loads in flight together. Ends with a barrier.
+template <int Q>
+__device__ __forceinline__ void quant_x_block(const float* x, int in, uint32_t* xs) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, groups = in >> 7;
+    float* sx = reinterpret_cast<float*>(xs + in / 4);
+    for (int g0 = warp; g0 < groups; g0 += Q * nw) {
+        float4 v[Q];
+#pragma unroll
+        for (int j = 0; j < Q; j++) {
+            const int gi = g0 + j * nw;
+            v[j] = gi < groups ? *reinterpret_cast<const float4*>(x + gi * 128 + 4 * lane)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < Q; j++) {
+            const int gi = g0 + j * nw;
+            if (gi < groups) {  // warp-uniform
+                float s;
+                xs[gi * 32 + lane] = quant_group_e4m3(v[j], s);
+                if (lane == 0) sx[gi] = s;
+            }
+        }
+    }
+    __syncthreads();
+}

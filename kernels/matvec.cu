@@ -174,7 +174,7 @@ __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("pref
 // a row are summed, and its scale undone, in the epilogue. Whatever m, a row's columns and sums
 // are the same: the bits do not depend on the batch. FP8 takes no XP / HOLD.
 template <int UNROLL, bool SWIGLU, bool XP, bool ARGMAX, int HOLD = 0, bool FP8 = false, int NT = 2, int NG = 1,
-          bool XSM = false, int XPARTS = 3, bool XH = false>
+          bool XSM = false, int XPARTS = 3, bool XH = false, bool A8 = false>
 __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__ x, float* y, int m, int in, int out,
                           int accumulate, int ksplit, const float* __restrict__ ss_in, int parts, float eps,
                           const float* __restrict__ gamma, float* xg, float* ss_out, const ArgmaxOut& am,
@@ -184,6 +184,7 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     static_assert(!XSM || (FP8 && NT == 1), "x split in the block: the one-row FP8 kernels");
     static_assert(XPARTS == 3 || (XPARTS == 1 && !FP8), "x rounded to bf16: the bf16 kernels");
     static_assert(!XH || XPARTS == 1, "x stored as bf16 rows: the `_x1h` kernels");
+    static_assert(!A8 || (FP8 && NG == 1 && NT == 1), "E4M3 activations: the 8-row and one-row FP8 kernels");
     // x in three bf16 parts (f32-exact), or rounded to one (`_x1`: bf16 activations).
     auto chunk_mma = [](float (*a)[4], const uint4& va, const uint4& vb, const float* xv) {
         if constexpr (XPARTS == 1) {
@@ -217,7 +218,10 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     // else 2. Lane g's column in n-tile j is 8j + g; xcol[j] is where its part of its row starts
     // in fs.xs (−1 past 2m: zeros; 32-bit offsets, as the loop is short of registers).
     int xcol[2] = {-1, -1};
-    if constexpr (FP8) {
+    if constexpr (A8) {
+        // E4M3 activations: column g is row g, its bytes at g·in (words of 4).
+        if (g < m) xcol[0] = g * (in / 4);
+    } else if constexpr (FP8) {
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             const int c = 8 * j + g;
@@ -239,6 +243,15 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     // XSM, this block's shared copy, split after the wait (split_x_block below).
     extern __shared__ uint4 xsm_raw[];
     const uint32_t* xparts = XSM ? reinterpret_cast<const uint32_t*>(xsm_raw) : fs.xs;
+    // A8: the group scales of columns 2t and 2t + 1 (rows of x; past m, row m − 1's, unwritten).
+    const float* sx0 = nullptr;
+    const float* sx1 = nullptr;
+    if constexpr (A8) {
+        const float* sxb = reinterpret_cast<const float*>(xparts + fs.plane / 2);
+        const int groups = in >> fs.kb_log2;
+        sx0 = sxb + min(2 * t, m - 1) * groups;
+        sx1 = sxb + min(2 * t + 1, m - 1) * groups;
+    }
     pdl_trigger();
 
     // NG groups of 8 activation rows (wide launches): group r's rows are 8r .. 8r + 7, each
@@ -357,6 +370,27 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
                             accg[r][j][i] = fmaf(i < 2 ? s_a : s_b, tmp[j][i], accg[r][j][i]);
                 }
             }
+        } else if constexpr (A8) {
+            // E4M3 activations: the chunk's 64 k in two E4M3 MMAs on the bytes as loaded, fresh
+            // sums scaled by the weight block's scale times the activation group's (columns 2t
+            // and 2t + 1: rows of x).
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                const int kc = chunk + u * stride;  // warp-uniform
+                if (kc >= kend) break;
+                const int k = kc + 16 * t;
+                uint4 xv = make_uint4(0, 0, 0, 0);
+                if (xcol[0] >= 0 && k < kend) xv = *reinterpret_cast<const uint4*>(xparts + xcol[0] + k / 4);
+                float tmp[4] = {0.f, 0.f, 0.f, 0.f};
+                mma_e4m3(tmp, va[u].x, vb[u].x, va[u].y, vb[u].y, xv.x, xv.y);
+                mma_e4m3(tmp, va[u].z, vb[u].z, va[u].w, vb[u].w, xv.z, xv.w);
+                const int kb = kc >> fs.kb_log2;
+                const float s_a = sa[kb], s_b = sb[kb], x0 = sx0[kb], x1 = sx1[kb];
+                acc[0][0] = fmaf(s_a * x0, tmp[0], acc[0][0]);
+                acc[0][1] = fmaf(s_a * x1, tmp[1], acc[0][1]);
+                acc[0][2] = fmaf(s_b * x0, tmp[2], acc[0][2]);
+                acc[0][3] = fmaf(s_b * x1, tmp[3], acc[0][3]);
+            }
         } else {
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) {
@@ -450,7 +484,11 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         pdl_wait();
         // Rows of up to 12,288 (down_proj's) in one read where the kernel's registers allow
         // (UNROLL 4: launch bounds of 1–2 blocks an SM), 4,096 elsewhere (3 blocks an SM).
-        if constexpr (XSM) split_x_block<UNROLL == 4 ? 12 : 4>(x, in, reinterpret_cast<uint32_t*>(xsm_raw));
+        if constexpr (XSM && A8) {
+            quant_x_block<UNROLL == 4 ? 12 : 4>(x, in, reinterpret_cast<uint32_t*>(xsm_raw));
+        } else if constexpr (XSM) {
+            split_x_block<UNROLL == 4 ? 12 : 4>(x, in, reinterpret_cast<uint32_t*>(xsm_raw));
+        }
         if (XP) load_x(x0, kbeg);
         for (int chunk = kbeg; chunk < kend;) {
             load(a1, b1, chunk + step);
@@ -494,11 +532,11 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
         __nv_bfloat16* xgh = reinterpret_cast<__nv_bfloat16*>(xg) + (size_t)8 * grp * out;
         const float* ssi = grp == 0 || ss_in == nullptr ? ss_in : ss_in + (size_t)8 * grp * parts;
         float* sso = grp == 0 || ss_out == nullptr ? ss_out : ss_out + (size_t)8 * grp * gridDim.x;
-        if constexpr (!FP8) {
+        if constexpr (!FP8 || A8) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 float s;
-                if constexpr (XPARTS == 1) {
+                if constexpr (A8 || XPARTS == 1) {
                     s = accg[grp][0][i];
                 } else {
                     s = (accg[grp][2][i] + accg[grp][1][i]) + accg[grp][0][i];
@@ -804,7 +842,7 @@ MATVEC_TC_X1H(matvec_tc_swiglu_x1h_w8_bf16, 2, true, false, 2, 0, 8)
 // The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
 // k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block
 // scales (fp8.cuh `Fp8Scales`). The argmax epilogue's arguments stay for one launch signature.
-#define MATVEC_TC_FP8XW(NAME, U, SW, MINB, NT, XSM, NG)                                                          \
+#define MATVEC_TC_FP8XWA(NAME, U, SW, MINB, NT, XSM, NG, A8)                                                     \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const uint8_t* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,            \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
@@ -812,10 +850,11 @@ MATVEC_TC_X1H(matvec_tc_swiglu_x1h_w8_bf16, 2, true, false, 2, 0, 8)
              float* am_gathered, int am_dim, const float* scale, const uint32_t* srow, int scale_cols,          \
              int kb_log2, const uint32_t* xs, int plane) {                                                        \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
-        matvec_tc<U, SW, false, false, 0, true, NT, NG, XSM>(w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, \
-                                                            gamma, xg, ss_out, am,                               \
-                                                            Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane}); \
+        matvec_tc<U, SW, false, false, 0, true, NT, NG, XSM, 3, false, A8>(                                       \
+            w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, am,                                 \
+            Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane});                                                    \
     }
+#define MATVEC_TC_FP8XW(NAME, U, SW, MINB, NT, XSM, NG) MATVEC_TC_FP8XWA(NAME, U, SW, MINB, NT, XSM, NG, false)
 #define MATVEC_TC_FP8X(NAME, U, SW, MINB, NT, XSM) MATVEC_TC_FP8XW(NAME, U, SW, MINB, NT, XSM, 1)
 #define MATVEC_TC_FP8(NAME, U, SW, MINB, NT) MATVEC_TC_FP8X(NAME, U, SW, MINB, NT, false)
 MATVEC_TC_FP8(matvec_tc_fp8, 2, false, 3, 2)
@@ -839,6 +878,17 @@ MATVEC_TC_FP8X(matvec_tc_swiglu_n1x_fp8, 2, true, 3, 1, true)
 // x split for all the launch's rows by one split_x_f16x2 before it, as for eight.
 #define MATVEC_TC_FP8W(NAME, U, SW, MINB, NG) MATVEC_TC_FP8XW(NAME, U, SW, MINB, 2, false, NG)
 MATVEC_TC_WIDE_SET(MATVEC_TC_FP8W, fp8)
+// E4M3 activations (fp8.cuh; experiment `DSPARK_FP8_A8=1`): one n-tile of rows for any m ≤ 8,
+// x quantized by quant_x_e4m3 before the launch, or in the block for one row (`_a8x`).
+#define MATVEC_TC_A8(NAME, U, SW, MINB, XSM) MATVEC_TC_FP8XWA(NAME, U, SW, MINB, 1, XSM, 1, true)
+MATVEC_TC_A8(matvec_tc_a8_fp8, 2, false, 3, false)
+MATVEC_TC_A8(matvec_tc_u4_a8_fp8, 4, false, 2, false)
+MATVEC_TC_A8(matvec_tc_u4b1_a8_fp8, 4, false, 1, false)
+MATVEC_TC_A8(matvec_tc_swiglu_a8_fp8, 2, true, 3, false)
+MATVEC_TC_A8(matvec_tc_a8x_fp8, 2, false, 3, true)
+MATVEC_TC_A8(matvec_tc_u4_a8x_fp8, 4, false, 2, true)
+MATVEC_TC_A8(matvec_tc_u4b1_a8x_fp8, 4, false, 1, true)
+MATVEC_TC_A8(matvec_tc_swiglu_a8x_fp8, 2, true, 3, true)
 
 // The tile-looping twins (matvec_tc_loop): same arguments, K never split (ksplit, the norm
 // fold's and, without ARGMAX, the argmax epilogue's arguments unused).

@@ -3,8 +3,8 @@
 //! general kernels for any dtype and row count (kernels/fp8.cu `matvec_fp8` for FP8).
 
 use super::matvec_pick::{
-    fp8_n1_twin, fp8_n1x_twin, fp8_twin, holds, looping, n1x_smem, tc_kernel, tc_kernel_plain, tc_launch_grid,
-    wide_twin, x1_twin, x1h_twin, TC_ROWS, TC_WARPS,
+    a8x_smem, fp8_a8_twins, fp8_n1_twin, fp8_n1x_twin, fp8_twin, holds, looping, n1x_smem, tc_kernel, tc_kernel_plain,
+    tc_launch_grid, wide_twin, x1_twin, x1h_twin, TC_ROWS, TC_WARPS,
 };
 use super::matvec_split::SplitLaunch;
 use super::ops::{aligned16, cfg, check, launch, launch_v, Fp8Buf, WeightBuf, WeightView};
@@ -239,6 +239,16 @@ impl Gpu {
             }
             _ => return Err(CudaError::Shape(format!("{name}: the weights are not in this kernel's dtype"))),
         };
+        // E4M3 activations (experiment `DSPARK_FP8_A8=1`, fp8.cuh): Qwen's 128-wide blocks on
+        // sm_89+, every launch of at most 8 rows (no wide twins), x quantized before it.
+        let a8 = match wv {
+            WeightView::Fp8 { block_k: 128, .. }
+                if self.fp8_a8 && d_in.is_multiple_of(128) && self.compute_capability >= (8, 9) =>
+            {
+                fp8_a8_twins(name)
+            }
+            _ => None,
+        };
         if name.starts_with("matvec_tc_u4b1h") && !holds(d_in, ks) {
             return Err(CudaError::Shape(format!("{name}: K {d_in} at K split {ks} does not fit a warp's registers")));
         }
@@ -261,7 +271,7 @@ impl Gpu {
         let y_base = device_addr(self, &y.as_view());
         let mut start = 0;
         while start < m {
-            let wide = if self.wide { wide_twin(name, m - start) } else { None };
+            let wide = if self.wide && a8.is_none() { wide_twin(name, m - start) } else { None };
             let rows = (m - start).min(wide.map_or(TC_ROWS, |w| w.1));
             let xs = x.slice(start * xw..(start + rows) * xw);
             let mut ys = y.slice_mut(start * y_cols..(start + rows) * y_cols);
@@ -348,8 +358,9 @@ impl Gpu {
             // launch), after split_x_f16x2 has written the launch's rows of x in two parts.
             // One row on a GPU whose shared memory holds its split: the `_n1x` twin splits it in
             // each block (the same bits), and no split launch runs first.
-            let in_block = match fp8_n1x_twin(name) {
-                Some(twin) if rows == 1 && self.fp8_split_in_block && self.xsm_limit(twin) >= n1x_smem(d_in) => {
+            let smem_for = if a8.is_some() { a8x_smem } else { n1x_smem };
+            let in_block = match a8.map(|t| t.1).or(fp8_n1x_twin(name)) {
+                Some(twin) if rows == 1 && self.fp8_split_in_block && self.xsm_limit(twin) >= smem_for(d_in) => {
                     Some(twin)
                 }
                 _ => None,
@@ -365,7 +376,9 @@ impl Gpu {
                     // (fp8.cuh `block_abs_max`), a row per grid row.
                     if in_block.is_none() {
                         let split = [dptr(self, &xs), Arg::Ptr(xsp), Arg::I32(d_in as i32), Arg::I32(pairs as i32)];
+                        let quant_grid = ((d_in / 128).div_ceil(8) as u32, rows as u32, 1);
                         match split_row_threads(d_in).filter(|_| self.fp8_split_row) {
+                            _ if a8.is_some() => self.launch_pdl("quant_x_e4m3", quant_grid, 256, &split)?,
                             Some(threads) => {
                                 self.launch_pdl("split_x_f16x2_row", (1, rows as u32, 1), threads, &split)?
                             }
@@ -391,10 +404,11 @@ impl Gpu {
             let kernel = match (wide, in_block) {
                 (Some((twin, _)), _) => twin,
                 (None, Some(twin)) => twin,
+                (None, None) if a8.is_some() => a8.map_or(name, |t| t.0),
                 (None, None) if fp8 && rows <= 4 => fp8_n1_twin(name),
                 (None, None) => name,
             };
-            let smem = if in_block.is_some() { n1x_smem(d_in) as u32 } else { 0 };
+            let smem = if in_block.is_some() { smem_for(d_in) as u32 } else { 0 };
             self.launch_pdl_smem(kernel, (grid as u32, 1, 1), 32 * TC_WARPS as u32, smem, &args[..n])?;
             start += rows;
         }

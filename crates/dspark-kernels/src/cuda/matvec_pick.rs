@@ -113,13 +113,32 @@ pub(crate) fn fp8_n1x_twin(name: &str) -> Option<&'static str> {
     }
 }
 
+/// The E4M3-activation twins of an 8-row FP8 kernel (experiment `DSPARK_FP8_A8=1`, fp8.cuh):
+/// the twin that reads x quantized by `quant_x_e4m3`, and the one-row twin that quantizes it in
+/// its own blocks (`_a8x`); `None` for the others.
+pub(crate) fn fp8_a8_twins(name: &str) -> Option<(&'static str, &'static str)> {
+    match name {
+        "matvec_tc_fp8" => Some(("matvec_tc_a8_fp8", "matvec_tc_a8x_fp8")),
+        "matvec_tc_u4_fp8" => Some(("matvec_tc_u4_a8_fp8", "matvec_tc_u4_a8x_fp8")),
+        "matvec_tc_u4b1_fp8" => Some(("matvec_tc_u4b1_a8_fp8", "matvec_tc_u4b1_a8x_fp8")),
+        "matvec_tc_swiglu_fp8" => Some(("matvec_tc_swiglu_a8_fp8", "matvec_tc_swiglu_a8x_fp8")),
+        _ => None,
+    }
+}
+
+/// Bytes of shared memory an `_a8x` launch takes for one row of `d_in`: its E4M3 bytes and one
+/// f32 scale per 128 values, rounded to 16.
+pub(crate) fn a8x_smem(d_in: usize) -> usize {
+    (d_in + 4 * d_in.div_ceil(128)).next_multiple_of(16)
+}
+
 /// The blocks per SM an `_n1x` kernel is built for (its `__launch_bounds__`, which the host's
 /// one-wave grids assume: its shared copy of x must leave them resident); `None` for the others.
 pub(crate) fn n1x_blocks_per_sm(name: &str) -> Option<u32> {
     match name {
-        "matvec_tc_n1x_fp8" | "matvec_tc_swiglu_n1x_fp8" => Some(3),
-        "matvec_tc_u4_n1x_fp8" => Some(2),
-        "matvec_tc_u4b1_n1x_fp8" => Some(1),
+        "matvec_tc_n1x_fp8" | "matvec_tc_swiglu_n1x_fp8" | "matvec_tc_a8x_fp8" | "matvec_tc_swiglu_a8x_fp8" => Some(3),
+        "matvec_tc_u4_n1x_fp8" | "matvec_tc_u4_a8x_fp8" => Some(2),
+        "matvec_tc_u4b1_n1x_fp8" | "matvec_tc_u4b1_a8x_fp8" => Some(1),
         _ => None,
     }
 }

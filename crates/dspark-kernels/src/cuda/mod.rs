@@ -87,7 +87,7 @@ pub fn available() -> bool {
 /// The segmented combine (`attention_seg.rs`) follows the tensor-core kernel's, as its twin does,
 /// and the one-row FP8 SwiGLU that splits its own x (`_n1x`) its two-launch twin, and the bf16
 /// SwiGLU on bf16-rounded x (`_x1`) its three-part twin.
-const NO_PDL: [&str; 7] = [
+const NO_PDL: [&str; 8] = [
     "attention_combine_f32",
     "attention_combine_seg_f32",
     "matvec_tc_swiglu_bf16",
@@ -95,6 +95,7 @@ const NO_PDL: [&str; 7] = [
     "matvec_tc_swiglu_fp8",
     "matvec_tc_swiglu_n1_fp8",
     "matvec_tc_swiglu_n1x_fp8",
+    "matvec_tc_swiglu_a8",
 ];
 
 /// One GPU: its context, the stream every op runs on, and the loaded kernels.
@@ -161,6 +162,10 @@ pub struct Gpu {
     /// once (`split_x_f16x2_row`, fp8.cu; the same bits as `split_x_f16x2`, which
     /// `DSPARK_NO_SPLIT_ROW=1` keeps for A/B runs, as rows too wide for the one block do).
     pub fp8_split_row: bool,
+    /// Experiment (branch w8a8): FP8 projections take x quantized to E4M3 per row and 128-wide
+    /// group, as Qwen and vLLM run FP8 checkpoints, on E4M3 MMAs (fp8.cuh; `DSPARK_FP8_A8=1`).
+    /// Not the CPU reference's arithmetic: a row's bits still do not depend on its launch.
+    pub fp8_a8: bool,
     /// The dynamic shared memory each `_n1x` FP8 kernel may take with its blocks per SM still
     /// resident (0: none; measured at load by the driver's occupancy calculator).
     xsm_limits: HashMap<&'static str, usize>,
@@ -348,6 +353,7 @@ impl Gpu {
             row_exact: std::env::var_os("DSPARK_ROW_EXACT").is_some(),
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
             fp8_split_row: std::env::var_os("DSPARK_NO_SPLIT_ROW").is_none(),
+            fp8_a8: std::env::var_os("DSPARK_FP8_A8").is_some(),
             row_gemm: None,
             xsm_limits,
             profiling: AtomicBool::new(false),

@@ -262,3 +262,115 @@ fn fp8_split_in_block_equals_the_split_launch_at_every_width() {
         }
     }
 }
+
+/// The E4M3 byte nearest to `x` (ties to the even code), saturating at ±448: the kernels'
+/// `cvt.rn.satfinite.e4m3x2.f32` (a table search; x is never NaN here).
+fn e4m3_rn_sat(x: f32) -> u8 {
+    let mut best = 0u8;
+    for b in 1..=0x7eu8 {
+        let (e, eb) = ((cpu::fp8::e4m3_to_f32(b) - x.abs()).abs(), (cpu::fp8::e4m3_to_f32(best) - x.abs()).abs());
+        if e < eb || (e == eb && b & 1 == 0) {
+            best = b;
+        }
+    }
+    if x < 0.0 && best != 0 {
+        best | 0x80
+    } else {
+        best
+    }
+}
+
+/// E4M3 activations (experiment `DSPARK_FP8_A8=1`, `Gpu::fp8_a8`; kernels/fp8.cuh): x quantized
+/// per row and 128-wide group (s = max|x| / 448, x / s rounded to the nearest E4M3, saturating),
+/// multiplied on E4M3 MMAs. Each row of an 8-row launch equals the row alone — quantized in the
+/// matvec's blocks (`_a8x`) and by `quant_x_e4m3` first — and in a pair, bit for bit; each is
+/// within 2e-5 of Σ|w·x| of the f64 sum over the same quantized x (the CPU quantizes with the
+/// same f32 arithmetic), and within 1/16 of it of the sum over x itself (E4M3's 3 bits).
+#[test]
+fn fp8_e4m3_activations_match_their_reference_and_not_the_batch() {
+    let mut g = gpu();
+    assert!(g.compute_capability >= (8, 9), "E4M3 MMAs need sm_89+");
+    g.fp8_a8 = true;
+    let mut rng = Rng(37);
+    let shapes: &[(usize, usize)] =
+        if full_size() { &[(4096, 1024), (12288, 256), (256, 48)] } else { &[(256, 48), (1024, 80)] };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for &(d_in, d_out) in shapes {
+        let (w, wf) = weight_cols(&g, &rng.vec(d_out * d_in), d_in, "fp8");
+        let mut x = Vec::with_capacity(8 * d_in);
+        for r in 0..8 {
+            let scale = [1.0f32, 3e6, 1e-20, 0.0, 1.0, 7e4, 1e-3, 1.0][r];
+            x.extend(rng.vec(d_in).iter().enumerate().map(|(k, v)| {
+                if r == 4 {
+                    v * 10f32.powi((k % 13) as i32 - 6)
+                } else {
+                    v * scale
+                }
+            }));
+        }
+        // The quantized x, dequantized (exact in f64): per row and group, q · s.
+        let mut xdq = vec![0f64; 8 * d_in];
+        for r in 0..8 {
+            for g0 in (0..d_in).step_by(128) {
+                let grp = &x[r * d_in + g0..r * d_in + g0 + 128];
+                let s = grp.iter().fold(0f32, |a, v| a.max(v.abs())) / 448.0;
+                for (k, v) in grp.iter().enumerate() {
+                    xdq[r * d_in + g0 + k] =
+                        if s > 0.0 { cpu::fp8::e4m3_to_f32(e4m3_rn_sat(v / s)) as f64 * s as f64 } else { 0.0 };
+                }
+            }
+        }
+        let run = |g: &mut Gpu, rows: std::ops::Range<usize>, in_block: bool| -> (Vec<f32>, Vec<String>) {
+            g.fp8_split_in_block = in_block;
+            let m = rows.len();
+            let xd = up(g, &x[rows.start * d_in..rows.end * d_in]);
+            let mut y = poisoned(g, m * d_out);
+            let ran =
+                kernels_run(g, |g| g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap());
+            g.fp8_split_in_block = true;
+            (down(g, &y), ran)
+        };
+        let (all, ran) = run(&mut g, 0..8, true);
+        assert!(
+            ran.iter().any(|k| k.ends_with("_a8_fp8")) && ran.iter().any(|k| k == "quant_x_e4m3"),
+            "8 rows ran {ran:?}"
+        );
+        let (mut worst_q, mut worst_x) = (0f64, 0f64);
+        for r in 0..8 {
+            for o in 0..d_out {
+                let wr = &wf[o * d_in..][..d_in];
+                let (mut yq, mut yx, mut mag) = (0f64, 0f64, 0f64);
+                for k in 0..d_in {
+                    yq += wr[k] as f64 * xdq[r * d_in + k];
+                    yx += wr[k] as f64 * x[r * d_in + k] as f64;
+                    mag += (wr[k] as f64 * x[r * d_in + k] as f64).abs();
+                }
+                let got = all[r * d_out + o] as f64;
+                assert!(got.is_finite(), "{d_in}->{d_out} row {r} out {o}: {got} (unwritten?)");
+                if mag > 0.0 {
+                    worst_q = worst_q.max((got - yq).abs() / mag);
+                    worst_x = worst_x.max((got - yx).abs() / mag);
+                } else {
+                    assert_eq!(got, 0.0, "{d_in}->{d_out} row {r}: a zero row's output");
+                }
+            }
+            let got = &all[r * d_out..][..d_out];
+            let (one, ran) = run(&mut g, r..r + 1, false);
+            assert!(ran.iter().any(|k| k == "quant_x_e4m3"), "1 row, quant launch: ran {ran:?}");
+            assert_eq!(bits(&one), bits(got), "{d_in}->{d_out} row {r}: alone differs from the batch of 8");
+            let (one, ran) = run(&mut g, r..r + 1, true);
+            assert!(
+                ran.iter().any(|k| k.ends_with("_a8x_fp8")) && !ran.iter().any(|k| k == "quant_x_e4m3"),
+                "1 row, quantized in the block: ran {ran:?}"
+            );
+            assert_eq!(bits(&one), bits(got), "{d_in}->{d_out} row {r}: quantized in the block differs");
+            if r % 2 == 0 {
+                let (pair, _) = run(&mut g, r..r + 2, true);
+                assert_eq!(bits(&pair), bits(&all[r * d_out..][..2 * d_out]), "rows {r}, {}: the pair differs", r + 1);
+            }
+        }
+        eprintln!("{d_in}->{d_out}: E4M3 x, error / Σ|w·x|: {worst_q:.2e} against its own arithmetic, {worst_x:.2e} against f32 x");
+        assert!(worst_q <= 2e-5, "{d_in}->{d_out}: {worst_q:e} against the quantized x's sums");
+        assert!(worst_x <= 1.0 / 16.0, "{d_in}->{d_out}: {worst_x:e} against f32 x");
+    }
+}
