@@ -77,3 +77,36 @@ fn fp8_targets_match_the_cpu_and_stay_lossless() {
         assert_eq!(out, plain, "{name}: speculative != greedy after a GEMM prefill");
     }
 }
+
+/// E4M3 activations (experiment `DSPARK_FP8_A8=1`, `Gpu::fp8_a8`: x quantized per row and
+/// 128-wide group, as Qwen and vLLM run FP8 checkpoints; kernels/fp8.cuh): speculative output
+/// equals plain greedy output of the same FP8 target in that mode, token for token, at verify 7
+/// and a random length. Intermediate 256 sends every projection through the E4M3 kernels (no
+/// CPU comparison: the CPU reference computes W8A16).
+#[test]
+fn fp8_e4m3_activations_stay_lossless() {
+    let mut cfg = target_config(300, 128, 3, 4, 2, 32, 512);
+    cfg.intermediate_size = 256;
+    let spec = two_layer_draft(7, MarkovKind::Vanilla, true);
+    let (_dir, tdir, ddir) = write_fp8_pair(&cfg, 8200, [128, 128], &spec);
+    let gpu_a8 = {
+        let mut g = Gpu::new(0).expect("the GPU tier needs a CUDA device");
+        g.fp8_a8 = true;
+        Arc::new(g)
+    };
+    let a8 = || gpu_a8.clone();
+    let mut rng = Rng(11);
+    for trial in 0..3 {
+        let prompt: Vec<u32> = (0..3 + rng.below(20)).map(|_| rng.below(300) as u32).collect();
+        let opts = GenerateOptions { max_tokens: 40 + rng.below(16), eos_token_ids: vec![], logprobs: None };
+        let mut t = CudaQwen3::load(a8(), &tdir, 256).unwrap();
+        let mut dr = CudaDraft::load(&ddir, &t).unwrap();
+        let plain = greedy(&mut t, &prompt, &opts, |_| ControlFlow::Continue(())).unwrap().tokens;
+        for k in [7, 1 + rng.below(7)] {
+            let out = speculative(&mut t, &mut dr, &prompt, &opts, &VerifyLen::Fixed(k), |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens;
+            assert_eq!(out, plain, "trial {trial}, verify {k}: speculative != greedy with E4M3 activations");
+        }
+    }
+}
