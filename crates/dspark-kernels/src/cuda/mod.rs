@@ -254,9 +254,10 @@ pub struct KernelTime {
 impl Gpu {
     /// Whether a row's attention must be the same bits in every step that holds it: asked for
     /// (`row_exact`), or implied by bf16 activations, whose rounding of x would turn the decode
-    /// kernel's ~2⁻²² difference from the verify kernel's into a whole bf16 step.
+    /// kernel's ~2⁻²² difference from the verify kernel's into a whole bf16 step — and by E4M3
+    /// activations (`fp8_a8`) for the same reason.
     pub fn rows_exact(&self) -> bool {
-        self.row_exact || self.activations == crate::Activations::Bf16
+        self.row_exact || self.activations == crate::Activations::Bf16 || self.fp8_a8
     }
 
     /// The tensor-core attention's kernel prefix: `attention_tc1` (one TF32 MMA a product) with
