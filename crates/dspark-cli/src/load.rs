@@ -138,6 +138,7 @@ pub(crate) fn load_typed(
 ) -> Result<Loaded> {
     let Some(&first) = plans.first() else { bail!("no memory plan to load with") };
     check_activations(device, activations)?;
+    check_activations_for(&cfg, &target_src.file("config.json"), activations)?;
     let kv_cache = first.kv;
     Ok(match device {
         Device::Cpu => {
@@ -288,10 +289,21 @@ pub(crate) fn load_split(
 
 /// The device a run takes: the one asked for, else CUDA when a GPU is present, else the CPU;
 /// asking for CUDA without one is a one-line error (`generate` and `serve`).
-/// `--activations bf16` needs the GPU: the CPU reference keeps its activations f32.
+/// `--activations bf16|e4m3` needs the GPU: the CPU reference keeps its activations f32.
 pub(crate) fn check_activations(device: Device, activations: Activations) -> Result<()> {
-    if activations == Activations::Bf16 && device != Device::Cuda {
-        bail!("--activations bf16: needs --device cuda (the CPU reference keeps f32 activations)");
+    if activations != Activations::F32 && device != Device::Cuda {
+        bail!("--activations {}: needs --device cuda (the CPU reference keeps f32 activations)", activations.name());
+    }
+    Ok(())
+}
+
+/// `--activations e4m3` is for FP8 targets: on bf16 weights it would change nothing.
+pub(crate) fn check_activations_for(cfg: &Qwen3Config, config: &Path, activations: Activations) -> Result<()> {
+    if activations == Activations::E4m3 && cfg.quantization.is_none() {
+        bail!(
+            "--activations e4m3: {} has no quantization_config, so the target's weights are not FP8; E4M3 activations are for FP8 targets",
+            config.display()
+        );
     }
     Ok(())
 }

@@ -54,7 +54,7 @@ pub(crate) fn parse_kv_cache(s: &str) -> Result<KvDtype, String> {
 }
 
 pub(crate) fn parse_activations(s: &str) -> Result<dspark_kernels::Activations, String> {
-    dspark_kernels::Activations::parse(s).ok_or_else(|| format!("expected f32 or bf16, got {s:?}"))
+    dspark_kernels::Activations::parse(s).ok_or_else(|| format!("expected f32, bf16 or e4m3, got {s:?}"))
 }
 
 fn main() -> ExitCode {

@@ -74,10 +74,12 @@ pub struct ServeArgs {
     /// keep for a bf16 model; `f32` keeps the CPU reference's bits).
     #[arg(long, default_value = "f32", value_parser = crate::parse_kv_cache)]
     kv_cache: dspark_kernels::KvDtype,
-    /// Precision of the activations the GPU's bf16 projections take: `f32` (exact: three bf16
-    /// parts a value, the CPU reference's products) or `bf16` (rounded once, as bf16 engines do;
-    /// a third of the tensor work, which pays beyond 8 rows a step: `serve --max-batch`).
-    /// Speculative decoding is lossless against plain decoding in either. CUDA only.
+    /// Precision of the activations the GPU's projections take: `f32` (exact: three bf16 parts
+    /// a value, the CPU reference's products), `bf16` (bf16 projections round x once, as bf16
+    /// engines do; a third of the tensor work, which pays beyond 8 rows a step: `serve
+    /// --max-batch`) or `e4m3` (FP8 targets: x quantized to E4M3 per row and 128 values, as
+    /// vLLM runs FP8 checkpoints, on E4M3 tensor cores; sm_89+). Speculative decoding is
+    /// lossless against plain decoding in each. CUDA only.
     #[arg(long, default_value = "f32", value_parser = crate::parse_activations)]
     activations: dspark_kernels::Activations,
     #[command(flatten)]

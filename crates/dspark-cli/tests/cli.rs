@@ -377,9 +377,10 @@ fn generate_with_a_bf16_kv_cache_stays_lossless() {
 /// takes; `auto` (and `--activations f32`) is taken.
 #[test]
 fn memory_flags_are_checked_and_named() {
-    let cases: [(&[&str], &[&str]); 8] = [
-        (&["--activations", "fp8"], &["--activations", "expected f32 or bf16"]),
+    let cases: [(&[&str], &[&str]); 9] = [
+        (&["--activations", "fp8"], &["--activations", "expected f32, bf16 or e4m3"]),
         (&["--activations", "bf16"], &["--activations bf16:", "--device cuda"]),
+        (&["--activations", "e4m3"], &["--activations e4m3:", "--device cuda"]),
         (&["--embeddings", "disk"], &["--embeddings", "expected auto, device or host"]),
         (&["--prefill-chunk", "lots"], &["--prefill-chunk", "expected auto or a number of rows"]),
         (&["--prefill-chunk", "0"], &["--prefill-chunk 0: must be 1 to 2048 rows"]),

@@ -9,6 +9,12 @@
 //! bf16's 8 significant bits. Either way a row's bits do not depend on the rows launched with
 //! it, so speculative decoding stays lossless against plain decoding in the same mode. FP8
 //! matrices keep their own split (fp8.cu) in both modes.
+//!
+//! `e4m3` is for FP8 targets: their projections take x quantized to E4M3 per row and 128-wide
+//! group (s = max|x| / 448), as Qwen, vLLM and transformers run `Qwen3-8B-FP8`
+//! (`activation_scheme: dynamic`), and multiply on E4M3 tensor cores (sm_89+, kernels/fp8.cuh)
+//! with no widening of the weights; bf16 matrices keep f32-exact x. Not the CPU reference's
+//! W8A16 arithmetic, so GPU only; a row's bits still do not depend on its launch.
 
 /// The activations' precision in the bf16 tensor-core matvecs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -18,14 +24,17 @@ pub enum Activations {
     F32,
     /// Rounded to the nearest bf16: one part.
     Bf16,
+    /// FP8 targets: E4M3 per row and 128-wide group (W8A8, as vLLM).
+    E4m3,
 }
 
 impl Activations {
-    /// Parses `f32` / `bf16` (the CLI's `--activations`).
+    /// Parses `f32` / `bf16` / `e4m3` (the CLI's `--activations`).
     pub fn parse(s: &str) -> Option<Activations> {
         match s {
             "f32" => Some(Activations::F32),
             "bf16" => Some(Activations::Bf16),
+            "e4m3" => Some(Activations::E4m3),
             _ => None,
         }
     }
@@ -34,6 +43,7 @@ impl Activations {
         match self {
             Activations::F32 => "f32",
             Activations::Bf16 => "bf16",
+            Activations::E4m3 => "e4m3",
         }
     }
 }
@@ -44,7 +54,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for a in [Activations::F32, Activations::Bf16] {
+        for a in [Activations::F32, Activations::Bf16, Activations::E4m3] {
             assert_eq!(Activations::parse(a.name()), Some(a));
         }
         assert_eq!(Activations::parse("fp8"), None);

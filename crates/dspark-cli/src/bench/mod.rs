@@ -112,8 +112,8 @@ pub struct BenchArgs {
     pub paged: bool,
     /// Where the target's token embedding lives and how many rows a prefill chunk plans (as
     /// `generate`): the memory line reports the device bytes this plan takes.
-    /// Precision of the activations of the bf16 projections (as `generate --activations`): the
-    /// phases, the projections and the batched rounds all run in it.
+    /// Precision of the projections' activations (as `generate --activations`: f32, bf16, or
+    /// e4m3 for the FP8 weights): the phases, the projections and the batched rounds all run in it.
     #[arg(long, default_value = "f32", value_parser = crate::parse_activations)]
     pub activations: dspark_kernels::Activations,
     #[command(flatten)]

@@ -84,7 +84,11 @@ pub(super) fn measure_model(
     target.set_capture(draft.target_layer_ids())?;
     gpu.stream.synchronize()?;
     let after = in_use()?;
-    if gpu.activations != dspark_kernels::Activations::F32 {
+    if gpu.activations == dspark_kernels::Activations::E4m3 {
+        out.notes.push(
+            "--activations e4m3: the FP8 projections quantize x to E4M3 per row and 128 values (W8A8, as vLLM runs FP8 checkpoints) on E4M3 tensor cores; bf16 matrices keep f32 x; attention row-exact.".into(),
+        );
+    } else if gpu.activations != dspark_kernels::Activations::F32 {
         let path = match (&gpu.row_gemm, target.runs_on_row_gemms()) {
             (Some(_), true) => "the layers' projections and lm_head on cuBLASLt row GEMMs (row_gemm.rs)",
             (Some(_), false) => "the layers on the matvec kernels (a shape could not be planned on cuBLASLt)",

@@ -162,9 +162,10 @@ pub struct Gpu {
     /// once (`split_x_f16x2_row`, fp8.cu; the same bits as `split_x_f16x2`, which
     /// `DSPARK_NO_SPLIT_ROW=1` keeps for A/B runs, as rows too wide for the one block do).
     pub fp8_split_row: bool,
-    /// Experiment (branch w8a8): FP8 projections take x quantized to E4M3 per row and 128-wide
-    /// group, as Qwen and vLLM run FP8 checkpoints, on E4M3 MMAs (fp8.cuh; `DSPARK_FP8_A8=1`).
-    /// Not the CPU reference's arithmetic: a row's bits still do not depend on its launch.
+    /// FP8 projections take x quantized to E4M3 per row and 128-wide group, as Qwen and vLLM run
+    /// FP8 checkpoints, on E4M3 MMAs (fp8.cuh): `--activations e4m3` ([`Gpu::set_activations`]),
+    /// or `DSPARK_FP8_A8=1` for A/B runs. Not the CPU reference's arithmetic: a row's bits still
+    /// do not depend on its launch.
     pub fp8_a8: bool,
     /// The dynamic shared memory each `_n1x` FP8 kernel may take with its blocks per SM still
     /// resident (0: none; measured at load by the driver's occupancy calculator).
@@ -368,7 +369,14 @@ impl Gpu {
     /// `DSPARK_NO_ROW_GEMM` is set; a machine without cuBLASLt runs the mode on the matvec
     /// kernels, and says so on stderr.
     pub fn set_activations(&mut self, activations: crate::Activations) -> CudaResult<()> {
+        if activations == crate::Activations::E4m3 && self.compute_capability < (8, 9) {
+            let (a, b) = self.compute_capability;
+            return Err(CudaError::Shape(format!(
+                "--activations e4m3 needs E4M3 tensor cores (sm_89 or later); this GPU is sm_{a}{b}"
+            )));
+        }
         self.activations = activations;
+        self.fp8_a8 = activations == crate::Activations::E4m3 || std::env::var_os("DSPARK_FP8_A8").is_some();
         self.row_gemm = None;
         if activations == crate::Activations::Bf16 && std::env::var_os("DSPARK_NO_ROW_GEMM").is_none() {
             match row_gemm::RowGemm::new(self) {
