@@ -41,6 +41,26 @@ fn blas(g: &Gpu, largest: usize) -> Blas {
         .with_dequant(g.stream.alloc_zeros::<u16>(largest).unwrap())
 }
 
+/// `w` times rows `rows` of `x` (rows of `d_in`), x split (or quantized) inside the matvec's own
+/// blocks where one row allows (`in_block`) or by a launch before it: the outputs (poisoned
+/// first) and the kernels that ran.
+fn run_rows(
+    g: &mut Gpu,
+    w: &WeightBuf,
+    x: &[f32],
+    (d_in, d_out): (usize, usize),
+    rows: std::ops::Range<usize>,
+    in_block: bool,
+) -> (Vec<f32>, Vec<String>) {
+    g.fp8_split_in_block = in_block;
+    let m = rows.len();
+    let xd = up(g, &x[rows.start * d_in..rows.end * d_in]);
+    let mut y = poisoned(g, m * d_out);
+    let ran = kernels_run(g, |g| g.matvec(w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap());
+    g.fp8_split_in_block = true;
+    (down(g, &y), ran)
+}
+
 #[test]
 fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
     let mut g = gpu();
@@ -61,15 +81,8 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
             }));
         }
         let want = cpu::matmul::linear(&x, &wf, 8, d_in, d_out);
-        let run = |g: &mut Gpu, rows: std::ops::Range<usize>, in_block: bool| -> (Vec<f32>, Vec<String>) {
-            g.fp8_split_in_block = in_block;
-            let m = rows.len();
-            let xd = up(g, &x[rows.start * d_in..rows.end * d_in]);
-            let mut y = poisoned(g, m * d_out);
-            let ran =
-                kernels_run(g, |g| g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap());
-            g.fp8_split_in_block = true;
-            (down(g, &y), ran)
+        let run = |g: &mut Gpu, rows: std::ops::Range<usize>, in_block: bool| {
+            run_rows(g, &w, &x, (d_in, d_out), rows, in_block)
         };
         let (all, ran) = run(&mut g, 0..8, true);
         assert!(ran.iter().any(|k| k.starts_with("matvec_tc") && !k.contains("_n1")), "8 rows ran {ran:?}");
@@ -320,15 +333,8 @@ fn fp8_e4m3_activations_match_their_reference_and_not_the_batch() {
                 }
             }
         }
-        let run = |g: &mut Gpu, rows: std::ops::Range<usize>, in_block: bool| -> (Vec<f32>, Vec<String>) {
-            g.fp8_split_in_block = in_block;
-            let m = rows.len();
-            let xd = up(g, &x[rows.start * d_in..rows.end * d_in]);
-            let mut y = poisoned(g, m * d_out);
-            let ran =
-                kernels_run(g, |g| g.matvec(&w, &xd.as_view(), &mut y.as_view_mut(), (m, d_in, d_out), false).unwrap());
-            g.fp8_split_in_block = true;
-            (down(g, &y), ran)
+        let run = |g: &mut Gpu, rows: std::ops::Range<usize>, in_block: bool| {
+            run_rows(g, &w, &x, (d_in, d_out), rows, in_block)
         };
         let (all, ran) = run(&mut g, 0..8, true);
         assert!(
