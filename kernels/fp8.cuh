@@ -214,8 +214,10 @@ __device__ __forceinline__ void split_x_block(const float* x, int in, uint32_t* 
 // ---- E4M3 activations (experiment `DSPARK_FP8_A8=1`, branch w8a8) ----
 // x quantized as Qwen, vLLM and transformers run `Qwen3-8B-FP8` (`activation_scheme: dynamic`):
 // per row and 128-wide k group, s = max|x| / 448 and xq = e4m3_rn_satfinite(x / s), so the
-// m16n8k32 E4M3 MMA multiplies the weight bytes as they lie in memory (no widening) and a
-// group's sums are scaled by scale_w · s. sm_89+ only (the sm_80 build traps).
+// m16n8k32 E4M3 MMA takes the weight bytes as they lie in memory and a group's sums are scaled
+// by scale_w · s. sm_89+ has the MMA; on sm_90 ptxas lowers it to F2FP unpacks of both operands
+// and two f16 HMMAs (SASS), so what it saves there is x's second part: one MMA column a row
+// where f16 x takes two. Built in the sm_90 PTX only (the sm_80 build, which sm_89 loads, traps).
 
 // The m16n8k32 MMA on E4M3 operands with f32 accumulation. A lane's 16 bytes of a row are its
 // k slots (4t..4t+3, 16+4t..16+4t+3 in the first, the next 8 bytes in the second MMA), as x's.

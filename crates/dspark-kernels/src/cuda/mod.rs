@@ -165,8 +165,12 @@ pub struct Gpu {
     /// FP8 projections take x quantized to E4M3 per row and 128-wide group, as Qwen and vLLM run
     /// FP8 checkpoints, on E4M3 MMAs (fp8.cuh): `--activations e4m3` ([`Gpu::set_activations`]),
     /// or `DSPARK_FP8_A8=1` for A/B runs. Not the CPU reference's arithmetic: a row's bits still
-    /// do not depend on its launch.
+    /// do not depend on its launch. Taken only where [`Gpu::ptx_sm90`] holds: the sm_80 PTX has
+    /// no E4M3 MMA (its kernels trap), so there the flag leaves the W8A16 kernels in place.
     pub fp8_a8: bool,
+    /// Whether the sm_90 PTX is loaded (Hopper or newer, without `DSPARK_PTX=sm80`); other GPUs,
+    /// sm_89 included, run the sm_80 build.
+    pub ptx_sm90: bool,
     /// The dynamic shared memory each `_n1x` FP8 kernel may take with its blocks per SM still
     /// resident (0: none; measured at load by the driver's occupancy calculator).
     xsm_limits: HashMap<&'static str, usize>,
@@ -356,6 +360,7 @@ impl Gpu {
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
             fp8_split_row: std::env::var_os("DSPARK_NO_SPLIT_ROW").is_none(),
             fp8_a8: std::env::var_os("DSPARK_FP8_A8").is_some(),
+            ptx_sm90: sm90,
             row_gemm: None,
             xsm_limits,
             profiling: AtomicBool::new(false),
@@ -369,10 +374,10 @@ impl Gpu {
     /// `DSPARK_NO_ROW_GEMM` is set; a machine without cuBLASLt runs the mode on the matvec
     /// kernels, and says so on stderr.
     pub fn set_activations(&mut self, activations: crate::Activations) -> CudaResult<()> {
-        if activations == crate::Activations::E4m3 && self.compute_capability < (8, 9) {
+        if activations == crate::Activations::E4m3 && !self.ptx_sm90 {
             let (a, b) = self.compute_capability;
             return Err(CudaError::Shape(format!(
-                "--activations e4m3 needs E4M3 tensor cores (sm_89 or later); this GPU is sm_{a}{b}"
+                "--activations e4m3 needs the sm_90 kernels (Hopper or newer, without DSPARK_PTX=sm80); this GPU is sm_{a}{b}"
             )));
         }
         self.activations = activations;
