@@ -61,6 +61,23 @@ fn run_rows(
     (down(g, &y), ran)
 }
 
+/// Eight rows of x whose ranges differ: |x| up to 1, 3e6, `tiny`, an all-zero row, 1, one
+/// spanning 12 decades, 7e4 and 1e-3 — the batch a row's bits must not depend on.
+fn ranged_rows(rng: &mut Rng, d_in: usize, tiny: f32) -> Vec<f32> {
+    let mut x = Vec::with_capacity(8 * d_in);
+    for r in 0..8 {
+        let scale = [1.0f32, 3e6, tiny, 0.0, 1.0, 7e4, 1e-3, 1.0][r];
+        x.extend(rng.vec(d_in).iter().enumerate().map(|(k, v)| {
+            if r == 4 {
+                v * 10f32.powi((k % 13) as i32 - 6)
+            } else {
+                v * scale
+            }
+        }));
+    }
+    x
+}
+
 #[test]
 fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
     let mut g = gpu();
@@ -69,17 +86,7 @@ fn fp8_matvec_rows_do_not_depend_on_the_batch_or_their_range() {
         if full_size() { &[(256, 48, "fp8b"), (4096, 1024, "fp8"), (12288, 512, "fp8")] } else { &[(256, 48, "fp8b")] };
     for &(d_in, d_out, dtype) in shapes {
         let (w, wf) = weight_cols(&g, &rng.vec(d_out * d_in), d_in, dtype);
-        let mut x = Vec::with_capacity(8 * d_in);
-        for r in 0..8 {
-            let scale = [1.0f32, 3e6, 1e-30, 0.0, 1.0, 7e4, 1e-3, 1.0][r];
-            x.extend(rng.vec(d_in).iter().enumerate().map(|(k, v)| {
-                if r == 4 {
-                    v * 10f32.powi((k % 13) as i32 - 6)
-                } else {
-                    v * scale
-                }
-            }));
-        }
+        let x = ranged_rows(&mut rng, d_in, 1e-30);
         let want = cpu::matmul::linear(&x, &wf, 8, d_in, d_out);
         let run = |g: &mut Gpu, rows: std::ops::Range<usize>, in_block: bool| {
             run_rows(g, &w, &x, (d_in, d_out), rows, in_block)
@@ -325,17 +332,7 @@ fn fp8_e4m3_activations_match_their_reference_and_not_the_batch() {
         if full_size() { &[(4096, 1024), (12288, 256), (256, 48)] } else { &[(256, 48), (1024, 80)] };
     for &(d_in, d_out) in shapes {
         let (w, wf) = weight_cols(&g, &rng.vec(d_out * d_in), d_in, "fp8");
-        let mut x = Vec::with_capacity(8 * d_in);
-        for r in 0..8 {
-            let scale = [1.0f32, 3e6, 1e-20, 0.0, 1.0, 7e4, 1e-3, 1.0][r];
-            x.extend(rng.vec(d_in).iter().enumerate().map(|(k, v)| {
-                if r == 4 {
-                    v * 10f32.powi((k % 13) as i32 - 6)
-                } else {
-                    v * scale
-                }
-            }));
-        }
+        let x = ranged_rows(&mut rng, d_in, 1e-20);
         // The quantized x, dequantized (exact in f64): per row and group, q · s.
         let mut xdq = vec![0f64; 8 * d_in];
         for r in 0..8 {
