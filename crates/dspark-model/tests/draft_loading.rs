@@ -7,39 +7,22 @@ use common::fixture;
 use dspark_model::cpu::dspark::CpuDraft;
 use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::TargetModel;
+use dspark_testkit::files::{copy_files, edit_json, edit_safetensors_header};
 use serde_json::{json, Value};
 use std::path::Path;
 
 fn copy_dir(name: &str) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(fixture(name)).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
-    }
+    copy_files(&fixture(name), tmp.path());
     tmp
 }
 
 fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
-    let p = dir.join("config.json");
-    let mut v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    edit(v.as_object_mut().unwrap());
-    std::fs::write(&p, v.to_string()).unwrap();
+    edit_json(&dir.join("config.json"), |v| edit(v.as_object_mut().unwrap()));
 }
 
 fn edit_header(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
-    let p = dir.join("model.safetensors");
-    let bytes = std::fs::read(&p).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut h: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    edit(h.as_object_mut().unwrap());
-    let mut hb = h.to_string().into_bytes();
-    while !hb.len().is_multiple_of(8) {
-        hb.push(b' ');
-    }
-    let mut out = (hb.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&hb);
-    out.extend_from_slice(&bytes[8 + n..]);
-    std::fs::write(&p, out).unwrap();
+    edit_safetensors_header(&dir.join("model.safetensors"), |h| edit(h.as_object_mut().unwrap()));
 }
 
 fn load_err(draft: &Path) -> String {

@@ -15,6 +15,7 @@ use dspark_model::checkpoint::safetensors::Checkpoint;
 use dspark_model::cpu::qwen3::CpuQwen3;
 use dspark_model::testing::{rel_err, target_config, target_weights, write_fp8_target_dir};
 use dspark_model::{LogitRows, TargetModel};
+use dspark_testkit::files::{edit_json, edit_safetensors};
 use serde_json::Value;
 use std::path::Path;
 
@@ -66,28 +67,12 @@ fn an_fp8_folder_loads_as_its_dequantized_weights() {
 }
 
 fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
-    let p = dir.join("config.json");
-    let mut v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    edit(&mut v);
-    std::fs::write(&p, v.to_string()).unwrap();
+    edit_json(&dir.join("config.json"), edit);
 }
 
 /// Edits the safetensors header and, through `data`, the bytes (with the header's offsets).
 fn edit_file(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>, &mut Vec<u8>)) {
-    let p = dir.join("model.safetensors");
-    let bytes = std::fs::read(&p).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut h: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let mut data = bytes[8 + n..].to_vec();
-    edit(h.as_object_mut().unwrap(), &mut data);
-    let mut hb = h.to_string().into_bytes();
-    while !hb.len().is_multiple_of(8) {
-        hb.push(b' ');
-    }
-    let mut out = (hb.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&hb);
-    out.extend_from_slice(&data);
-    std::fs::write(&p, out).unwrap();
+    edit_safetensors(&dir.join("model.safetensors"), |h, data| edit(h.as_object_mut().unwrap(), data));
 }
 
 fn load_err(dir: &Path) -> String {

@@ -1,9 +1,12 @@
-//! Test support shared by every crate of the workspace, below all of them (it depends on
-//! nothing): [`Rng`], the seeded generator the tests (and the bench's random weights) draw
-//! from, and [`rel_err`], the relative error every tolerance refers to.
+//! Test support shared by every crate of the workspace, below all of them (it depends only on
+//! serde_json): [`Rng`], the seeded generator the tests (and the bench's random weights) draw
+//! from, [`rel_err`], the relative error every tolerance refers to, and [`files`], the
+//! loader tests' way of breaking a copied checkpoint one field at a time.
 //!
 //! The random tiny models stay in `dspark_model::testing` (they need model types), which
 //! re-exports these two, so crates above `dspark-model` import all three from one module.
+
+pub mod files;
 
 /// SplitMix64: a tiny deterministic generator, so tests draw fresh inputs per case from a
 /// (proptest-chosen) seed without another dependency. The state is public so a seed is just

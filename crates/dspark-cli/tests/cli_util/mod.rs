@@ -41,28 +41,13 @@ pub fn expect_error(args: &[&str]) -> String {
 /// Copies a fixture into a temp dir so a test can break it.
 pub fn broken_copy(name: &str) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(fixture(name)).unwrap() {
-        let p = entry.unwrap().path();
-        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
-    }
+    dspark_testkit::files::copy_files(&fixture(name), tmp.path());
     tmp
 }
 
 /// Rewrites a safetensors header through `edit`, keeping the data section as it is.
-pub fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let bytes = std::fs::read(path).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    edit(&mut header);
-    let mut h = header.to_string().into_bytes();
-    while !h.len().is_multiple_of(8) {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&bytes[8 + n..]);
-    std::fs::write(path, out).unwrap();
-}
+#[allow(unused_imports)] // not every test binary that includes this module edits a header
+pub use dspark_testkit::files::edit_safetensors_header as edit_header;
 
 /// `generate --json` on qwen3-tiny-f32 (or `dir`) with `extra` flags; the parsed object.
 pub fn generate_json(dir: &Path, extra: &[&str]) -> serde_json::Value {
