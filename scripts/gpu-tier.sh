@@ -55,7 +55,7 @@ if command -v compute-sanitizer >/dev/null; then
     export DSPARK_GPU_SMALL=1
     san="compute-sanitizer --error-exitcode 9"
     run memcheck_kernels 120 $san --tool memcheck .gpu-bundle/gpu_kernels --test-threads=1
-    run racecheck_kernels 300 $san --tool racecheck .gpu-bundle/gpu_kernels --test-threads=1
+    run racecheck_kernels 480 $san --tool racecheck .gpu-bundle/gpu_kernels --test-threads=1
     run memcheck_model 120 $san --tool memcheck .gpu-bundle/gpu_model --test-threads=1 draft_proposals_match_the_cpu_draft fixture_targets bf16_pairs graph_replays head_dim_128 kv_bf16 gemm_prefill_matches fp8_targets batched paged split_targets bf16_activations_stay
     run racecheck_model 60 $san --tool racecheck .gpu-bundle/gpu_model --test-threads=1 draft_proposals_match_the_cpu_draft
 else
