@@ -217,7 +217,8 @@ __device__ __forceinline__ void split_x_block(const float* x, int in, uint32_t* 
 // m16n8k32 E4M3 MMA takes the weight bytes as they lie in memory and a group's sums are scaled
 // by scale_w · s. sm_89+ has the MMA; on sm_90 ptxas lowers it to F2FP unpacks of both operands
 // and two f16 HMMAs (SASS), so what it saves there is x's second part: one MMA column a row
-// where f16 x takes two. Built in the sm_90 PTX only (the sm_80 build, which sm_89 loads, traps).
+// where f16 x takes two. Built in the sm_89 and sm_90 PTX (the sm_80 build traps); Ada runs
+// the MMA itself (SASS of matvec_tc_a8_fp8 for sm_89: 8 QMMA and no F2FP).
 
 // The m16n8k32 MMA on E4M3 operands with f32 accumulation. A lane's 16 bytes of a row are its
 // k slots (4t..4t+3, 16+4t..16+4t+3 in the first, the next 8 bytes in the second MMA), as x's.

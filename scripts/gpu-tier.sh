@@ -51,6 +51,10 @@ fi
 # whose code differs by architecture, and an FP8 model.
 run sm80_kernels 150 env DSPARK_PTX=sm80 .gpu-bundle/gpu_kernels --test-threads=1 fp8 matvec tensor_core norm_fold pdl_policy
 run sm80_model 60 env DSPARK_PTX=sm80 .gpu-bundle/gpu_model --test-threads=1 fp8_targets
+# Ada's sm_89 build of the FP8 modules (DSPARK_PTX=sm89: E4M3 widened by cvt, the E4M3 MMA, no
+# PDL; the other modules on sm_80), JIT-compiled for this GPU: the FP8 kernels and models.
+run sm89_kernels 200 env DSPARK_PTX=sm89 .gpu-bundle/gpu_kernels --test-threads=1 fp8 matvec norm_fold wide_fp8 pdl_policy
+run sm89_model 90 env DSPARK_PTX=sm89 .gpu-bundle/gpu_model --test-threads=1 fp8
 if command -v compute-sanitizer >/dev/null; then
     export DSPARK_GPU_SMALL=1
     san="compute-sanitizer --error-exitcode 9"

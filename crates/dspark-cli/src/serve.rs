@@ -78,7 +78,7 @@ pub struct ServeArgs {
     /// a value, the CPU reference's products), `bf16` (bf16 projections round x once, as bf16
     /// engines do; a third of the tensor work, which pays beyond 8 rows a step: `serve
     /// --max-batch`) or `e4m3` (FP8 targets: x quantized to E4M3 per row and 128 values, as
-    /// vLLM runs FP8 checkpoints, on E4M3 MMAs; Hopper or newer). Speculative decoding is
+    /// vLLM runs FP8 checkpoints, on E4M3 MMAs; Ada, Hopper or newer). Speculative decoding is
     /// lossless against plain decoding in each. CUDA only.
     #[arg(long, default_value = "f32", value_parser = crate::parse_activations)]
     activations: dspark_kernels::Activations,

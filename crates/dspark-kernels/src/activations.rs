@@ -12,9 +12,10 @@
 //!
 //! `e4m3` is for FP8 targets: their projections take x quantized to E4M3 per row and 128-wide
 //! group (s = max|x| / 448), as Qwen, vLLM and transformers run `Qwen3-8B-FP8`
-//! (`activation_scheme: dynamic`), and multiply on E4M3 MMAs (the sm_90 PTX: Hopper or newer,
-//! kernels/fp8.cuh; there ptxas widens both operands to f16 for HMMAs, so the gain is one MMA
-//! column a row at 8 rows, and one row alone is slower — docs/perf.md); bf16 matrices keep
+//! (`activation_scheme: dynamic`), and multiply on E4M3 MMAs (the sm_89 and sm_90 PTX: Ada,
+//! Hopper or newer, kernels/fp8.cuh; on Hopper ptxas widens both operands to f16 for HMMAs, so
+//! the gain is one MMA column a row at 8 rows, and one row alone is slower — docs/perf.md; Ada
+//! has the MMA itself); bf16 matrices keep
 //! f32-exact x. Not the CPU reference's W8A16 arithmetic, so GPU only; a row's bits still do
 //! not depend on its launch.
 

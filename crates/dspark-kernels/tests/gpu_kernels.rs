@@ -174,9 +174,8 @@ fn confidence_logits_of_several_rows() {
 #[test]
 fn pdl_policy_leaves_out_the_combine_and_swiglu() {
     let g = gpu();
-    let sm80_ptx = std::env::var("DSPARK_PTX").is_ok_and(|v| v == "sm80");
-    if g.compute_capability.0 < 9 || std::env::var_os("DSPARK_NO_PDL").is_some() || sm80_ptx {
-        assert!(!g.pdl_for("matvec_tc_bf16"), "no PDL before sm_90 or with DSPARK_NO_PDL");
+    if g.ptx != dspark_kernels::cuda::PtxTarget::Sm90 || std::env::var_os("DSPARK_NO_PDL").is_some() {
+        assert!(!g.pdl_for("matvec_tc_bf16"), "no PDL without the sm_90 PTX or with DSPARK_NO_PDL");
         return;
     }
     if std::env::var_os("DSPARK_NO_PDL_FOR").is_some() {

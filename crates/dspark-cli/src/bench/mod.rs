@@ -329,7 +329,10 @@ fn copy_ceiling(gpu: &Gpu) -> Result<f64> {
 fn device_name(gpu: &Gpu) -> String {
     let name = gpu.ctx.name().unwrap_or_else(|_| "unknown GPU".into());
     let (a, b) = gpu.compute_capability;
-    format!("{name} (sm_{a}{b})")
+    // The kernels' build, where `DSPARK_PTX` took an older one than the GPU's own.
+    let native = dspark_kernels::cuda::PtxTarget::pick(gpu.compute_capability, None).ok();
+    let build = if native == Some(gpu.ptx) { String::new() } else { format!(", {} kernels", gpu.ptx.name()) };
+    format!("{name} (sm_{a}{b}{build})")
 }
 
 /// `YYYY-MM-DD HH:MM` UTC from the system clock (no date crate needed for one line).

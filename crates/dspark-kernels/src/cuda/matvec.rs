@@ -240,9 +240,9 @@ impl Gpu {
             _ => return Err(CudaError::Shape(format!("{name}: the weights are not in this kernel's dtype"))),
         };
         // E4M3 activations (experiment `DSPARK_FP8_A8=1`, fp8.cuh): Qwen's 128-wide blocks on
-        // the sm_90 PTX, every launch of at most 8 rows (no wide twins), x quantized before it.
+        // the sm_89 and sm_90 PTX, every launch of at most 8 rows (no wide twins), x quantized before it.
         let a8 = match wv {
-            WeightView::Fp8 { block_k: 128, .. } if self.fp8_a8 && d_in.is_multiple_of(128) && self.ptx_sm90 => {
+            WeightView::Fp8 { block_k: 128, .. } if self.fp8_a8 && d_in.is_multiple_of(128) && self.ptx.e4m3_mma() => {
                 fp8_a8_twins(name)
             }
             _ => None,

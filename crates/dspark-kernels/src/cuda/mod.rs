@@ -3,7 +3,7 @@
 //! Kernels are CUDA C in `kernels/*.cu`, compiled ahead of time by `cargo xtask ptx` to PTX
 //! that is committed under `crates/dspark-kernels/ptx/` (one xz stream per source and target:
 //! `sm_90` for Hopper, `sm_80` as the portable fallback that the driver JIT-compiles on any
-//! newer GPU). The binary embeds the compressed PTX, inflates it once per process
+//! newer GPU, and `sm_89` of the FP8 modules for Ada: [`PtxTarget`]). The binary embeds the compressed PTX, inflates it once per process
 //! ([`ptx_text`]), and needs only the NVIDIA driver at run time: cudarc
 //! loads libcuda dynamically, so a machine without a GPU still runs the CPU path.
 //!
@@ -165,12 +165,12 @@ pub struct Gpu {
     /// FP8 projections take x quantized to E4M3 per row and 128-wide group, as Qwen and vLLM run
     /// FP8 checkpoints, on E4M3 MMAs (fp8.cuh): `--activations e4m3` ([`Gpu::set_activations`]),
     /// or `DSPARK_FP8_A8=1` for A/B runs. Not the CPU reference's arithmetic: a row's bits still
-    /// do not depend on its launch. Taken only where [`Gpu::ptx_sm90`] holds: the sm_80 PTX has
-    /// no E4M3 MMA (its kernels trap), so there the flag leaves the W8A16 kernels in place.
+    /// do not depend on its launch. Taken only where the PTX has the E4M3 MMA
+    /// ([`PtxTarget::e4m3_mma`]): the sm_80 build's E4M3 kernels trap, so there the flag leaves
+    /// the W8A16 kernels in place.
     pub fp8_a8: bool,
-    /// Whether the sm_90 PTX is loaded (Hopper or newer, without `DSPARK_PTX=sm80`); other GPUs,
-    /// sm_89 included, run the sm_80 build.
-    pub ptx_sm90: bool,
+    /// The build of the kernels this GPU loaded.
+    pub ptx: PtxTarget,
     /// The dynamic shared memory each `_n1x` FP8 kernel may take with its blocks per SM still
     /// resident (0: none; measured at load by the driver's occupancy calculator).
     xsm_limits: HashMap<&'static str, usize>,
@@ -182,24 +182,84 @@ pub struct Gpu {
     event_pool: Mutex<Vec<CudaEvent>>,
 }
 
-/// Every module's PTX for Hopper (`sm90`) or the sm_80 fallback, inflated from the committed
-/// xz streams once per process (a few tens of ms; every later `Gpu::new` reuses it), in
-/// [`ptx::MODULES`]' order.
-pub fn ptx_text(sm90: bool) -> CudaResult<&'static [String]> {
-    static TEXT: [OnceLock<Vec<String>>; 2] = [OnceLock::new(), OnceLock::new()];
-    let cell = &TEXT[usize::from(sm90)];
+/// Which build of the kernels a GPU loads (`cargo xtask ptx` makes each from `kernels/*.cu`).
+/// Hopper and newer take `sm_90` (PDL, thread-block clusters, the split kernels of batched
+/// rounds); Ada (8.9) takes `sm_89` for the modules that include `fp8.cuh` — E4M3 widened by one
+/// `cvt` a pair where sm_80 places bits and multiplies, and the E4M3 MMA that
+/// `--activations e4m3` runs on — and `sm_80` for every other module, as Ampere does for all.
+/// `DSPARK_PTX=sm80|sm89` takes an older build on a newer GPU, so the GPU tier tests each one on
+/// the GPU at hand; the driver JIT-compiles PTX for any newer architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PtxTarget {
+    Sm80,
+    Sm89,
+    Sm90,
+}
+
+impl PtxTarget {
+    /// The build a GPU of compute capability `(major, minor)` takes, or the one `DSPARK_PTX` asks
+    /// for (`env`): a build newer than the GPU, or a name that is none of the three, is an error.
+    pub fn pick((major, minor): (i32, i32), env: Option<&str>) -> CudaResult<PtxTarget> {
+        let native = if major >= 9 {
+            PtxTarget::Sm90
+        } else if (major, minor) >= (8, 9) {
+            PtxTarget::Sm89
+        } else {
+            PtxTarget::Sm80
+        };
+        let Some(v) = env else { return Ok(native) };
+        let asked = match v {
+            "sm80" => PtxTarget::Sm80,
+            "sm89" => PtxTarget::Sm89,
+            "sm90" => PtxTarget::Sm90,
+            _ => return Err(CudaError::Unavailable(format!("DSPARK_PTX={v}: expected sm80, sm89 or sm90"))),
+        };
+        if asked > native {
+            return Err(CudaError::Unavailable(format!(
+                "DSPARK_PTX={v}: the {} build needs a newer GPU than this one (compute capability {major}.{minor})",
+                asked.name()
+            )));
+        }
+        Ok(asked)
+    }
+
+    /// `sm_80`, `sm_89` or `sm_90`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PtxTarget::Sm80 => "sm_80",
+            PtxTarget::Sm89 => "sm_89",
+            PtxTarget::Sm90 => "sm_90",
+        }
+    }
+
+    /// Whether its FP8 kernels have the E4M3 MMA (`--activations e4m3`); the sm_80 build's trap.
+    pub fn e4m3_mma(self) -> bool {
+        self >= PtxTarget::Sm89
+    }
+
+    /// Module `m`'s xz-compressed PTX in this build (Ada's falls back to sm_80 where the module
+    /// has no sm_89 build).
+    fn packed(self, m: &ptx::PtxModule) -> &'static [u8] {
+        match self {
+            PtxTarget::Sm80 => m.sm80,
+            PtxTarget::Sm89 => m.sm89.unwrap_or(m.sm80),
+            PtxTarget::Sm90 => m.sm90,
+        }
+    }
+}
+
+/// Every module's PTX in `target`'s build, inflated from the committed xz streams once per
+/// process (a few tens of ms; every later `Gpu::new` reuses it), in [`ptx::MODULES`]' order.
+pub fn ptx_text(target: PtxTarget) -> CudaResult<&'static [String]> {
+    static TEXT: [OnceLock<Vec<String>>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let cell = &TEXT[target as usize];
     if let Some(t) = cell.get() {
         return Ok(t);
     }
     let mut text = Vec::with_capacity(ptx::MODULES.len());
     for m in ptx::MODULES {
-        let packed = if sm90 { m.sm90 } else { m.sm80 };
-        text.push(inflate(packed).map_err(|e| {
-            CudaError::Unavailable(format!(
-                "the {} PTX of module {} does not inflate: {e}",
-                if sm90 { "sm90" } else { "sm80" },
-                m.name
-            ))
+        text.push(inflate(target.packed(m)).map_err(|e| {
+            CudaError::Unavailable(format!("the {} PTX of module {} does not inflate: {e}", target.name(), m.name))
         })?);
     }
     Ok(cell.get_or_init(|| text))
@@ -296,9 +356,12 @@ impl Gpu {
                 "compute capability {major}.{minor}; dspark needs 8.0 or newer"
             )));
         }
-        // `DSPARK_PTX=sm80` loads the sm_80 PTX on a newer GPU (its FP8 widening and other
-        // pre-Hopper paths, tested on the GPU at hand); that PTX has no PDL wait, so no PDL either.
-        let sm90 = major >= 9 && std::env::var("DSPARK_PTX").map_or(true, |v| v != "sm80");
+        // `DSPARK_PTX=sm80|sm89` loads an older build on a newer GPU (its FP8 widening and other
+        // pre-Hopper paths, tested on the GPU at hand); those builds have no PDL wait, so no PDL
+        // either.
+        let ptx_env = std::env::var("DSPARK_PTX").ok();
+        let target = PtxTarget::pick((major, minor), ptx_env.as_deref())?;
+        let sm90 = target == PtxTarget::Sm90;
         let pdl = sm90 && std::env::var_os("DSPARK_NO_PDL").is_none();
         let no_pdl_for: Vec<String> = match std::env::var("DSPARK_NO_PDL_FOR") {
             Ok(v) => v.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect(),
@@ -311,7 +374,7 @@ impl Gpu {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             .max(0) as usize;
         let n1x_carveout = n1x_carveout(&ctx)?;
-        for (m, src) in ptx::MODULES.iter().zip(ptx_text(sm90)?) {
+        for (m, src) in ptx::MODULES.iter().zip(ptx_text(target)?) {
             let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src.as_str()))?;
             for &name in m.functions {
                 let f = module.load_function(name)?;
@@ -360,7 +423,7 @@ impl Gpu {
             fp8_split_in_block: std::env::var_os("DSPARK_NO_FP8_SPLIT_IN_BLOCK").is_none(),
             fp8_split_row: std::env::var_os("DSPARK_NO_SPLIT_ROW").is_none(),
             fp8_a8: std::env::var_os("DSPARK_FP8_A8").is_some(),
-            ptx_sm90: sm90,
+            ptx: target,
             row_gemm: None,
             xsm_limits,
             profiling: AtomicBool::new(false),
@@ -374,10 +437,11 @@ impl Gpu {
     /// `DSPARK_NO_ROW_GEMM` is set; a machine without cuBLASLt runs the mode on the matvec
     /// kernels, and says so on stderr.
     pub fn set_activations(&mut self, activations: crate::Activations) -> CudaResult<()> {
-        if activations == crate::Activations::E4m3 && !self.ptx_sm90 {
+        if activations == crate::Activations::E4m3 && !self.ptx.e4m3_mma() {
             let (a, b) = self.compute_capability;
             return Err(CudaError::Shape(format!(
-                "--activations e4m3 needs the sm_90 kernels (Hopper or newer, without DSPARK_PTX=sm80); this GPU is sm_{a}{b}"
+                "--activations e4m3 needs the E4M3 MMA of the sm_89 or sm_90 kernels (Ada, Hopper or newer, without DSPARK_PTX=sm80); this GPU is sm_{a}{b} and runs the {} kernels",
+                self.ptx.name()
             )));
         }
         self.activations = activations;
@@ -494,7 +558,29 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::carveout_percent;
+    use super::{carveout_percent, PtxTarget};
+
+    /// Each GPU generation takes its own build, `DSPARK_PTX` only an older one, and a name that
+    /// is no build is refused by name.
+    #[test]
+    fn ptx_targets_follow_the_compute_capability() {
+        use PtxTarget::*;
+        for (cc, native) in [((8, 0), Sm80), ((8, 6), Sm80), ((8, 9), Sm89), ((9, 0), Sm90), ((12, 0), Sm90)] {
+            assert_eq!(PtxTarget::pick(cc, None).unwrap(), native, "{cc:?}");
+            for (env, t) in [("sm80", Sm80), ("sm89", Sm89), ("sm90", Sm90)] {
+                let got = PtxTarget::pick(cc, Some(env));
+                if t <= native {
+                    assert_eq!(got.unwrap(), t, "{cc:?} {env}");
+                } else {
+                    let e = got.unwrap_err().to_string();
+                    assert!(e.contains(&format!("DSPARK_PTX={env}")) && e.contains(t.name()), "{e}");
+                }
+            }
+        }
+        let e = PtxTarget::pick((9, 0), Some("sm_90a")).unwrap_err().to_string();
+        assert!(e.contains("DSPARK_PTX=sm_90a") && e.contains("sm80, sm89 or sm90"), "{e}");
+        assert!(!Sm80.e4m3_mma() && Sm89.e4m3_mma() && Sm90.e4m3_mma());
+    }
 
     /// The n1x carveout's percentage must round up to the attention's 164 KB on a 228 KB SM, not
     /// to the 132 KB below it (the driver's own choice) nor the 196 KB above.

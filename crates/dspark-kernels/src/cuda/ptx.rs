@@ -6,6 +6,8 @@ pub struct PtxModule {
     /// The PTX, xz-compressed (`cuda::ptx_text` inflates it).
     pub sm90: &'static [u8],
     pub sm80: &'static [u8],
+    /// The sm_89 build, for the modules whose kernels use Ada's E4M3 instructions.
+    pub sm89: Option<&'static [u8]>,
     pub functions: &'static [&'static str],
 }
 
@@ -14,12 +16,14 @@ pub const MODULES: &[PtxModule] = &[
         name: "argmax",
         sm90: include_bytes!("../../ptx/argmax.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/argmax.sm80.ptx.xz"),
+        sm89: None,
         functions: &["argmax_f32", "argmax_split_f32", "argmax_gather_bf16", "argmax_gather_f16", "argmax_gather_f32"],
     },
     PtxModule {
         name: "attention",
         sm90: include_bytes!("../../ptx/attention.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/attention.sm80.ptx.xz"),
+        sm89: None,
         functions: &[
             "attention_f32",
             "attention_f32_kvbf16",
@@ -40,6 +44,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "attention_prefill",
         sm90: include_bytes!("../../ptx/attention_prefill.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/attention_prefill.sm80.ptx.xz"),
+        sm89: None,
         functions: &[
             "attention_prefill_hd64_f32",
             "attention_prefill_hd128_f32",
@@ -51,6 +56,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "attention_tc",
         sm90: include_bytes!("../../ptx/attention_tc.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/attention_tc.sm80.ptx.xz"),
+        sm89: None,
         functions: &[
             "attention_tc_hd64_f32",
             "attention_tc_hd128_f32",
@@ -74,6 +80,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "embedding",
         sm90: include_bytes!("../../ptx/embedding.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/embedding.sm80.ptx.xz"),
+        sm89: None,
         functions: &[
             "embedding_bf16",
             "embedding_f16",
@@ -88,12 +95,14 @@ pub const MODULES: &[PtxModule] = &[
         name: "fp8",
         sm90: include_bytes!("../../ptx/fp8.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/fp8.sm80.ptx.xz"),
+        sm89: Some(include_bytes!("../../ptx/fp8.sm89.ptx.xz")),
         functions: &["matvec_fp8", "dequant_fp8_bf16", "split_x_f16x2", "split_x_f16x2_row", "quant_x_e4m3"],
     },
     PtxModule {
         name: "markov",
         sm90: include_bytes!("../../ptx/markov.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/markov.sm80.ptx.xz"),
+        sm89: None,
         functions: &[
             "gather_row_bf16",
             "gather_row_f16",
@@ -107,6 +116,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "matvec",
         sm90: include_bytes!("../../ptx/matvec.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/matvec.sm80.ptx.xz"),
+        sm89: Some(include_bytes!("../../ptx/matvec.sm89.ptx.xz")),
         functions: &[
             "matvec_bf16",
             "matvec_f16",
@@ -186,6 +196,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "matvec_split",
         sm90: include_bytes!("../../ptx/matvec_split.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/matvec_split.sm80.ptx.xz"),
+        sm89: None,
         functions: &[
             "matvec_split_x1_w8_bf16",
             "matvec_split_swiglu_x1_w8_bf16",
@@ -201,6 +212,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "prefill",
         sm90: include_bytes!("../../ptx/prefill.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/prefill.sm80.ptx.xz"),
+        sm89: None,
         functions: &[
             "rmsnorm_to_bf16",
             "swiglu_pairs_to_bf16",
@@ -214,18 +226,21 @@ pub const MODULES: &[PtxModule] = &[
         name: "random",
         sm90: include_bytes!("../../ptx/random.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/random.sm80.ptx.xz"),
+        sm89: None,
         functions: &["fill_uniform_bf16", "fill_random_fp8"],
     },
     PtxModule {
         name: "rmsnorm",
         sm90: include_bytes!("../../ptx/rmsnorm.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/rmsnorm.sm80.ptx.xz"),
+        sm89: None,
         functions: &["rmsnorm_f32", "rms_finish_f32"],
     },
     PtxModule {
         name: "rope",
         sm90: include_bytes!("../../ptx/rope.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/rope.sm80.ptx.xz"),
+        sm89: None,
         functions: &[
             "qkv_rope_append_f32",
             "qkv_rope_append_f32_kvbf16",
@@ -239,6 +254,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "sample",
         sm90: include_bytes!("../../ptx/sample.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/sample.sm80.ptx.xz"),
+        sm89: None,
         functions: &[
             "sample_max_f32",
             "sample_radix_f32",
@@ -252,12 +268,14 @@ pub const MODULES: &[PtxModule] = &[
         name: "sample_topk",
         sm90: include_bytes!("../../ptx/sample_topk.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/sample_topk.sm80.ptx.xz"),
+        sm89: None,
         functions: &["sample_topk_f32"],
     },
     PtxModule {
         name: "tp",
         sm90: include_bytes!("../../ptx/tp.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/tp.sm80.ptx.xz"),
+        sm89: None,
         functions: &["embedding_shard_bf16", "embedding_shard_f16", "embedding_shard_f32", "add_f32", "take_at_f32"],
     },
 ];
