@@ -112,16 +112,15 @@ fn stats_report_load_and_prefill_times() {
         assert!(v["stats"][field].as_f64().is_some_and(|ms| ms >= 0.0), "{field}: {v}");
     }
     assert!(v["stats"]["load_ms"].as_f64().unwrap() > 0.0);
-    let out = dspark(&["generate", "--target", d, "--prompt-ids", "1,2,3", "--max-tokens", "4", "--device", "cpu"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, stderr) =
+        expect_success(&["generate", "--target", d, "--prompt-ids", "1,2,3", "--max-tokens", "4", "--device", "cpu"]);
     assert!(stderr.contains("load ") && stderr.contains(" ms, prefill "), "{stderr}");
 }
 
 #[test]
 fn generate_text_mode_streams_and_reports() {
     let dir = fixture("qwen3-tiny-f32");
-    let out = dspark(&[
+    let (out, stderr) = expect_success(&[
         "generate",
         "--target",
         dir.to_str().unwrap(),
@@ -131,8 +130,6 @@ fn generate_text_mode_streams_and_reports() {
         "--max-tokens",
         "8",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("generated") && stderr.contains("tok/s"), "{stderr}");
     assert!(!out.stdout.is_empty());
 }

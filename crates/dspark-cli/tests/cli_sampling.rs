@@ -183,7 +183,7 @@ fn sampled_generation_is_reproducible_from_its_seed() {
     }
     // The text stats line names the settings and the seed.
     let d = dir.to_str().unwrap();
-    let out = dspark(&[
+    let (_, stderr) = expect_success(&[
         "generate",
         "--target",
         d,
@@ -200,8 +200,6 @@ fn sampled_generation_is_reproducible_from_its_seed() {
         "--seed",
         "5",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("sampled at temperature 0.8, top-k 0, top-p 0.9, min-p 0, seed 5"), "{stderr}");
     let e = expect_error(&["generate", "--target", d, "--prompt-ids", "1", "--draft-law", "greedy"]);
     assert!(e.contains("--draft-law needs --draft"), "{e}");

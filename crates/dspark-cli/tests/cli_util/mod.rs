@@ -28,6 +28,14 @@ pub fn csv(ids: &[u64]) -> String {
 }
 
 /// Runs `dspark` expecting failure; returns stderr after checking it is one `error:` line.
+/// Runs `dspark args`, which must succeed; its output and its stderr as text.
+pub fn expect_success(args: &[&str]) -> (Output, String) {
+    let out = dspark(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{args:?} failed: {stderr}");
+    (out, stderr)
+}
+
 pub fn expect_error(args: &[&str]) -> String {
     let out = dspark(args);
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
