@@ -37,7 +37,7 @@
 #define MAXM 16
 
 extern "C" __global__ void matvec_fp8(const uint8_t* w, const float* x, float* y, int m, int in, int out, int acc,
-                                      const float* scale, const uint32_t* srow, int scale_cols, int kb) {
+                                      const float* scale, const uint32_t* srow, int scale_cols, int kb, int tiled) {
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     pdl_trigger();
@@ -46,10 +46,9 @@ extern "C" __global__ void matvec_fp8(const uint8_t* w, const float* x, float* y
     float a[MAXM];
 #pragma unroll
     for (int r = 0; r < MAXM; r++) a[r] = 0.f;
-    const size_t base = (size_t)warp * in;
     const float* s = scale + (size_t)srow[warp] * scale_cols;
     for (int k = lane; k < in; k += 32) {
-        const float wv = e4m3_to_f32(w[base + k]) * s[k / kb];
+        const float wv = e4m3_to_f32(w[fp8_offset(warp, k, in, tiled)]) * s[k / kb];
 #pragma unroll
         for (int r = 0; r < MAXM; r++)
             if (r < m) a[r] += wv * x[(size_t)r * in + k];
@@ -67,18 +66,19 @@ extern "C" __global__ void matvec_fp8(const uint8_t* w, const float* x, float* y
 }
 
 extern "C" __global__ void dequant_fp8_bf16(const uint8_t* w, const float* scale, const uint32_t* srow,
-                                            __nv_bfloat16* out, int rows, int in, int scale_cols, int kb) {
+                                            __nv_bfloat16* out, int rows, int in, int scale_cols, int kb, int tiled) {
     pdl_trigger();
     pdl_wait();
     // A row per block at a time (its scale row looked up once), four bytes per thread-step where
     // the rows are whole words: no 64-bit division per element, 4-byte loads, 8-byte stores.
+    // Tiled bytes (fp8.cuh): four consecutive k of a row lie in one 16-byte piece.
     for (int o = blockIdx.x; o < rows; o += gridDim.x) {
         const uint8_t* wr = w + (size_t)o * in;
         const float* s = scale + (size_t)srow[o] * scale_cols;
         __nv_bfloat16* orow = out + (size_t)o * in;
         if ((in & 3) == 0) {
             for (int k = 4 * threadIdx.x; k < in; k += 4 * blockDim.x) {
-                const uint32_t v = *reinterpret_cast<const uint32_t*>(wr + k);
+                const uint32_t v = *reinterpret_cast<const uint32_t*>(w + fp8_offset(o, k, in, tiled));
                 const __nv_bfloat162 lo = __floats2bfloat162_rn(e4m3_to_f32(v & 0xff) * s[k / kb],
                                                                 e4m3_to_f32((v >> 8) & 0xff) * s[(k + 1) / kb]);
                 const __nv_bfloat162 hi = __floats2bfloat162_rn(e4m3_to_f32((v >> 16) & 0xff) * s[(k + 2) / kb],
@@ -89,6 +89,7 @@ extern "C" __global__ void dequant_fp8_bf16(const uint8_t* w, const float* scale
                 *reinterpret_cast<uint2*>(orow + k) = pair;
             }
         } else {
+            // Rows of a width that is not whole words are never tiled (64 columns are).
             for (int k = threadIdx.x; k < in; k += blockDim.x) orow[k] = __float2bfloat16_rn(e4m3_to_f32(wr[k]) * s[k / kb]);
         }
     }

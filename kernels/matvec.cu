@@ -154,6 +154,24 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 // without it do not take it, so their machine code is unchanged.
 __device__ __forceinline__ void anchor_loads(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// load_w_step for FP8 bytes: chunk kc of the step at wa + (kc >> wsh) 16-byte words, wa already
+// at this lane's bytes (tile order, wsh 0, or row-major, wsh 4: fp8.cuh); zeros past kend.
+template <int UNROLL>
+__device__ __forceinline__ void load_w_step_fp8(const uint4* wa, const uint4* wb, int chunk, int stride, int kend,
+                                                int t, int wsh, uint4* va, uint4* vb) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+        const int kc = chunk + u * stride;
+        if (kc + 16 * t < kend) {
+            va[u] = ldg_stream(wa + (kc >> wsh));
+            vb[u] = ldg_stream(wb + (kc >> wsh));
+        } else {
+            va[u] = make_uint4(0, 0, 0, 0);
+            vb[u] = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
 // One block = 8 warps = 8/ksplit tiles of 16 output rows, each tile's K split over ksplit warps
 // (ksplit ∈ {1, 2, 4, 8}, chosen on the host: many tiles need no split, few tiles need it to keep
 // enough loads in flight). A warp walks its K range in steps of UNROLL chunks, double-buffered in
@@ -203,8 +221,16 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);  // clamped: loads stay in bounds
     const char* w = reinterpret_cast<const char*>(wp);
     constexpr size_t ESZ = FP8 ? 1 : 2;
-    const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * in * ESZ);
-    const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * in * ESZ);
+    // FP8 in tile order (fp8.cuh): this lane's 16 bytes of row g, then of row g + 8, 512 bytes on,
+    // in each 1 KB chunk of the tile; chunk kc / 64 at kc 16-byte words (wsh 0). Row-major: the
+    // rows' own bytes, chunk kc at kc / 16 words past the lane's (wsh 4).
+    const bool tiled = FP8 && fs.tiled;
+    const int wsh = tiled ? 0 : 4;
+    // A grid's tiles past `out` (its last block's) read the last tile, as row-major rows clamp to
+    // out − 1 (a tiled weight's rows are whole tiles); their sums are never written.
+    const uint4* wa = tiled ? reinterpret_cast<const uint4*>(w + (size_t)min(row0, out - 16) * in) + lane
+                            : reinterpret_cast<const uint4*>(w + (size_t)ra * in * ESZ) + (FP8 ? t : 0);
+    const uint4* wb = tiled ? wa + 32 : reinterpret_cast<const uint4*>(w + (size_t)rb * in * ESZ) + (FP8 ? t : 0);
     const bool has_x = g < m;
     // FP8: the scale rows of this lane's two weight rows (weights, not inputs: read before the wait).
     const float* sa = nullptr;
@@ -279,7 +305,11 @@ __device__ void matvec_tc(const void* __restrict__ wp, const float* __restrict__
     const int stride = ksplit * CW;  // k between a warp's consecutive chunks
     const int step = stride * UNROLL;
     auto load = [&](uint4* va, uint4* vb, int chunk) {
-        load_w_step<UNROLL, EPV>(wa, wb, chunk, stride, kend, t, va, vb);
+        if constexpr (FP8) {
+            load_w_step_fp8<UNROLL>(wa, wb, chunk, stride, kend, t, wsh, va, vb);
+        } else {
+            load_w_step<UNROLL, EPV>(wa, wb, chunk, stride, kend, t, va, vb);
+        }
     };
     auto load_x = [&](float (*xv)[8], int chunk) {
         if constexpr (!FP8 && NG == 1) {
@@ -841,18 +871,19 @@ MATVEC_TC_X1H(matvec_tc_swiglu_x1h_w8_bf16, 2, true, false, 2, 0, 8)
 
 // The FP8 twins of the shapes a Qwen3 target's projections take (q|k|v, o, down, gate|up; the
 // k|v-alone shape without the hold): W is E4M3 bytes, and four more arguments carry its block
-// scales (fp8.cuh `Fp8Scales`). The argmax epilogue's arguments stay for one launch signature.
+// scales (fp8.cuh `Fp8Scales`), and whether its bytes are in tile order. The argmax epilogue's
+// arguments stay for one launch signature.
 #define MATVEC_TC_FP8XWA(NAME, U, SW, MINB, NT, XSM, NG, A8)                                                     \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, MINB)                                           \
         NAME(const uint8_t* w, const float* x, float* y, int m, int in, int out, int acc, int ksplit,            \
              const float* ss_in, int parts, float eps, const float* gamma, float* xg, float* ss_out, float* am_v, \
              uint32_t* am_i, uint32_t* am_ticket, uint32_t* am_out, const __nv_bfloat16* am_table,                \
              float* am_gathered, int am_dim, const float* scale, const uint32_t* srow, int scale_cols,          \
-             int kb_log2, const uint32_t* xs, int plane) {                                                        \
+             int kb_log2, const uint32_t* xs, int plane, int tiled) {                                             \
         const ArgmaxOut am{am_v, am_i, am_ticket, am_out, am_table, am_gathered, am_dim};                         \
         matvec_tc<U, SW, false, false, 0, true, NT, NG, XSM, 3, false, A8>(                                       \
             w, x, y, m, in, out, acc, ksplit, ss_in, parts, eps, gamma, xg, ss_out, am,                                 \
-            Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane});                                                    \
+            Fp8Scales{scale, srow, scale_cols, kb_log2, xs, plane, tiled});                                             \
     }
 #define MATVEC_TC_FP8XW(NAME, U, SW, MINB, NT, XSM, NG) MATVEC_TC_FP8XWA(NAME, U, SW, MINB, NT, XSM, NG, false)
 #define MATVEC_TC_FP8X(NAME, U, SW, MINB, NT, XSM) MATVEC_TC_FP8XW(NAME, U, SW, MINB, NT, XSM, 1)

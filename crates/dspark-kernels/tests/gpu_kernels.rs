@@ -88,7 +88,8 @@ fn fp8_weight(g: &Gpu, v: &[f32], cols: usize, [bn, bk]: [usize; 2]) -> (WeightB
     let want = cpu::fp8::dequantize_rows(&q, &scale, &srow, cols, bk);
     let srow_max = srow.iter().copied().max().unwrap_or(0);
     let buf = Fp8Buf::new(
-        g.stream.clone_htod(&q).unwrap(),
+        // The device order: tiles where the shape allows (what the loader uploads).
+        g.stream.clone_htod(&dspark_kernels::cuda::ops::fp8_tile_order(&q, rows, cols)).unwrap(),
         up(g, &scale),
         (g.stream.clone_htod(&srow).unwrap(), srow_max),
         cols,

@@ -31,7 +31,7 @@
 //! largest projection (gate|up: 201 MB for Qwen3-8B). The tiles' products are the same; only
 //! cuBLAS's choice of kernel per shape can change the order of a sum's f32 additions.
 
-use super::ops::{aligned16, check, Fp8Buf, WeightBuf};
+use super::ops::{aligned16, check, fp8_tile_rows, Fp8Buf, WeightBuf};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::cublas::sys as cublas;
@@ -237,6 +237,7 @@ impl Gpu {
         check("gemm w", w.len(), (row0 + n) * k)?;
         check("gemm x", x.len(), m * k)?;
         check("gemm y", y.len(), m * n)?;
+        fp8_tile_rows("gemm", w, row0, n)?;
         if m == 0 {
             return Ok(());
         }
@@ -286,9 +287,16 @@ impl Gpu {
                         "gemm: an FP8 weight needs the handle's dequant scratch (Blas::with_dequant)".into(),
                     )
                 })?;
-                let nt = dequant_tile_rows(scratch.len(), n, k).ok_or_else(|| {
-                    CudaError::Shape(format!("gemm: an FP8 weight of {n} × {k} past a scratch of {}", scratch.len()))
-                })?;
+                // Tiled bytes are widened in whole 16-row tiles (dequant_fp8_bf16 starts at n0).
+                let nt = dequant_tile_rows(scratch.len(), n, k)
+                    .map(|nt| if f.tiled && nt < n { nt / 16 * 16 } else { nt })
+                    .filter(|&nt| nt > 0)
+                    .ok_or_else(|| {
+                        CudaError::Shape(format!(
+                            "gemm: an FP8 weight of {n} × {k} past a scratch of {}",
+                            scratch.len()
+                        ))
+                    })?;
                 let s_ptr = device_addr(self, scratch);
                 for n0 in (0..n).step_by(nt) {
                     let rows = nt.min(n - n0);
@@ -306,9 +314,9 @@ impl Gpu {
     fn dequant_fp8(&self, w: &Fp8Buf, scratch: u64, (n0, rows): (usize, usize), k: usize) -> CudaResult<()> {
         check("gemm fp8 rows", w.srow.len().max(n0 + rows), w.srow.len())?;
         check("gemm fp8 bytes", w.q.len(), w.srow.len() * k)?;
-        // dequant_fp8_bf16(w, scale, srow, out, rows, in, scale_cols, kb) on the tile's rows: its
-        // bytes and scale-row map start n0 rows in (the handle is shared, its scratch is the
-        // stream's alone).
+        // dequant_fp8_bf16(w, scale, srow, out, rows, in, scale_cols, kb, tiled) on the tile's
+        // rows: its bytes and scale-row map start n0 rows in (tiled: n0 is a whole tile, whose
+        // bytes start n0 · k in too; the handle is shared, its scratch is the stream's alone).
         let args = [
             Arg::Ptr(device_addr(self, &w.q) + (n0 * k) as u64),
             dptr(self, &w.scale),
@@ -318,6 +326,7 @@ impl Gpu {
             Arg::I32(k as i32),
             Arg::I32(w.scale_cols as i32),
             Arg::I32(w.block_k as i32),
+            Arg::I32(w.tiled as i32),
         ];
         // A row per block at a time (kernels/fp8.cu).
         self.launch_pdl("dequant_fp8_bf16", (rows.clamp(1, 16 * self.sms.max(1)) as u32, 1, 1), 256, &args)

@@ -7,14 +7,14 @@ use super::matvec_pick::{
     tc_launch_grid, wide_twin, x1_twin, x1h_twin, TC_ROWS, TC_WARPS,
 };
 use super::matvec_split::SplitLaunch;
-use super::ops::{aligned16, cfg, check, launch, launch_v, Fp8Buf, WeightBuf, WeightView};
+use super::ops::{aligned16, cfg, check, fp8_tile_rows, launch, launch_v, Fp8Buf, WeightBuf, WeightView};
 use super::pdl::{device_addr, dptr, dptr_mut, Arg};
 use super::{CudaError, CudaResult, Gpu};
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
 /// Arguments of a tensor-core matvec launch at most (the FP8 twins': the bf16 ones and the block
 /// scales).
-const TC_ARGS: usize = 27;
+const TC_ARGS: usize = 28;
 // A launch refuses more arguments than its fixed array holds (pdl.rs): checked here at build time.
 const _: () = assert!(TC_ARGS <= Gpu::MAX_ARGS);
 
@@ -134,6 +134,7 @@ impl Gpu {
         check("matvec w", w.len(), (row0 + d_out) * d_in)?;
         check("matvec x", x.len(), m * d_in)?;
         check("matvec y", y.len(), m * d_out)?;
+        fp8_tile_rows("matvec", w, row0, d_out)?;
         let wv = w.view(row0 * d_in..(row0 + d_out) * d_in);
         if self.tc_ok(w, &wv, x, d_in) {
             let name = match w {
@@ -152,8 +153,8 @@ impl Gpu {
             let xs = x.slice(start * d_in..(start + rows) * d_in);
             let mut ys = y.slice_mut(start * d_out..(start + rows) * d_out);
             let (mm, di, dout, acc) = (rows as i32, d_in as i32, d_out as i32, accumulate as i32);
-            if let WeightView::Fp8 { q, scale, srow, scale_cols, block_k, .. } = &wv {
-                // matvec_fp8(w, x, y, m, in, out, acc, scale, srow, scale_cols, kb)
+            if let WeightView::Fp8 { q, scale, srow, scale_cols, block_k, tiled, .. } = &wv {
+                // matvec_fp8(w, x, y, m, in, out, acc, scale, srow, scale_cols, kb, tiled)
                 let args = [
                     dptr(self, q),
                     dptr(self, &xs),
@@ -166,6 +167,7 @@ impl Gpu {
                     dptr(self, srow),
                     Arg::I32(*scale_cols as i32),
                     Arg::I32(*block_k as i32),
+                    Arg::I32(*tiled as i32),
                 ];
                 self.launch_pdl("matvec_fp8", (d_out.div_ceil(8) as u32, 1, 1), 256, &args)?;
             } else {
@@ -222,7 +224,7 @@ impl Gpu {
         let xw = if epi.x_bf16 { d_in / 2 } else { d_in };
         let (w, fp8_args, xsplit) = match wv {
             WeightView::U16(v) if !fp8 => (dptr(self, v), None, None),
-            WeightView::Fp8 { q, scale, srow, scale_cols, block_k, xsplit } if fp8 => {
+            WeightView::Fp8 { q, scale, srow, scale_cols, block_k, xsplit, .. } if fp8 => {
                 let args = [
                     dptr(self, scale),
                     dptr(self, srow),
@@ -352,7 +354,7 @@ impl Gpu {
                 Arg::I32(adim as i32),
             ];
             args[..base.len()].copy_from_slice(&base);
-            // FP8: + scale, srow, scale_cols, kb_log2, xs, plane (a fixed array: no allocation per
+            // FP8: + scale, srow, scale_cols, kb_log2, xs, plane, tiled (a fixed array: no allocation per
             // launch), after split_x_f16x2 has written the launch's rows of x in two parts.
             // One row on a GPU whose shared memory holds its split: the `_n1x` twin splits it in
             // each block (the same bits), and no split launch runs first.
@@ -391,6 +393,7 @@ impl Gpu {
                     args[base.len()..base.len() + 4].copy_from_slice(&f);
                     args[base.len() + 4] = Arg::Ptr(xsp);
                     args[base.len() + 5] = Arg::I32(pairs as i32);
+                    args[base.len() + 6] = Arg::I32(matches!(wv, WeightView::Fp8 { tiled: true, .. }) as i32);
                     args.len()
                 }
                 _ => {

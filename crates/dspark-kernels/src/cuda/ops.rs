@@ -28,7 +28,8 @@ pub enum WeightBuf {
 /// every matrix of a fused projection (q|k|v, gate|up), and `srow` maps each row of the matrix
 /// as laid out (stacked or interleaved) to its scale row, so one lookup serves both layouts.
 pub struct Fp8Buf {
-    /// E4M3 bytes, row-major `[rows, cols]`.
+    /// E4M3 bytes `[rows, cols]`, in tile order where [`fp8_tiled`] holds for the shape (rows a
+    /// multiple of 16, columns of 64; kernels/fp8.cuh), else row-major: [`fp8_tile_order`].
     pub q: CudaSlice<u8>,
     /// `[scale rows, scale_cols]` f32 block scales.
     pub scale: CudaSlice<f32>,
@@ -43,6 +44,50 @@ pub struct Fp8Buf {
     /// each row's scale (kernels/fp8.cu `split_x_f16x2`): [`Fp8Buf::xsplit_len`] u32 words,
     /// shared by a model's matrices of one width (each launch writes it before it reads).
     pub xsplit: Arc<CudaSlice<u32>>,
+    /// Whether `q` is in tile order ([`fp8_tiled`] of its shape).
+    pub tiled: bool,
+}
+
+/// Whether an FP8 matrix of `rows` × `cols` lies in tile order on the device: whole tiles of 16
+/// rows and chunks of 64 columns (kernels/fp8.cuh), so that a warp's load of a chunk is 512
+/// contiguous bytes a row half. Qwen's projections all are.
+pub fn fp8_tiled(rows: usize, cols: usize) -> bool {
+    rows.is_multiple_of(16) && cols.is_multiple_of(64) && rows > 0 && cols > 0
+}
+
+/// Where byte `(o, k)` of a tiled `[rows, cols]` FP8 matrix lies (kernels/fp8.cuh `fp8_offset`):
+/// tile o / 16, chunk k / 64 as 1 KB, rows 8–15 of the tile 512 bytes on, then lane
+/// 4·(o % 8) + (k % 64) / 16 at 16 bytes each.
+pub fn fp8_tile_offset(o: usize, k: usize, cols: usize) -> usize {
+    let (r, t) = (o % 16, (k / 16) % 4);
+    ((o / 16) * (cols / 64) + k / 64) * 1024 + (r / 8) * 512 + ((r % 8) * 4 + t) * 16 + k % 16
+}
+
+/// A row-major `[rows, cols]` FP8 matrix in its device order: tile order where [`fp8_tiled`],
+/// else as it is.
+pub fn fp8_tile_order(q: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    if !fp8_tiled(rows, cols) || q.len() != rows * cols {
+        return q.to_vec();
+    }
+    let mut out = vec![0u8; q.len()];
+    for o in 0..rows {
+        for k in (0..cols).step_by(16) {
+            let at = fp8_tile_offset(o, k, cols);
+            out[at..at + 16].copy_from_slice(&q[o * cols + k..o * cols + k + 16]);
+        }
+    }
+    out
+}
+
+/// Rows `row0 .. row0 + rows` of `w` as a kernel reads them: for a tiled FP8 weight they must
+/// start and end at whole 16-row tiles (q|k|v's k|v rows do); an error naming `what` otherwise.
+pub(crate) fn fp8_tile_rows(what: &str, w: &WeightBuf, row0: usize, rows: usize) -> Result<(), CudaError> {
+    match w {
+        WeightBuf::Fp8(f) if f.tiled && !(row0.is_multiple_of(16) && rows.is_multiple_of(16)) => Err(CudaError::Shape(
+            format!("{what}: rows {row0}..{} of a tiled FP8 weight are not whole 16-row tiles", row0 + rows),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The most rows one FP8 tensor-core launch splits x for: a `_w4_fp8` twin's 32.
@@ -56,7 +101,8 @@ impl Fp8Buf {
         2 * FP8_SPLIT_ROWS * cols / 2 + FP8_SPLIT_ROWS
     }
 
-    /// The weight from its parts on the device: E4M3 bytes `q` `[srow.len(), cols]`, the scale
+    /// The weight from its parts on the device: E4M3 bytes `q` `[srow.len(), cols]` in the
+    /// shape's device order ([`fp8_tile_order`]: tiles where [`fp8_tiled`]), the scale
     /// table `scale` in blocks of `block_k` columns, each row's scale row `srow` (the largest
     /// `srow_max`), and the x-split scratch (at least [`Fp8Buf::xsplit_len`]). The parts are
     /// checked against each other.
@@ -68,7 +114,8 @@ impl Fp8Buf {
         block_k: usize,
         xsplit: Arc<CudaSlice<u32>>,
     ) -> Result<Fp8Buf, CudaError> {
-        let buf = Fp8Buf { q, scale, srow, cols, scale_cols: cols.div_ceil(block_k.max(1)), block_k, xsplit };
+        let tiled = fp8_tiled(srow.len(), cols);
+        let buf = Fp8Buf { q, scale, srow, cols, scale_cols: cols.div_ceil(block_k.max(1)), block_k, xsplit, tiled };
         buf.check(srow_max)?;
         Ok(buf)
     }
@@ -142,6 +189,7 @@ impl WeightBuf {
                     scale_cols: f.scale_cols,
                     block_k: f.block_k,
                     xsplit: f.xsplit.slice(..),
+                    tiled: f.tiled,
                 }
             }
         }
@@ -158,6 +206,8 @@ pub(crate) enum WeightView<'a> {
         scale_cols: usize,
         block_k: usize,
         xsplit: CudaView<'a, u32>,
+        /// Tile order (a view of tiled rows starts and ends at whole tiles: the callers check).
+        tiled: bool,
     },
 }
 
@@ -422,5 +472,40 @@ impl Gpu {
         ];
         self.launch_pdl(&name, ((rows * (nq + 2 * nkv)) as u32, 1, 1), threads, &args)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tile order is a permutation of the bytes that puts lane (g, t)'s 16 bytes of rows g and
+    /// g + 8 of each 64-column chunk where the matvec's loads read them; other shapes stay.
+    #[test]
+    fn fp8_tile_order_is_the_kernels_layout() {
+        for (rows, cols) in [(16, 64), (32, 192), (48, 4096)] {
+            let q: Vec<u8> = (0..rows * cols).map(|i| (i * 7 + i / 251) as u8).collect();
+            let t = fp8_tile_order(&q, rows, cols);
+            let mut seen = vec![false; q.len()];
+            for o in 0..rows {
+                for k in 0..cols {
+                    let at = fp8_tile_offset(o, k, cols);
+                    assert!(!seen[at], "{rows}x{cols}: ({o}, {k}) lands on a taken byte");
+                    seen[at] = true;
+                    assert_eq!(t[at], q[o * cols + k]);
+                }
+            }
+            // A warp's load of chunk c of tile T: row g's bytes 16t.. at lane 4g + t, rows 8–15 next.
+            let (tile, c, g, tt) = (rows / 16 - 1, cols / 64 - 1, 5, 2);
+            let base = (tile * (cols / 64) + c) * 1024;
+            let row = tile * 16 + g;
+            assert_eq!(t[base + (4 * g + tt) * 16..][..16], q[row * cols + c * 64 + 16 * tt..][..16]);
+            assert_eq!(t[base + 512 + (4 * g + tt) * 16..][..16], q[(row + 8) * cols + c * 64 + 16 * tt..][..16]);
+        }
+        for (rows, cols) in [(8, 64), (16, 32), (24, 128), (0, 64)] {
+            assert!(!fp8_tiled(rows, cols));
+            let q: Vec<u8> = (0..rows * cols).map(|i| i as u8).collect();
+            assert_eq!(fp8_tile_order(&q, rows, cols), q);
+        }
     }
 }

@@ -4,13 +4,15 @@
 //! ```text
 //! checkpoint, per linear:  weight F8_E4M3 [n, k],  weight_scale_inv [⌈n/bn⌉, ⌈k/bk⌉]
 //! device, per projection:  q      u8   [rows, k]        the bytes, stacked (q|k|v) or
-//!                                                       interleaved (gate|up) as bf16 weights are
+//!                                                       interleaved (gate|up) as bf16 weights are,
+//!                                                       in tile order where rows % 16 = k % 64 = 0
+//!                                                       (kernels/fp8.cuh; `Image::tiled`)
 //!                          scale  f32  [Σ ⌈n_i/bn⌉, ⌈k/bk⌉]  every part's scales, one after another
 //!                          srow   u32  [rows]           the scale row of each device row
 //! W[o, c] = e4m3(q[o, c]) · scale[srow[o], c / bk]
 //! ```
 //!
-//! The bytes are the checkpoint's, moved and never changed, so the device computes with exactly
+//! The bytes are the checkpoint's, moved (into tiles) and never changed, so the device computes with exactly
 //! the weights the CPU reference dequantizes; scales are widened to f32 (exact from bf16, f16 or
 //! f32). `srow` lets one kernel serve both row orders without knowing which parts a projection
 //! fuses. A projection whose parts are not all FP8 (`modules_to_not_convert` naming one of
@@ -116,6 +118,11 @@ pub fn load_linears(
         RowOrder::Stacked => Image::concat(parts.iter().map(|(b, _)| *b).collect()),
         RowOrder::Interleaved => Image::interleave(parts[0].0, parts[1].0, modules[0].1[0])
             .ok_or_else(|| Error::Request(format!("fp8 {}: cannot interleave with {}", modules[0].0, modules[1].0)))?,
+    };
+    // In tile order where the fused shape allows (`fp8_tiled`), as the kernels read it.
+    let image = match Image::tiled(image.clone(), k) {
+        Some(tiled) => tiled,
+        None => image,
     };
     let mut q = arena.zeros::<u8>(image.len()).map_err(drv)?;
     put(&image, &mut q)?;

@@ -57,6 +57,9 @@ enum Layout<'a> {
     Concat(Vec<&'a [u8]>),
     /// Rows of `row` bytes of `a` and `b` alternating: a_0, b_0, a_1, b_1, …
     Interleave { a: &'a [u8], b: &'a [u8], row: usize },
+    /// An FP8 matrix of `cols` columns (the inner image, row-major) in tile order
+    /// (`dspark_kernels::cuda::ops::fp8_tile_offset`): whole tiles of 16 rows, 16 bytes at a time.
+    Tiled { inner: Box<Image<'a>>, cols: usize },
 }
 
 impl<'a> Image<'a> {
@@ -75,11 +78,22 @@ impl<'a> Image<'a> {
         Some(if row == 0 { Image::concat(Vec::new()) } else { Image(Layout::Interleave { a, b, row }) })
     }
 
+    /// `inner`, a row-major FP8 matrix of `cols` columns, in the device's tile order. `None`
+    /// unless the shape is tiled (`fp8_tiled`: rows a multiple of 16, columns of 64).
+    pub fn tiled(inner: Image<'a>, cols: usize) -> Option<Image<'a>> {
+        let rows = inner.len().checked_div(cols)?;
+        if rows * cols != inner.len() || !dspark_kernels::cuda::ops::fp8_tiled(rows, cols) {
+            return None;
+        }
+        Some(Image(Layout::Tiled { inner: Box::new(inner), cols }))
+    }
+
     /// Bytes in the image.
     pub fn len(&self) -> usize {
         match &self.0 {
             Layout::Concat(parts) => parts.iter().map(|p| p.len()).sum(),
             Layout::Interleave { a, b, .. } => a.len() + b.len(),
+            Layout::Tiled { inner, .. } => inner.len(),
         }
     }
 
@@ -119,8 +133,39 @@ impl<'a> Image<'a> {
                     pos += n;
                 }
             }
+            Layout::Tiled { inner, cols } => {
+                // A tile's 16 rows read at once, their 16-byte pieces placed; a tile the window
+                // cuts is placed whole into `part` first.
+                let tile = 16 * cols;
+                let (mut rows, mut part) = (vec![0u8; tile], Vec::new());
+                while pos < end {
+                    let t0 = pos / tile * tile;
+                    inner.fill(t0, &mut rows);
+                    let (a, b) = (pos - t0, (end - t0).min(tile));
+                    if a == 0 && b == tile {
+                        place_tile(&rows, *cols, &mut out[pos - offset..pos - offset + tile]);
+                    } else {
+                        part.resize(tile, 0);
+                        place_tile(&rows, *cols, &mut part);
+                        out[pos - offset..pos - offset + b - a].copy_from_slice(&part[a..b]);
+                    }
+                    pos = t0 + b;
+                }
+            }
         }
         debug_assert_eq!(pos, end);
+    }
+}
+
+/// One tile of 16 row-major rows of `cols` bytes into `out` in tile order (kernels/fp8.cuh):
+/// chunk c of 64 columns at c KB, rows 8–15 512 bytes on, piece t of row r at 16·(4·(r % 8) + t).
+fn place_tile(rows: &[u8], cols: usize, out: &mut [u8]) {
+    for (r, row) in rows.chunks_exact(cols).enumerate() {
+        let half = (r / 8) * 512 + (r % 8) * 64;
+        for (c, chunk) in row.chunks_exact(64).enumerate() {
+            let at = c * 1024 + half;
+            out[at..at + 64].copy_from_slice(chunk);
+        }
     }
 }
 
@@ -447,6 +492,27 @@ mod tests {
         assert!(Image::interleave(&[0; 6], &[0; 6], 4).is_none());
         assert!(Image::interleave(&[0; 6], &[0; 6], 0).is_none());
         assert!(Image::interleave(&[], &[], 3).unwrap().is_empty());
+    }
+
+    #[test]
+    fn tiled_windows_match_the_kernels_tile_order() {
+        use dspark_kernels::cuda::ops::fp8_tile_order;
+        let mut rng = Rng(13);
+        for _ in 0..20 {
+            let (rows, cols) = (16 * (1 + rng.below(4)), 64 * (1 + rng.below(3)));
+            let (a, b) = (bytes(&mut rng, rows * cols), bytes(&mut rng, rows * cols));
+            // The fused shapes: q|k|v-style parts one after another, gate|up-style interleaved.
+            let want = fp8_tile_order(&[a.clone(), b.clone()].concat(), 2 * rows, cols);
+            let image = Image::tiled(Image::concat(vec![&a, &b]), cols).unwrap();
+            check_windows(&mut rng, &image, &want);
+            let want = fp8_tile_order(&naive_interleave(&a, &b, rows), 2 * rows, cols);
+            let image = Image::tiled(Image::interleave(&a, &b, rows).unwrap(), cols).unwrap();
+            check_windows(&mut rng, &image, &want);
+        }
+        // Shapes that are not whole tiles stay row-major: no tiled image.
+        assert!(Image::tiled(Image::concat(vec![&[0u8; 8 * 64]]), 64).is_none());
+        assert!(Image::tiled(Image::concat(vec![&[0u8; 16 * 32]]), 32).is_none());
+        assert!(Image::tiled(Image::concat(vec![&[0u8; 16 * 64]]), 0).is_none());
     }
 
     /// Large enough that `fill_parallel` splits into 4 KiB-aligned pieces with a short last one.
