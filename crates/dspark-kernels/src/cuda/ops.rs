@@ -63,6 +63,19 @@ pub fn fp8_tile_offset(o: usize, k: usize, cols: usize) -> usize {
     ((o / 16) * (cols / 64) + k / 64) * 1024 + (r / 8) * 512 + ((r % 8) * 4 + t) * 16 + k % 16
 }
 
+/// One tile: 16 row-major rows of `cols` bytes (`rows`) into `out` (16 · cols bytes) in tile
+/// order — chunk c of 64 columns at c KB, rows 8–15 512 bytes on, row r's 64 bytes at
+/// 64 · (r % 8), so lane 4·(r % 8) + t finds its 16 at 16 · lane ([`fp8_tile_offset`]).
+pub fn fp8_place_tile(rows: &[u8], cols: usize, out: &mut [u8]) {
+    for (r, row) in rows.chunks_exact(cols).enumerate() {
+        let half = (r / 8) * 512 + (r % 8) * 64;
+        for (c, chunk) in row.chunks_exact(64).enumerate() {
+            let at = c * 1024 + half;
+            out[at..at + 64].copy_from_slice(chunk);
+        }
+    }
+}
+
 /// A row-major `[rows, cols]` FP8 matrix in its device order: tile order where [`fp8_tiled`],
 /// else as it is.
 pub fn fp8_tile_order(q: &[u8], rows: usize, cols: usize) -> Vec<u8> {
@@ -70,11 +83,8 @@ pub fn fp8_tile_order(q: &[u8], rows: usize, cols: usize) -> Vec<u8> {
         return q.to_vec();
     }
     let mut out = vec![0u8; q.len()];
-    for o in 0..rows {
-        for k in (0..cols).step_by(16) {
-            let at = fp8_tile_offset(o, k, cols);
-            out[at..at + 16].copy_from_slice(&q[o * cols + k..o * cols + k + 16]);
-        }
+    for (tile, dst) in q.chunks_exact(16 * cols).zip(out.chunks_exact_mut(16 * cols)) {
+        fp8_place_tile(tile, cols, dst);
     }
     out
 }

@@ -38,6 +38,7 @@
 use crate::cuda::layers::drv;
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, PinnedHostSlice};
+use dspark_kernels::cuda::ops::fp8_place_tile;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -143,10 +144,10 @@ impl<'a> Image<'a> {
                     inner.fill(t0, &mut rows);
                     let (a, b) = (pos - t0, (end - t0).min(tile));
                     if a == 0 && b == tile {
-                        place_tile(&rows, *cols, &mut out[pos - offset..pos - offset + tile]);
+                        fp8_place_tile(&rows, *cols, &mut out[pos - offset..pos - offset + tile]);
                     } else {
                         part.resize(tile, 0);
-                        place_tile(&rows, *cols, &mut part);
+                        fp8_place_tile(&rows, *cols, &mut part);
                         out[pos - offset..pos - offset + b - a].copy_from_slice(&part[a..b]);
                     }
                     pos = t0 + b;
@@ -154,18 +155,6 @@ impl<'a> Image<'a> {
             }
         }
         debug_assert_eq!(pos, end);
-    }
-}
-
-/// One tile of 16 row-major rows of `cols` bytes into `out` in tile order (kernels/fp8.cuh):
-/// chunk c of 64 columns at c KB, rows 8–15 512 bytes on, piece t of row r at 16·(4·(r % 8) + t).
-fn place_tile(rows: &[u8], cols: usize, out: &mut [u8]) {
-    for (r, row) in rows.chunks_exact(cols).enumerate() {
-        let half = (r / 8) * 512 + (r % 8) * 64;
-        for (c, chunk) in row.chunks_exact(64).enumerate() {
-            let at = c * 1024 + half;
-            out[at..at + 64].copy_from_slice(chunk);
-        }
     }
 }
 
