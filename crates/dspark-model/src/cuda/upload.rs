@@ -59,7 +59,7 @@ enum Layout<'a> {
     /// Rows of `row` bytes of `a` and `b` alternating: a_0, b_0, a_1, b_1, …
     Interleave { a: &'a [u8], b: &'a [u8], row: usize },
     /// An FP8 matrix of `cols` columns (the inner image, row-major) in tile order
-    /// (`dspark_kernels::cuda::ops::fp8_tile_offset`): whole tiles of 16 rows, 16 bytes at a time.
+    /// (`dspark_kernels::cuda::ops::fp8_place_tile`): a whole tile of 16 rows at a time.
     Tiled { inner: Box<Image<'a>>, cols: usize },
 }
 
@@ -135,7 +135,7 @@ impl<'a> Image<'a> {
                 }
             }
             Layout::Tiled { inner, cols } => {
-                // A tile's 16 rows read at once, their 16-byte pieces placed; a tile the window
+                // A tile's 16 rows read at once, their 64-byte chunks placed; a tile the window
                 // cuts is placed whole into `part` first.
                 let tile = 16 * cols;
                 let (mut rows, mut part) = (vec![0u8; tile], Vec::new());
