@@ -5,9 +5,14 @@
 # "dspark-base dspark") in AB_DIR (default .gpu-bundle). AB_ENVS runs each binary under each of
 # several environment settings (assignments, settings separated by `|`; an empty setting, the
 # default, is the plain environment), e.g. AB_ENVS="|DSPARK_ATTN_PF=4" for a knob of an
-# experiment patch. Extra arguments go to `dspark bench` (e.g. --contexts 512,4096).
+# experiment patch. Extra arguments go to `dspark bench` (e.g. --contexts 512,4096). On a device
+# call ($OUT set) the output is also kept whole in $OUT/ab.txt: a call's reply keeps only the
+# last 12,000 characters, which can drop the first round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    exec > >(tee -a "$OUT/ab.txt") 2>&1
+fi
 rounds="${ROUNDS:-2}"
 bash scripts/unbundle.sh
 dir="${AB_DIR:-.gpu-bundle}"
