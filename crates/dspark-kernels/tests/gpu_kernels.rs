@@ -196,21 +196,24 @@ fn pdl_policy_leaves_out_the_combine_and_swiglu() {
     }
 }
 
+/// Strided rows copied exactly, the columns past `cols` untouched: rows of the element loop (70
+/// columns; a destination not 16-byte aligned) and of float4s issued all at once (4,120 columns:
+/// a second, partial pass of the block's 256 threads × 4).
 #[test]
 fn copy_rows_strided() {
     let g = gpu();
     let mut rng = Rng(14);
-    let (rows, cols, ss, ds) = (5, 70, 80, 210);
-    let src = rng.vec(rows * ss);
-    let sd = up(&g, &src);
-    let mut dd = poisoned(&g, rows * ds);
-    g.copy_rows(&sd.as_view(), &mut dd.slice_mut(140..), rows, cols, (ss, ds)).unwrap();
-    let got = down(&g, &dd);
-    for r in 0..rows {
-        assert_eq!(&got[140 + r * ds..][..cols], &src[r * ss..][..cols]);
-        assert!(got[140 + r * ds + cols..][..ds - cols - if r == rows - 1 { 140 } else { 0 }]
-            .iter()
-            .all(|x| x.is_nan()));
+    for (rows, cols, ss, ds, at) in [(5, 70, 80, 210, 140), (3, 4120, 4200, 8400, 144), (2, 64, 64, 128, 141)] {
+        let src = rng.vec(rows * ss);
+        let sd = up(&g, &src);
+        let mut dd = poisoned(&g, at + rows * ds);
+        g.copy_rows(&sd.as_view(), &mut dd.slice_mut(at..), rows, cols, (ss, ds)).unwrap();
+        let got = down(&g, &dd);
+        assert!(got[..at].iter().all(|x| x.is_nan()), "{cols}: before the rows");
+        for r in 0..rows {
+            assert_eq!(&got[at + r * ds..][..cols], &src[r * ss..][..cols], "{cols}: row {r}");
+            assert!(got[at + r * ds + cols..][..ds - cols].iter().all(|x| x.is_nan()), "{cols}: past row {r}");
+        }
     }
 }
 
@@ -218,8 +221,11 @@ fn copy_rows_strided() {
 fn embedding_and_gather_row() {
     let g = gpu();
     let mut rng = Rng(3);
-    for (vocab, dim) in [(50, 64), (151936, 4096)].into_iter().filter(|s| full_size() || s.0 < 1000) {
-        let (t, tf) = weight(&g, &rng.vec(vocab * dim), "bf16");
+    // 64 and 4,096 bf16 values: whole 16-byte chunks (every load of a row in flight at once); 60
+    // bf16 and 30 f32 values: the element loop.
+    let cases = [(50, 64, "bf16"), (50, 60, "bf16"), (40, 30, "f32"), (40, 2056, "f32"), (151936, 4096, "bf16")];
+    for (vocab, dim, dtype) in cases.into_iter().filter(|s| full_size() || s.0 < 1000) {
+        let (t, tf) = weight(&g, &rng.vec(vocab * dim), dtype);
         let ids: Vec<u32> = vec![0, (vocab - 1) as u32, 7, 7, 31];
         let idd = g.stream.clone_htod(&ids).unwrap();
         let mut out = poisoned(&g, ids.len() * dim);
