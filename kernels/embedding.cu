@@ -10,7 +10,10 @@
 // loop of element loads and stores waits once per iteration — out and table may alias as far as
 // the compiler knows, so no load moves above the store before it: sixteen round trips for a
 // Qwen3-8B row, at the head of every step. Rows that are not whole 16-byte chunks, or a table
-// not 16-byte aligned, take the plain loop (the same values).
+// not 16-byte aligned, take the plain loop (the same values). The same kernels read a table in
+// mapped host memory (`HostTable`, the token embedding kept off the device), where a round trip
+// crosses PCIe (~1–2 µs): its wrapper refuses rows that are not whole 16-byte chunks, and the
+// table is page-aligned, so its rows always take the one-round-trip gather.
 #include "common.cuh"
 
 // Row `id` of `table` into `o`, every thread's 16-byte loads in flight at once (dim a multiple
@@ -91,18 +94,3 @@ extern "C" __global__ void copy_rows_f32(const float* src, float* dst, int cols,
         }
     }
 }
-
-// Rows gathered from a table in mapped host memory (`HostTable`: the token embedding kept off the
-// device to save its bytes). Every load crosses PCIe, ~1–2 µs a round trip, so the rows take
-// `gather_row_16b` always: the wrapper checks that a row is a whole number of 16-byte chunks (the
-// table is page-aligned). Launch: one block of 256 threads per row.
-template <typename T>
-__device__ void embedding_host(const T* table, const uint32_t* ids, float* out, int dim) {
-    pdl_trigger();
-    pdl_wait();  // ids may come from the previous kernel
-    gather_row_16b(table, ids[blockIdx.x], out + (size_t)blockIdx.x * dim, dim);
-}
-
-extern "C" __global__ void embedding_host_bf16(const __nv_bfloat16* t, const uint32_t* ids, float* out, int dim) { embedding_host(t, ids, out, dim); }
-extern "C" __global__ void embedding_host_f16(const __half* t, const uint32_t* ids, float* out, int dim) { embedding_host(t, ids, out, dim); }
-extern "C" __global__ void embedding_host_f32(const float* t, const uint32_t* ids, float* out, int dim) { embedding_host(t, ids, out, dim); }

@@ -238,7 +238,7 @@ fn embedding_and_gather_row() {
     }
 }
 
-/// The embedding from a table in mapped host memory (`HostTable`, `embedding_host_*`) equals the
+/// The embedding from a table in mapped host memory (`HostTable`, on the `embedding_*` kernels) equals the
 /// device table's rows exactly, in every dtype, for row widths of one 16-byte chunk, of a partial
 /// last pass (200 bf16 values: 25 chunks) and of more than one pass of the block (9,000 f32
 /// values: 2,250 chunks, past 256 threads × 4), with repeated, first and last ids. A row that is

@@ -6,8 +6,8 @@
 //! its draft fit at all. So the table may live in page-locked host memory mapped into the device's
 //! address space (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_DEVICEMAP`), and the embedding kernel
 //! reads its rows over PCIe, as llama.cpp keeps `token_embd` on the host. The kernel
-//! (`embedding_host_*`, kernels/embedding.cu) issues every 16-byte load of a row before it uses
-//! one, so a row costs about one PCIe round trip (~1–2 µs) rather than one per loop iteration; a
+//! (`embedding_*`, kernels/embedding.cu, the device table's) issues every 16-byte load of a row
+//! before it uses one, so a row costs about one PCIe round trip (~1–2 µs) rather than one per loop iteration; a
 //! decode step gathers 1–8 rows, a prefill chunk of 2,048 rows 16 MB (~0.3 ms at PCIe 5).
 //!
 //! The bytes are the checkpoint's, unchanged, so a host table gives the same bits as the device
@@ -220,7 +220,7 @@ impl Gpu {
                         t.suffix, t.len
                     )));
                 }
-                (Arg::Ptr(t.device_ptr), format!("embedding_host_{}", t.suffix))
+                (Arg::Ptr(t.device_ptr), format!("embedding_{}", t.suffix))
             }
         };
         let args = [table, dptr(self, ids), dptr_mut(self, out), Arg::I32(dim as i32)];

@@ -81,15 +81,7 @@ pub const MODULES: &[PtxModule] = &[
         sm90: include_bytes!("../../ptx/embedding.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/embedding.sm80.ptx.xz"),
         sm89: None,
-        functions: &[
-            "embedding_bf16",
-            "embedding_f16",
-            "embedding_f32",
-            "copy_rows_f32",
-            "embedding_host_bf16",
-            "embedding_host_f16",
-            "embedding_host_f32",
-        ],
+        functions: &["embedding_bf16", "embedding_f16", "embedding_f32", "copy_rows_f32"],
     },
     PtxModule {
         name: "fp8",
