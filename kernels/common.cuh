@@ -8,6 +8,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "trace.cuh"
+
 __device__ __forceinline__ float load_w(const float* w, size_t i) { return w[i]; }
 __device__ __forceinline__ float load_w(const __nv_bfloat16* w, size_t i) { return __bfloat162float(w[i]); }
 __device__ __forceinline__ float load_w(const __half* w, size_t i) { return __half2float(w[i]); }
@@ -80,15 +82,18 @@ __device__ __forceinline__ bool better(float v, uint32_t i, float bv, uint32_t b
 // dim 128 (SASS: LDG.E.128.CONSTANT before ACQBULK), and a verify step then read queries that
 // qkv_rope_append had not yet written. Such reads use __ldcg (or a pointer without
 // __restrict__); the plain test `pdl_kernels_read_produced_data_coherently` checks the PTX.
+// In the trace build both also stamp the block's record (trace.cuh).
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+    trace_start();
 }
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    trace_ready();
 }
 
 // 16 bytes global → shared without passing through registers (sm_80+); with `valid` false the

@@ -2,7 +2,8 @@
 // never returns to the host: the previous token is read from device memory (the anchor, or the
 // argmax written for the previous slot), and only the final draft ids are copied back.
 //
-// The host launches gather_row once (e₀ = W1[anchor]); then per slot s: for the gated / rnn
+// The host gathers e₀ = W1[anchor] once (`Gpu::gather_row`: embedding.cu's kernel, one row);
+// then per slot s: for the gated / rnn
 // variants a single-block prep kernel producing u (g ⊙ e_s, or tanh(o) with the recurrent state);
 // then matvec(W2, u) accumulated into the slot's logits, and argmax → token s, whose last block
 // also gathers e_{s+1} = W1[token s]. With bf16 W2 and W1 those two are one launch
@@ -10,7 +11,6 @@
 // argmax_gather_* in argmax.cu follows the matvec. The confidence logits of all slots depend only
 // on h_s and e_s, so one launch computes them after the chain.
 //
-// gather_row: out[0..dim) = table[*idx, :]. One block of 256 threads.
 // markov_gated_prep_f32: g = σ(G·[h ; e] + b), u = g ⊙ e. G [r, H + r] f32. One block.
 // markov_rnn_prep_f32: z = [state ; e ; h]; (g, c, o) = split₃(J·z + b);
 //   state ← σ(g)·state + (1 − σ(g))·tanh(c); u = tanh(o). J [3r, 2r + H] f32. One block; the
@@ -20,17 +20,6 @@
 // All four are launched with programmatic dependent launch (see common.cuh): they wait for the
 // previous kernel before reading anything, so the chain's launches overlap each other's tails.
 #include "common.cuh"
-
-template <typename T>
-__device__ void gather_row(const T* table, const uint32_t* idx, float* out, int dim) {
-    pdl_trigger();
-    pdl_wait();
-    size_t base = (size_t)(*idx) * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[i] = load_w(table, base + i);
-}
-extern "C" __global__ void gather_row_bf16(const __nv_bfloat16* t, const uint32_t* idx, float* out, int dim) { gather_row(t, idx, out, dim); }
-extern "C" __global__ void gather_row_f16(const __half* t, const uint32_t* idx, float* out, int dim) { gather_row(t, idx, out, dim); }
-extern "C" __global__ void gather_row_f32(const float* t, const uint32_t* idx, float* out, int dim) { gather_row(t, idx, out, dim); }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
 

@@ -109,6 +109,45 @@ fn has_sm89_build(src: &str) -> bool {
 }
 const NVCC_FLAGS: &str = "-ptx -O3 -std=c++17";
 
+/// The pinned nvcc's folder, installed into `.venv-nvcc` on first use.
+fn nvcc_bin(root: &Path) -> Result<PathBuf> {
+    let venv = root.join(".venv-nvcc");
+    let bin = venv.join("lib/python3.11/site-packages/nvidia/cu13/bin");
+    if !bin.join("nvcc").exists() {
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        run(Command::new(venv.join("bin/pip")).args(["install", "-q"]).args(NVCC_WHEELS))?;
+    }
+    Ok(bin)
+}
+
+/// Where `cargo xtask ptx --trace` writes the trace build (not committed; `DSPARK_PTX_DIR`
+/// points the loader at it).
+pub(crate) const TRACE_DIR: &str = "target/ptx-trace";
+
+/// The trace build of every module for sm_90 (`-DDSPARK_TRACE`: kernels/trace.cuh), as plain
+/// `<name>.sm90.ptx` files in [`TRACE_DIR`], for `DSPARK_PTX_DIR=target/ptx-trace dspark bench
+/// --trace`. Only Hopper: the trace reads the PDL hooks, which the older builds compile out.
+pub(crate) fn ptx_trace() -> Result<()> {
+    let root = workspace_root();
+    let bin = nvcc_bin(&root)?;
+    let out_dir = root.join(TRACE_DIR);
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    sources.sort();
+    for src in &sources {
+        let stem = src.file_stem().and_then(|s| s.to_str()).context("kernel file name")?;
+        let out = out_dir.join(format!("{stem}.sm90.ptx"));
+        let mut cmd = Command::new(bin.join("nvcc"));
+        cmd.args(NVCC_FLAGS.split(' ')).args(["-arch=sm_90", "-DDSPARK_TRACE"]).arg(src).arg("-o").arg(&out);
+        run(&mut cmd)?;
+    }
+    println!("ptx --trace: {} modules in {}", sources.len(), out_dir.display());
+    Ok(())
+}
+
 /// Compiles every `kernels/*.cu` to `crates/dspark-kernels/ptx/<name>.<target>.ptx.xz`: the PTX,
 /// starting with a header that records the source hash (checked by a plain test), compressed by
 /// `xz -9` (PTX is text: an eleventh of the bytes to track and carry; the loader inflates it once
@@ -116,12 +155,7 @@ const NVCC_FLAGS: &str = "-ptx -O3 -std=c++17";
 /// names.
 pub(crate) fn ptx() -> Result<()> {
     let root = workspace_root();
-    let venv = root.join(".venv-nvcc");
-    let bin = venv.join("lib/python3.11/site-packages/nvidia/cu13/bin");
-    if !bin.join("nvcc").exists() {
-        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-        run(Command::new(venv.join("bin/pip")).args(["install", "-q"]).args(NVCC_WHEELS))?;
-    }
+    let bin = nvcc_bin(&root)?;
     let out_dir = root.join("crates/dspark-kernels/ptx");
     std::fs::create_dir_all(&out_dir)?;
     // Every header, in name order, goes into each module's source hash (ptx_fresh.rs does the same).

@@ -25,6 +25,8 @@ commands:
                          .gpu-bundle/ for scripts/gpu-tier.sh on a machine with only the driver
   fixtures               regenerate fixtures: `bash fixtures/gen/run.sh`
   ptx                    compile kernels/*.cu to committed PTX (pinned nvcc 13.0 in .venv-nvcc)
+  ptx --trace            the kernels' trace build (sm_90, -DDSPARK_TRACE) into target/ptx-trace/,
+                         for `DSPARK_PTX_DIR=target/ptx-trace dspark bench --trace`
   soak [cases]           release run of the lossless property (default 10000 cases);
                          record the result in docs/soak.md
   fuzz [runs]            the checkpoint readers' coverage-guided fuzz target (fuzz/, cargo-fuzz
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         Some("test") => fetch_test_data().and_then(|()| cargo_test(&rest)),
         Some("fixtures") if rest.is_empty() => fixtures(),
         Some("ptx") if rest.is_empty() => ptx().map(|()| 0),
+        Some("ptx") if rest.len() == 1 && rest[0] == "--trace" => gpu::ptx_trace().map(|()| 0),
         Some("soak") if rest.len() <= 1 => soak(rest.first().and_then(|c| c.to_str()).unwrap_or("10000")),
         Some("fuzz") if rest.len() <= 1 => fuzz(rest.first().and_then(|c| c.to_str()).unwrap_or("1000000")),
         Some("help" | "-h" | "--help") => {

@@ -271,13 +271,22 @@ fn host_table_embedding_equals_the_device_tables() {
             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             "{dtype} {vocab}x{dim}"
         );
+        // The Markov W1 row gather (one row of the same kernel) from the host table.
+        let mut row = poisoned(&g, dim);
+        g.gather_row(&host, dim, &idd.slice(4..5), &mut row.as_view_mut()).unwrap();
+        assert_eq!(down(&g, &row), tf[ids[4] as usize * dim..][..dim].to_vec(), "gather_row {dtype} {vocab}x{dim}");
     }
-    // 50 bf16 values a row are 100 bytes: not whole chunks.
-    let host = HostTable::from_bytes(&g.ctx, "bf16", &vec![0u8; 2 * 50 * 4]).unwrap();
+    // 50 bf16 values a row are 100 bytes: not whole chunks. The embedding refuses them; the one
+    // row gather_row takes reads them by its element loop.
+    let vals: Vec<u16> = (0..50 * 4).map(|i| half::bf16::from_f32(i as f32).to_bits()).collect();
+    let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let host = HostTable::from_bytes(&g.ctx, "bf16", &bytes).unwrap();
     let idd = g.stream.clone_htod(&[1u32]).unwrap();
     let mut out = poisoned(&g, 50);
     let e = g.embedding(&host, 50, &idd.as_view(), 1, &mut out.as_view_mut()).unwrap_err();
     assert!(e.to_string().contains("16-byte"), "{e}");
+    g.gather_row(&host, 50, &idd.as_view(), &mut out.as_view_mut()).unwrap();
+    assert_eq!(down(&g, &out), (50..100).map(|i| i as f32).collect::<Vec<_>>());
     assert!(HostTable::from_bytes(&g.ctx, "fp8", &[0u8; 16]).is_err());
 }
 

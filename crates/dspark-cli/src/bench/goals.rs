@@ -192,6 +192,7 @@ mod tests {
                 MemoryRow { weights: "bf16".into(), ctx: 8192, kv: "bf16".into(), target_gb: 16.0, draft_gb: 2.5 },
             ],
             notes: vec![],
+            traces: vec![],
         };
         let met: Vec<(String, bool)> = r.goals().into_iter().map(|g| (g.name.clone(), g.met())).collect();
         let want = [

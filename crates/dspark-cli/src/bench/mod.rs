@@ -34,6 +34,7 @@ mod prefill;
 mod projections;
 pub mod report;
 mod tp;
+mod trace;
 
 use crate::load::Device;
 use anyhow::{bail, Context, Result};
@@ -126,6 +127,11 @@ pub struct BenchArgs {
     /// that allocated the most from each arena (`Arena::sites`), as a table to stderr.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub memory_sites: usize,
+    /// Also trace decode, verify8 and draft_round as replayed, kernel by kernel on the device's
+    /// clock (bench/trace.rs); needs the trace build: `cargo xtask ptx --trace`, then
+    /// `DSPARK_PTX_DIR=target/ptx-trace`.
+    #[arg(long)]
+    pub trace: bool,
 }
 
 /// A target weight format of the bench.
@@ -216,7 +222,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             measured.profiles.extend(profiles);
         }
     }
-    let Measured { phases, modelled, profiles, prefill, memory, notes: model_notes } = measured;
+    let Measured { phases, modelled, profiles, prefill, memory, notes: model_notes, traces } = measured;
 
     let mut projs = Vec::new();
     if !args.no_projections {
@@ -288,6 +294,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             model_notes,
         ]
         .concat(),
+        traces,
     };
     print!("{}", report.markdown());
     // Issue #32's floor model at this run's ceiling, largest context and KV width (printed only).

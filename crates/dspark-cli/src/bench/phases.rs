@@ -5,7 +5,7 @@
 //! waits for; the module docs of `bench` list the phases.
 
 use super::report::{self, median, model, KernelRow, Phase, Profile};
-use super::{configs, prefill, BenchArgs, WeightFormat, COMMITTED, VERIFY};
+use super::{configs, prefill, trace, BenchArgs, WeightFormat, COMMITTED, VERIFY};
 use crate::load::Device;
 use anyhow::{bail, Result};
 use dspark_kernels::cuda::Gpu;
@@ -26,6 +26,8 @@ pub(super) struct Measured {
     pub prefill: Vec<report::PrefillRow>,
     pub memory: Vec<report::MemoryRow>,
     pub notes: Vec<String>,
+    /// `--trace`: each phase's in-graph table (bench/trace.rs), as markdown.
+    pub traces: Vec<String>,
 }
 
 /// The `n` source lines that took the most of `arena`, as a markdown table, and the rest summed.
@@ -127,7 +129,7 @@ pub(super) fn measure_model(
         eprint!("{}", memory_sites(&format!("{format:?} target"), &target.arena, args.memory_sites));
         eprint!("{}", memory_sites("draft", &draft.arena, args.memory_sites));
     }
-    let (phases, modelled, profiles) = (&mut out.phases, &mut out.modelled, &mut out.profiles);
+    let (phases, modelled, profiles, traces) = (&mut out.phases, &mut out.modelled, &mut out.profiles, &mut out.traces);
     let mut token = tokens(args.seed, target.config().vocab_size);
 
     let tb = target.streamed_weight_bytes() as f64;
@@ -276,6 +278,31 @@ pub(super) fn measure_model(
             profiles.push(profile(gpu, &n(name), ctx, us)?);
         }
         gpu.set_profiling(false)?;
+
+        if args.trace {
+            eprintln!("bench: tracing decode, verify8 and draft_round at {ctx} keys");
+            let mut decode_step = |t: &mut CudaQwen3, _: &mut CudaDraft| -> dspark_model::Result<()> {
+                t.forward_greedy(&[anchor], LogitRows::Last)?;
+                t.truncate(ctx)
+            };
+            let (tl, r) = trace::trace_step(gpu, &mut target, &mut draft, &mut decode_step)?;
+            traces.push(trace::table(&n("decode"), ctx, decode, &tl, r));
+            let mut verify_step = |t: &mut CudaQwen3, _: &mut CudaDraft| -> dspark_model::Result<()> {
+                t.forward_greedy(&verify, LogitRows::All)?;
+                t.truncate(ctx)
+            };
+            let (tl, r) = trace::trace_step(gpu, &mut target, &mut draft, &mut verify_step)?;
+            traces.push(trace::table(&n("verify8"), ctx, verify_us, &tl, r));
+            let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
+            target.truncate(ctx)?;
+            let mut draft_step = |_: &mut CudaQwen3, d: &mut CudaDraft| -> dspark_model::Result<()> {
+                d.append_captured(&pending)?;
+                d.propose(anchor)?;
+                d.truncate_context(ctx)
+            };
+            let (tl, r) = trace::trace_step(gpu, &mut target, &mut draft, &mut draft_step)?;
+            traces.push(trace::table(&n("draft_round"), ctx, draft_us, &tl, r));
+        }
     }
     if !args.prefill.is_empty() {
         let rows = prefill::measure(

@@ -148,6 +148,8 @@ pub struct Report {
     /// The device memory each weight format's target and draft took.
     pub memory: Vec<MemoryRow>,
     pub notes: Vec<String>,
+    /// `--trace`: each traced phase's table (bench/trace.rs), as markdown.
+    pub traces: Vec<String>,
 }
 
 /// The device memory of one weight format's models, as built for the run.
@@ -310,6 +312,12 @@ impl Report {
                 );
             }
         }
+        if !self.traces.is_empty() {
+            let _ = writeln!(s, "\n### In-graph traces (`--trace`)");
+            for t in &self.traces {
+                s.push_str(t);
+            }
+        }
         if !self.notes.is_empty() {
             let _ = writeln!(s, "\n### Notes\n");
             for n in &self.notes {
@@ -415,6 +423,7 @@ mod tests {
             ],
             memory: vec![],
             notes: vec!["a note".into()],
+            traces: vec!["\n#### decode at 512 keys: a traced table\n".into()],
         };
         let md = r.markdown();
         // The batched rows against one request's full-block round at the same context.
@@ -423,9 +432,17 @@ mod tests {
             "{md}"
         );
         // The graph figures are the table's main ones and the goals'; the eager ones stand beside them.
-        for want in
-            ["**1.100**", "k_proj", "**6.25×**", "| 5.00 | 40.00 | 8.00× |", "matvec_tc_bf16", "100.0%", "a note"]
-        {
+        for want in [
+            "**1.100**",
+            "k_proj",
+            "**6.25×**",
+            "| 5.00 | 40.00 | 8.00× |",
+            "matvec_tc_bf16",
+            "100.0%",
+            "a note",
+            "In-graph traces",
+            "a traced table",
+        ] {
             assert!(md.contains(want), "missing {want} in\n{md}");
         }
         assert!(md.contains("Modelled") && md.contains("Goals"), "{md}");

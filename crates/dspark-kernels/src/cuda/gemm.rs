@@ -262,7 +262,7 @@ impl Gpu {
         let call = |w_ptr: u64, w_type, (n0, nt): (usize, usize)| {
             let ext =
                 GemmExt { w_ptr, w_type, x_ptr, y_ptr: y_ptr + (4 * n0) as u64, m: mi, k: ki, n: nt as i32, ldc: ni };
-            self.timed(&name, || ext.run(blas, beta))
+            self.timed(&name, None, || ext.run(blas, beta))
         };
         // The first row's address: `row0 · k` elements of the weight's own size in.
         let at = |p: u64, bytes: usize| p + (row0 * k * bytes) as u64;

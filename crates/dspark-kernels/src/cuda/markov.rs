@@ -9,7 +9,9 @@ use cudarc::driver::{CudaView, CudaViewMut};
 
 impl Gpu {
     /// `out = table[*idx, :]` where `idx` is one id in device memory; table `[n, dim]`, on the
-    /// device or in mapped host memory (`--embeddings host` keeps Markov W1 there).
+    /// device or in mapped host memory (`--embeddings host` keeps Markov W1 there). One row of
+    /// the embedding gather (kernels/embedding.cu): a row of whole 16-byte chunks in one round
+    /// trip, any other row by its element loop (slow from host memory, but correct).
     pub fn gather_row<'t>(
         &self,
         table: impl Into<TableRef<'t>>,
@@ -27,9 +29,9 @@ impl Gpu {
                 table.len()
             )));
         }
-        // gather_row_*(table, idx, out, dim)
+        // embedding_*(table, ids, out, dim), one row
         let args = [table.arg(self), dptr(self, idx), dptr_mut(self, out), Arg::I32(dim as i32)];
-        self.launch_pdl(&format!("gather_row_{}", table.suffix()), (1, 1, 1), 256, &args)
+        self.launch_pdl(&format!("embedding_{}", table.suffix()), (1, 1, 1), 256, &args)
     }
 
     /// Gated Markov head: `u = σ(G·[h ; e] + b) ⊙ e`. G `[r, H + r]`.

@@ -30,6 +30,7 @@ pub mod rope_fold;
 pub mod row_gemm;
 pub mod sample;
 pub mod tp;
+pub mod trace;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError};
 use std::collections::HashMap;
@@ -180,6 +181,8 @@ pub struct Gpu {
     /// Events made ahead of time, so a profiled launch costs the host two records, not two
     /// event creations (a host slower than the GPU would show up as kernel time).
     event_pool: Mutex<Vec<CudaEvent>>,
+    /// The trace's launch log and ring (`dspark bench --trace`, trace.rs).
+    trace: Mutex<trace::TraceState>,
 }
 
 /// Which build of the kernels a GPU loads (`cargo xtask ptx` makes each from `kernels/*.cu`).
@@ -263,6 +266,18 @@ pub fn ptx_text(target: PtxTarget) -> CudaResult<&'static [String]> {
         })?);
     }
     Ok(cell.get_or_init(|| text))
+}
+
+/// Module `name`'s PTX for `target` from a `DSPARK_PTX_DIR` folder: `<dir>/<name>.sm90.ptx` (the
+/// suffix as `cargo xtask ptx` names the builds); a missing or unreadable file is an error naming it.
+fn ptx_from_dir(dir: &std::path::Path, name: &str, target: PtxTarget) -> CudaResult<String> {
+    let path = dir.join(format!("{name}.{}.ptx", target.name().replace('_', "")));
+    std::fs::read_to_string(&path).map_err(|e| {
+        CudaError::Unavailable(format!(
+            "DSPARK_PTX_DIR: cannot read {} ({e}); `cargo xtask ptx --trace` writes the sm_90 trace build",
+            path.display()
+        ))
+    })
 }
 
 /// One xz stream as UTF-8 text.
@@ -374,8 +389,22 @@ impl Gpu {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             .max(0) as usize;
         let n1x_carveout = n1x_carveout(&ctx)?;
-        for (m, src) in ptx::MODULES.iter().zip(ptx_text(target)?) {
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src.as_str()))?;
+        // `DSPARK_PTX_DIR` (a developer's override): the modules' PTX from that folder instead of
+        // the committed build, e.g. the trace build (`cargo xtask ptx --trace`, trace.rs).
+        let ptx_dir = std::env::var_os("DSPARK_PTX_DIR").map(std::path::PathBuf::from);
+        let sources: Vec<String> = match &ptx_dir {
+            Some(dir) => ptx::MODULES.iter().map(|m| ptx_from_dir(dir, m.name, target)).collect::<CudaResult<_>>()?,
+            None => ptx_text(target)?.to_vec(),
+        };
+        for (m, src) in ptx::MODULES.iter().zip(&sources) {
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src.as_str())).map_err(|e| match &ptx_dir {
+                Some(dir) => CudaError::Unavailable(format!(
+                    "DSPARK_PTX_DIR={}: module {} does not load: {e}",
+                    dir.display(),
+                    m.name
+                )),
+                None => e.into(),
+            })?;
             for &name in m.functions {
                 let f = module.load_function(name)?;
                 if let Some(bytes) = ops::dynamic_smem(name) {
@@ -429,6 +458,7 @@ impl Gpu {
             profiling: AtomicBool::new(false),
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),
+            trace: Mutex::new(trace::TraceState::default()),
         })
     }
 
@@ -482,7 +512,15 @@ impl Gpu {
     }
 
     /// Runs `launch` and, while profiling, brackets it with events under `name`.
-    pub(crate) fn timed(&self, name: &str, launch: impl FnOnce() -> CudaResult<()>) -> CudaResult<()> {
+    /// `shape` (blocks, threads a block) goes to the trace's launch log (trace.rs); cuBLAS calls
+    /// pass `None`.
+    pub(crate) fn timed(
+        &self,
+        name: &str,
+        shape: Option<(u32, u32)>,
+        launch: impl FnOnce() -> CudaResult<()>,
+    ) -> CudaResult<()> {
+        self.log_launch(name, shape);
         if !self.profiling.load(Ordering::Relaxed) {
             return launch();
         }

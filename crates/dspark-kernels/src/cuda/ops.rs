@@ -326,7 +326,10 @@ macro_rules! launch_v {
         $push;
         // SAFETY: argument types and order match the kernel signature in kernels/*.cu, and the
         // lengths were checked by the caller against the launch shape.
-        $gpu.timed(&$name, || unsafe { $b.launch($cfg) }.map(|_| ()).map_err(Into::into))?;
+        let cfg: cudarc::driver::LaunchConfig = $cfg;
+        let shape =
+            (cfg.grid_dim.0 * cfg.grid_dim.1 * cfg.grid_dim.2, cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2);
+        $gpu.timed(&$name, Some(shape), || unsafe { $b.launch(cfg) }.map(|_| ()).map_err(Into::into))?;
     }};
 }
 
@@ -334,7 +337,10 @@ macro_rules! launch_v {
 macro_rules! launch {
     ($gpu:expr, $name:expr, $b:expr, $cfg:expr) => {{
         // SAFETY: see each call site: argument order matches the kernel signature.
-        $gpu.timed($name, || unsafe { $b.launch($cfg) }.map(|_| ()).map_err(Into::into))?;
+        let cfg: cudarc::driver::LaunchConfig = $cfg;
+        let shape =
+            (cfg.grid_dim.0 * cfg.grid_dim.1 * cfg.grid_dim.2, cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2);
+        $gpu.timed($name, Some(shape), || unsafe { $b.launch(cfg) }.map(|_| ()).map_err(Into::into))?;
     }};
 }
 pub(crate) use {launch, launch_v};

@@ -88,7 +88,7 @@ impl Gpu {
             attrs: &mut attr,
             numAttrs: u32::from(pdl),
         };
-        self.timed(name, || {
+        self.timed(name, Some((grid.0 * grid.1 * grid.2, block)), || {
             self.ctx.bind_to_thread()?;
             // SAFETY: `params` holds one pointer per kernel parameter, each to a slot holding the
             // value in the parameter's type (the callers pass arguments in the order and types

@@ -95,14 +95,7 @@ pub const MODULES: &[PtxModule] = &[
         sm90: include_bytes!("../../ptx/markov.sm90.ptx.xz"),
         sm80: include_bytes!("../../ptx/markov.sm80.ptx.xz"),
         sm89: None,
-        functions: &[
-            "gather_row_bf16",
-            "gather_row_f16",
-            "gather_row_f32",
-            "markov_gated_prep_f32",
-            "markov_rnn_prep_f32",
-            "confidence_f32",
-        ],
+        functions: &["markov_gated_prep_f32", "markov_rnn_prep_f32", "confidence_f32"],
     },
     PtxModule {
         name: "matvec",

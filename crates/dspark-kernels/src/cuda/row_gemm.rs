@@ -421,7 +421,7 @@ impl Gpu {
         let xp = x.device_ptr(&self.stream).0;
         let yp = y.device_ptr_mut(&self.stream).0;
         let beta = if accumulate { 1f32 } else { 0f32 };
-        self.timed("row_gemm_bf16", || rg.call(self, &algo, (wp, xp, yp), (m, k, n), beta))
+        self.timed("row_gemm_bf16", None, || rg.call(self, &algo, (wp, xp, yp), (m, k, n), beta))
     }
 }
 
