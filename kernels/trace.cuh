@@ -61,8 +61,12 @@ __device__ __forceinline__ unsigned long long trace_key() {
 }
 
 __device__ __forceinline__ void trace_start() {
-    if (!trace_thread() || dspark_trace_ring == nullptr) return;
-    dspark_trace_t0 = trace_now();
+    if (!trace_thread()) return;
+    // The time first: the ring's pointer is a global load, and a block of the next launch may
+    // read the timer while this one waits on it.
+    const unsigned long long t0 = trace_now();
+    if (dspark_trace_ring == nullptr) return;
+    dspark_trace_t0 = t0;
     dspark_trace_slot = atomicAdd(dspark_trace_count, 1u);
     dspark_trace_key = trace_key();
 }

@@ -285,13 +285,15 @@ pub(super) fn measure_model(
                 t.forward_greedy(&[anchor], LogitRows::Last)?;
                 t.truncate(ctx)
             };
-            let (tl, r) = trace::trace_step(gpu, &mut target, &mut draft, &mut decode_step)?;
+            let (tl, r) =
+                trace::trace_step(&format!("{}_{ctx}", n("decode")), gpu, &mut target, &mut draft, &mut decode_step)?;
             traces.push(trace::table(&n("decode"), ctx, decode, &tl, r));
             let mut verify_step = |t: &mut CudaQwen3, _: &mut CudaDraft| -> dspark_model::Result<()> {
                 t.forward_greedy(&verify, LogitRows::All)?;
                 t.truncate(ctx)
             };
-            let (tl, r) = trace::trace_step(gpu, &mut target, &mut draft, &mut verify_step)?;
+            let (tl, r) =
+                trace::trace_step(&format!("{}_{ctx}", n("verify8")), gpu, &mut target, &mut draft, &mut verify_step)?;
             traces.push(trace::table(&n("verify8"), ctx, verify_us, &tl, r));
             let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
             target.truncate(ctx)?;
@@ -300,7 +302,13 @@ pub(super) fn measure_model(
                 d.propose(anchor)?;
                 d.truncate_context(ctx)
             };
-            let (tl, r) = trace::trace_step(gpu, &mut target, &mut draft, &mut draft_step)?;
+            let (tl, r) = trace::trace_step(
+                &format!("{}_{ctx}", n("draft_round")),
+                gpu,
+                &mut target,
+                &mut draft,
+                &mut draft_step,
+            )?;
             traces.push(trace::table(&n("draft_round"), ctx, draft_us, &tl, r));
         }
     }

@@ -9,7 +9,7 @@
 //! launches in order. The stamps perturb the step a little, so the times of the table are
 //! shares of a traced step, set beside the untraced phase time of the same run.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use dspark_kernels::cuda::trace::{timeline, Timeline};
 use dspark_kernels::cuda::Gpu;
 use dspark_model::cuda::dspark::CudaDraft;
@@ -19,8 +19,11 @@ use std::fmt::Write;
 /// Records a step may write: a verify of 8 is ~250 launches of at most a few hundred blocks.
 const RING: usize = 1 << 20;
 
-/// Runs `step` twice (logged, then traced; see the module docs) and joins the two.
+/// Runs `step` twice (logged, then traced; see the module docs) and joins the two. With
+/// `DSPARK_TRACE_DUMP=DIR` the launch log and the records are also written there as CSV
+/// (`<what>.log.csv`, `<what>.records.csv`), to read a table's matching by hand.
 pub(super) fn trace_step(
+    what: &str,
     gpu: &Gpu,
     target: &mut CudaQwen3,
     draft: &mut CudaDraft,
@@ -42,6 +45,27 @@ pub(super) fn trace_step(
     let (records, asked) = read?;
     if asked > RING {
         bail!("--trace: the step asked for {asked} records, the ring holds {RING}");
+    }
+    if let Some(dir) = std::env::var_os("DSPARK_TRACE_DUMP") {
+        let dir = std::path::PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut s = String::from("name,blocks,threads\n");
+        for l in &log {
+            let (b, t) = l.shape.unwrap_or((0, 0));
+            let _ = writeln!(s, "{},{b},{t}", l.name);
+        }
+        let path = dir.join(format!("{what}.log.csv"));
+        std::fs::write(&path, s).with_context(|| format!("writing {}", path.display()))?;
+        let mut s = String::from("grid,start,ready,grid_blocks,block_threads,block,sm\n");
+        for r in &records {
+            let _ = writeln!(
+                s,
+                "{},{},{},{},{},{},{}",
+                r.grid, r.start, r.ready, r.grid_blocks, r.block_threads, r.block, r.sm
+            );
+        }
+        let path = dir.join(format!("{what}.records.csv"));
+        std::fs::write(&path, s).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok((timeline(&log, &records), records.len()))
 }

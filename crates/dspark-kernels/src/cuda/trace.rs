@@ -84,12 +84,14 @@ pub struct KernelHeld {
     pub lead_us: f64,
 }
 
-/// Joins a step's records to its launch log (see the module docs).
+/// Joins a step's records to its launch log (see the module docs). Grids are ordered by their
+/// earliest start, ties by grid id (a launch number).
 pub fn timeline(log: &[LoggedLaunch], records: &[TraceRecord]) -> Timeline {
     // Records by grid id, each grid with its earliest start and ready and its shape.
     let mut sorted: Vec<&TraceRecord> = records.iter().filter(|r| r.ready != 0).collect();
     sorted.sort_by_key(|r| (r.grid, r.start));
     struct Grid {
+        grid: u64,
         shape: (u32, u32),
         blocks: usize,
         first_start: u64,
@@ -100,6 +102,7 @@ pub fn timeline(log: &[LoggedLaunch], records: &[TraceRecord]) -> Timeline {
     for r in &sorted {
         if last_grid != Some(r.grid) {
             grids.push(Grid {
+                grid: r.grid,
                 shape: (r.grid_blocks, r.block_threads),
                 blocks: 0,
                 first_start: r.start,
@@ -112,7 +115,7 @@ pub fn timeline(log: &[LoggedLaunch], records: &[TraceRecord]) -> Timeline {
         g.first_start = g.first_start.min(r.start);
         g.ready = g.ready.min(r.ready);
     }
-    grids.sort_by_key(|g| g.first_start);
+    grids.sort_by_key(|g| (g.first_start, g.grid));
     let mut times: Vec<u64> = records.iter().filter(|r| r.ready != 0).flat_map(|r| [r.start, r.ready]).collect();
     times.sort_unstable();
     times.dedup();
@@ -121,7 +124,17 @@ pub fn timeline(log: &[LoggedLaunch], records: &[TraceRecord]) -> Timeline {
     let mut t = Timeline { timer_step_ns, ..Timeline::default() };
     let origin = grids.first().map_or(0, |g| g.ready.min(g.first_start)) as i64;
     let mut next = 0;
-    for l in log {
+    for (i, l) in log.iter().enumerate() {
+        // Two launches whose blocks became resident together (a one-block copy and the matvec
+        // launched after it, as the matvec before them retired) may read the timer in either
+        // order: where the next grid is the next launch's and the one after it this one's, they
+        // are taken as swapped.
+        let swapped = grids.get(next).map(|g| Some(g.shape)) == log.get(i + 1).map(|n| n.shape)
+            && grids.get(next + 1).is_some_and(|g| Some(g.shape) == l.shape)
+            && grids.get(next).is_some_and(|g| Some(g.shape) != l.shape);
+        if swapped {
+            grids.swap(next, next + 1);
+        }
         match grids.get(next) {
             Some(g) if l.shape == Some(g.shape) => {
                 t.launches.push(TracedLaunch {
@@ -316,6 +329,24 @@ mod tests {
         let k = t.by_kernel();
         assert_eq!((k[0].name.as_str(), k[0].held_us, k[0].lead_us), ("attn", 12.0, 5.5));
         assert_eq!(t.timer_step_ns, 100);
+    }
+
+    /// A one-block launch and the launch after it, resident at the same moment, whose first
+    /// stamps came out in the other order: matched as launched.
+    #[test]
+    fn launches_resident_together_are_matched_in_launch_order() {
+        let (copy, mv, attn) = ((1, 256), (384, 256), (528, 128));
+        let records = vec![
+            rec(3, 100, 150, mv, 0),
+            rec(4, 101, 160, copy, 0), // the copy's stamp 1 ns after the matvec's
+            rec(5, 200, 260, attn, 0),
+        ];
+        let log = vec![logged("copy", Some(copy)), logged("qkv", Some(mv)), logged("attn", Some(attn))];
+        let t = timeline(&log, &records);
+        assert_eq!((t.untraced, t.unmatched_grids), (0, 0));
+        let names: Vec<&str> = t.launches.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["copy", "qkv", "attn"]);
+        assert_eq!(t.launches[1].held, Some(110));
     }
 
     /// A log that is not the step's leaves grids unmatched and launches untraced, which the
