@@ -183,6 +183,9 @@ pub struct Gpu {
     event_pool: Mutex<Vec<CudaEvent>>,
     /// The trace's launch log and ring (`dspark bench --trace`, trace.rs).
     trace: Mutex<trace::TraceState>,
+    /// Whether launches go to the trace's log: read without the lock on every launch (an eager
+    /// step makes ~300), so an untraced step pays one relaxed load a launch.
+    trace_logging: AtomicBool,
 }
 
 /// Which build of the kernels a GPU loads (`cargo xtask ptx` makes each from `kernels/*.cu`).
@@ -459,6 +462,7 @@ impl Gpu {
             profile: Mutex::new(Vec::new()),
             event_pool: Mutex::new(Vec::new()),
             trace: Mutex::new(trace::TraceState::default()),
+            trace_logging: AtomicBool::new(false),
         })
     }
 

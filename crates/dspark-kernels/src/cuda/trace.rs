@@ -203,7 +203,6 @@ impl Timeline {
 /// The device side of a trace: the ring, its slot counter, and the launch log.
 #[derive(Default)]
 pub(crate) struct TraceState {
-    logging: bool,
     log: Vec<LoggedLaunch>,
     ring: Option<(CudaSlice<TraceRecord>, CudaSlice<u32>)>,
 }
@@ -222,16 +221,17 @@ impl Gpu {
     /// Starts (clearing) or stops the log of launches; returns what was logged.
     pub fn trace_log(&self, on: bool) -> CudaResult<Vec<LoggedLaunch>> {
         let mut st = self.trace.lock().map_err(|_| CudaError::Shape("trace state poisoned".into()))?;
-        st.logging = on;
+        self.trace_logging.store(on, std::sync::atomic::Ordering::Relaxed);
         Ok(std::mem::take(&mut st.log))
     }
 
     /// Logs one launch while [`Gpu::trace_log`] is on (the launch paths call it).
     pub(crate) fn log_launch(&self, name: &str, shape: Option<(u32, u32)>) {
+        if !self.trace_logging.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         if let Ok(mut st) = self.trace.lock() {
-            if st.logging {
-                st.log.push(LoggedLaunch { name: name.to_string(), shape });
-            }
+            st.log.push(LoggedLaunch { name: name.to_string(), shape });
         }
     }
 
