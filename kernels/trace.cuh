@@ -20,9 +20,9 @@
 // pdl_wait(), so the block does not wait on it while the predecessor drains. Its index and the
 // start time live in shared memory between the two calls, with a key (grid id and block) that
 // pdl_wait() checks, so a kernel that waits without having triggered takes a slot of its own
-// there instead of trusting uninitialised shared memory, and a second wait records nothing. Slots past the ring's capacity are
-// dropped (the host reports the count). The normal build compiles none of this: its PTX is the
-// same with or without this file.
+// there instead of trusting uninitialised shared memory, and a second wait records nothing.
+// Slots past the ring's capacity are dropped (the host reports the count). The normal build
+// compiles none of this: its PTX is the same with or without this file.
 #pragma once
 #include <stdint.h>
 

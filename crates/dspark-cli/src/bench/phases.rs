@@ -285,16 +285,24 @@ pub(super) fn measure_model(
                 t.forward_greedy(&[anchor], LogitRows::Last)?;
                 t.truncate(ctx)
             };
-            let (tl, r) =
-                trace::trace_step(&format!("{}_{ctx}", n("decode")), gpu, &mut target, &mut draft, &mut decode_step)?;
-            traces.push(trace::table(&n("decode"), ctx, decode, &tl, r));
+            traces.push(trace::trace_phase(
+                (&n("decode"), ctx, decode),
+                gpu,
+                &mut target,
+                &mut draft,
+                &mut decode_step,
+            )?);
             let mut verify_step = |t: &mut CudaQwen3, _: &mut CudaDraft| -> dspark_model::Result<()> {
                 t.forward_greedy(&verify, LogitRows::All)?;
                 t.truncate(ctx)
             };
-            let (tl, r) =
-                trace::trace_step(&format!("{}_{ctx}", n("verify8")), gpu, &mut target, &mut draft, &mut verify_step)?;
-            traces.push(trace::table(&n("verify8"), ctx, verify_us, &tl, r));
+            traces.push(trace::trace_phase(
+                (&n("verify8"), ctx, verify_us),
+                gpu,
+                &mut target,
+                &mut draft,
+                &mut verify_step,
+            )?);
             let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
             target.truncate(ctx)?;
             let mut draft_step = |_: &mut CudaQwen3, d: &mut CudaDraft| -> dspark_model::Result<()> {
@@ -302,14 +310,13 @@ pub(super) fn measure_model(
                 d.propose(anchor)?;
                 d.truncate_context(ctx)
             };
-            let (tl, r) = trace::trace_step(
-                &format!("{}_{ctx}", n("draft_round")),
+            traces.push(trace::trace_phase(
+                (&n("draft_round"), ctx, draft_us),
                 gpu,
                 &mut target,
                 &mut draft,
                 &mut draft_step,
-            )?;
-            traces.push(trace::table(&n("draft_round"), ctx, draft_us, &tl, r));
+            )?);
         }
     }
     if !args.prefill.is_empty() {

@@ -19,16 +19,18 @@ use std::fmt::Write;
 /// Records a step may write: a verify of 8 is ~250 launches of at most a few hundred blocks.
 const RING: usize = 1 << 20;
 
-/// Runs `step` twice (logged, then traced; see the module docs) and joins the two. With
-/// `DSPARK_TRACE_DUMP=DIR` the launch log and the records are also written there as CSV
-/// (`<what>.log.csv`, `<what>.records.csv`), to read a table's matching by hand.
-pub(super) fn trace_step(
-    what: &str,
+/// Phase `phase` at `ctx` keys (`untraced_us` as timed): runs `step` twice (logged, then
+/// traced; see the module docs) and returns its table. With `DSPARK_TRACE_DUMP=DIR` the launch
+/// log and the records are also written there as CSV (`<phase>_<ctx>.log.csv`,
+/// `….records.csv`), to read a table's matching by hand.
+pub(super) fn trace_phase(
+    (phase, ctx, untraced_us): (&str, usize, f64),
     gpu: &Gpu,
     target: &mut CudaQwen3,
     draft: &mut CudaDraft,
     step: &mut dyn FnMut(&mut CudaQwen3, &mut CudaDraft) -> dspark_model::Result<()>,
-) -> Result<(Timeline, usize)> {
+) -> Result<String> {
+    let what = format!("{phase}_{ctx}");
     let graphs = std::env::var_os("DSPARK_NO_GRAPHS").is_none();
     // Fresh graphs, so this run captures them and the log sees every launch.
     target.set_graphs(graphs);
@@ -67,12 +69,12 @@ pub(super) fn trace_step(
         let path = dir.join(format!("{what}.records.csv"));
         std::fs::write(&path, s).with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok((timeline(&log, &records), records.len()))
+    Ok(table(phase, ctx, untraced_us, &timeline(&log, &records), records.len()))
 }
 
 /// The markdown of one traced phase: its summary line, the per-kernel table and one window of
 /// launches from the middle of the step (a layer's chain, for the phases that have layers).
-pub(super) fn table(phase: &str, ctx: usize, untraced_us: f64, t: &Timeline, records: usize) -> String {
+fn table(phase: &str, ctx: usize, untraced_us: f64, t: &Timeline, records: usize) -> String {
     let mut s = String::new();
     let span = t.span_us();
     let _ = writeln!(

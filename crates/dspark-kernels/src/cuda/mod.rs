@@ -395,11 +395,12 @@ impl Gpu {
         // `DSPARK_PTX_DIR` (a developer's override): the modules' PTX from that folder instead of
         // the committed build, e.g. the trace build (`cargo xtask ptx --trace`, trace.rs).
         let ptx_dir = std::env::var_os("DSPARK_PTX_DIR").map(std::path::PathBuf::from);
-        let sources: Vec<String> = match &ptx_dir {
+        let from_dir: Vec<String> = match &ptx_dir {
             Some(dir) => ptx::MODULES.iter().map(|m| ptx_from_dir(dir, m.name, target)).collect::<CudaResult<_>>()?,
-            None => ptx_text(target)?.to_vec(),
+            None => Vec::new(),
         };
-        for (m, src) in ptx::MODULES.iter().zip(&sources) {
+        let sources = if ptx_dir.is_some() { &from_dir[..] } else { ptx_text(target)? };
+        for (m, src) in ptx::MODULES.iter().zip(sources) {
             let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src.as_str())).map_err(|e| match &ptx_dir {
                 Some(dir) => CudaError::Unavailable(format!(
                     "DSPARK_PTX_DIR={}: module {} does not load: {e}",

@@ -327,10 +327,15 @@ macro_rules! launch_v {
         // SAFETY: argument types and order match the kernel signature in kernels/*.cu, and the
         // lengths were checked by the caller against the launch shape.
         let cfg: cudarc::driver::LaunchConfig = $cfg;
-        let shape =
-            (cfg.grid_dim.0 * cfg.grid_dim.1 * cfg.grid_dim.2, cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2);
+        let shape = $crate::cuda::ops::launch_shape(&cfg);
         $gpu.timed(&$name, Some(shape), || unsafe { $b.launch(cfg) }.map(|_| ()).map_err(Into::into))?;
     }};
+}
+
+/// A launch's (blocks, threads a block), for the trace's launch log (trace.rs).
+pub(crate) fn launch_shape(cfg: &cudarc::driver::LaunchConfig) -> (u32, u32) {
+    let (g, b) = (cfg.grid_dim, cfg.block_dim);
+    (g.0 * g.1 * g.2, b.0 * b.1 * b.2)
 }
 
 /// Launches a builder under the profiler.
@@ -338,8 +343,7 @@ macro_rules! launch {
     ($gpu:expr, $name:expr, $b:expr, $cfg:expr) => {{
         // SAFETY: see each call site: argument order matches the kernel signature.
         let cfg: cudarc::driver::LaunchConfig = $cfg;
-        let shape =
-            (cfg.grid_dim.0 * cfg.grid_dim.1 * cfg.grid_dim.2, cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2);
+        let shape = $crate::cuda::ops::launch_shape(&cfg);
         $gpu.timed($name, Some(shape), || unsafe { $b.launch(cfg) }.map(|_| ()).map_err(Into::into))?;
     }};
 }
