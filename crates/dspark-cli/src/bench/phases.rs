@@ -281,42 +281,24 @@ pub(super) fn measure_model(
 
         if args.trace {
             eprintln!("bench: tracing decode, verify8 and draft_round at {ctx} keys");
-            let mut decode_step = |t: &mut CudaQwen3, _: &mut CudaDraft| -> dspark_model::Result<()> {
-                t.forward_greedy(&[anchor], LogitRows::Last)?;
-                t.truncate(ctx)
-            };
-            traces.push(trace::trace_phase(
-                (&n("decode"), ctx, decode),
-                gpu,
-                &mut target,
-                &mut draft,
-                &mut decode_step,
-            )?);
-            let mut verify_step = |t: &mut CudaQwen3, _: &mut CudaDraft| -> dspark_model::Result<()> {
-                t.forward_greedy(&verify, LogitRows::All)?;
-                t.truncate(ctx)
-            };
-            traces.push(trace::trace_phase(
-                (&n("verify8"), ctx, verify_us),
-                gpu,
-                &mut target,
-                &mut draft,
-                &mut verify_step,
-            )?);
+            // The draft round appends the committed rows of a verify's captures, as timed above.
             let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
             target.truncate(ctx)?;
-            let mut draft_step = |_: &mut CudaQwen3, d: &mut CudaDraft| -> dspark_model::Result<()> {
-                d.append_captured(&pending)?;
-                d.propose(anchor)?;
-                d.truncate_context(ctx)
-            };
-            traces.push(trace::trace_phase(
-                (&n("draft_round"), ctx, draft_us),
-                gpu,
-                &mut target,
-                &mut draft,
-                &mut draft_step,
-            )?);
+            for (phase, us) in [("decode", decode), ("verify8", verify_us), ("draft_round", draft_us)] {
+                let mut step = |t: &mut CudaQwen3, d: &mut CudaDraft| -> dspark_model::Result<()> {
+                    match phase {
+                        "decode" => t.forward_greedy(&[anchor], LogitRows::Last).map(drop)?,
+                        "verify8" => t.forward_greedy(&verify, LogitRows::All).map(drop)?,
+                        _ => {
+                            d.append_captured(&pending)?;
+                            d.propose(anchor)?;
+                            return d.truncate_context(ctx);
+                        }
+                    }
+                    t.truncate(ctx)
+                };
+                traces.push(trace::trace_phase((&n(phase), ctx, us), gpu, &mut target, &mut draft, &mut step)?);
+            }
         }
     }
     if !args.prefill.is_empty() {
