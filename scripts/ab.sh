@@ -17,8 +17,8 @@ rounds="${ROUNDS:-2}"
 bash scripts/unbundle.sh
 dir="${AB_DIR:-.gpu-bundle}"
 bins="${AB_BINS:-dspark-base dspark}"
-IFS='|' read -r -a envs <<<"${AB_ENVS:-}"
-[ ${#envs[@]} -gt 0 ] || envs=("")
+# The extra `|` keeps a trailing empty setting ("X|"), which read would drop.
+IFS='|' read -r -a envs <<<"${AB_ENVS:-}|"
 for r in $(seq "$rounds"); do
     for b in $bins; do
         for e in "${envs[@]}"; do

@@ -281,19 +281,27 @@ pub(super) fn measure_model(
 
         if args.trace {
             eprintln!("bench: tracing decode, verify8 and draft_round at {ctx} keys");
-            // The draft round appends the committed rows of a verify's captures, as timed above.
-            let pending = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
-            target.truncate(ctx)?;
             for (phase, us) in [("decode", decode), ("verify8", verify_us), ("draft_round", draft_us)] {
+                // The draft round appends the committed rows of a verify's captures, as timed
+                // above: taken after the target's traced phases, whose forwards make older
+                // captures stale (the draft refuses them).
+                let pending = match phase {
+                    "draft_round" => {
+                        let p = target.forward_greedy(&verify, LogitRows::All)?.captured.prefix(COMMITTED, 0);
+                        target.truncate(ctx)?;
+                        Some(p)
+                    }
+                    _ => None,
+                };
                 let mut step = |t: &mut CudaQwen3, d: &mut CudaDraft| -> dspark_model::Result<()> {
-                    match phase {
-                        "decode" => t.forward_greedy(&[anchor], LogitRows::Last).map(drop)?,
-                        "verify8" => t.forward_greedy(&verify, LogitRows::All).map(drop)?,
-                        _ => {
-                            d.append_captured(&pending)?;
+                    match (phase, &pending) {
+                        (_, Some(p)) => {
+                            d.append_captured(p)?;
                             d.propose(anchor)?;
                             return d.truncate_context(ctx);
                         }
+                        ("decode", None) => t.forward_greedy(&[anchor], LogitRows::Last).map(drop)?,
+                        _ => t.forward_greedy(&verify, LogitRows::All).map(drop)?,
                     }
                     t.truncate(ctx)
                 };
