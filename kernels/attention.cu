@@ -469,22 +469,44 @@ SPLIT_ROPE_KERNEL(4, __nv_bfloat16, attention_split_rope_q1_hd128_f32_kvbf16)
 // computed once into shared memory; then four thread groups each sum every 4th slice for their
 // dim (independent loads, a quarter of the serial chain) and the four sums are added in a fixed
 // order.
-// The body is a device function shared by the two kernels below (`attention_combine_f32` and
-// its twin `attention_combine_q1_f32`, which the decode launches with PDL). out_bf16: out holds
-// bf16 rows for an `_x1h` consumer (o_proj with bf16 activations), each value rounded as an `_x1`
-// consumer rounds it.
+// EARLY (the decode's PDL twin): three L2 round trips in series — lens[1] after the wait, the
+// slices' (m, l), the partials behind the weights' barrier — become one. The slice count is read
+// before the wait (the host writes `lens`, as the attention kernels assume), and every thread
+// requests its group's first COMBINE_EARLY slices of partials while warp 0 requests the (m, l).
+// 20 a group covers 80 slices (a decode launch on 132 SMs has up to 66) in 60 registers (sm_90;
+// 32 took 94, which would keep o's first blocks off an SM the combine holds); slices past them
+// follow one at a time. Measured (H100, one call, two rounds): decode −1.0% bf16 / −0.6% FP8 at
+// 4,096 keys, ±0.5% at 512; the same form in the verify's combine cost FP8 verify +0.7% (its
+// partials' requests compete with the tensor-core kernel's tail), so it keeps the batched loop.
+// Both add the same products slice by slice in the same order: the same bits.
+// The body is a device function shared by the kernels below (`attention_combine_f32`, its
+// twin `attention_combine_q1_f32`, which the decode launches with PDL, and the segmented one).
+// out_bf16: out holds bf16 rows for an `_x1h` consumer (o_proj with bf16 activations), each
+// value rounded as an `_x1` consumer rounds it.
 #define COMBINE_GROUPS 4
 #define COMBINE_BATCH 16
+#define COMBINE_EARLY 20
+template <bool EARLY>
 __device__ void attention_combine(const float* part_o, const float* part_ml, float* out, int rows, int nh, int hd,
                                   const int* lens, int keys, int max_splits, int rh, int out_bf16) {
     pdl_trigger();
-    pdl_wait();
+    if constexpr (!EARLY) pdl_wait();
     const int splits = split_count(lens[1], keys, max_splits);
+    if constexpr (EARLY) pdl_wait();
     __shared__ float sw[128];
     __shared__ float sL;
     __shared__ float sacc[COMBINE_GROUPS][256];
     const int d = threadIdx.x % hd, grp = threadIdx.x / hd;
     const size_t stride = (size_t)rows * nh;
+    // EARLY: this thread's partials, slices grp, grp + 4, … (the first COMBINE_EARLY of them).
+    float pe[EARLY ? COMBINE_EARLY : 1];
+    if constexpr (EARLY) {
+#pragma unroll
+        for (int j = 0; j < COMBINE_EARLY; j++) {
+            const int sp = grp + j * COMBINE_GROUPS;
+            pe[j] = sp < splits ? part_o[(sp * stride + rh) * hd + d] : 0.f;
+        }
+    }
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
         float ms[4], ls[4];
@@ -509,22 +531,32 @@ __device__ void attention_combine(const float* part_o, const float* part_ml, flo
         if (lane == 0) sL = L;
     }
     __syncthreads();
-    // A group's slices' partials requested COMBINE_BATCH at once (one round trip up to 64
-    // slices), then added in slice order. Written as one loop over the slices (`#pragma unroll
-    // 8`), a group's last splits / 4 mod 8 slices — all of them at 512 keys — were a remainder
-    // loop of one L2 round trip each, in series (sm_90 SASS).
     float acc = 0.f;
-    for (int sp0 = grp; sp0 < splits; sp0 += COMBINE_BATCH * COMBINE_GROUPS) {
-        float pv[COMBINE_BATCH], pw[COMBINE_BATCH];
+    if constexpr (EARLY) {
 #pragma unroll
-        for (int j = 0; j < COMBINE_BATCH; j++) {
-            const int sp = sp0 + j * COMBINE_GROUPS;
-            pv[j] = sp < splits ? part_o[(sp * stride + rh) * hd + d] : 0.f;
-            pw[j] = sp < splits ? sw[sp] : 0.f;
+        for (int j = 0; j < COMBINE_EARLY; j++) {
+            const int sp = grp + j * COMBINE_GROUPS;
+            if (sp < splits) acc += pe[j] * sw[sp];
         }
+        for (int sp = grp + COMBINE_EARLY * COMBINE_GROUPS; sp < splits; sp += COMBINE_GROUPS)
+            acc += part_o[(sp * stride + rh) * hd + d] * sw[sp];
+    } else {
+        // A group's slices' partials requested COMBINE_BATCH at once (one round trip up to 64
+        // slices), then added in slice order. Written as one loop over the slices (`#pragma
+        // unroll 8`), a group's last splits / 4 mod 8 slices — all of them at 512 keys — were a
+        // remainder loop of one L2 round trip each, in series (sm_90 SASS).
+        for (int sp0 = grp; sp0 < splits; sp0 += COMBINE_BATCH * COMBINE_GROUPS) {
+            float pv[COMBINE_BATCH], pw[COMBINE_BATCH];
 #pragma unroll
-        for (int j = 0; j < COMBINE_BATCH; j++)
-            if (sp0 + j * COMBINE_GROUPS < splits) acc += pv[j] * pw[j];
+            for (int j = 0; j < COMBINE_BATCH; j++) {
+                const int sp = sp0 + j * COMBINE_GROUPS;
+                pv[j] = sp < splits ? part_o[(sp * stride + rh) * hd + d] : 0.f;
+                pw[j] = sp < splits ? sw[sp] : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < COMBINE_BATCH; j++)
+                if (sp0 + j * COMBINE_GROUPS < splits) acc += pv[j] * pw[j];
+        }
     }
     sacc[grp][d] = acc;
     __syncthreads();
@@ -540,7 +572,7 @@ __device__ void attention_combine(const float* part_o, const float* part_ml, flo
 extern "C" __global__ void attention_combine_f32(const float* part_o, const float* part_ml, float* out, int rows,
                                                  int nh, int hd, const int* lens, int keys, int max_splits,
                                                  int out_bf16) {
-    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x, out_bf16);
+    attention_combine<false>(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x, out_bf16);
 }
 // The same after the decode kernel (one query row), under its own name so the host launches it
 // with PDL: that measured decode −0.7% at 512 keys and ±0 at 4096, while the combine after the
@@ -548,7 +580,7 @@ extern "C" __global__ void attention_combine_f32(const float* part_o, const floa
 extern "C" __global__ void attention_combine_q1_f32(const float* part_o, const float* part_ml, float* out, int rows,
                                                     int nh, int hd, const int* lens, int keys, int max_splits,
                                                     int out_bf16) {
-    attention_combine(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x, out_bf16);
+    attention_combine<true>(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x, out_bf16);
 }
 // The segmented twin (attention_tc.cu `attention_tc_seg_*`): blockIdx.z the sequence, x its
 // (row, head), blocks past its rows leave; each sequence's partials merged with its own slice
@@ -556,5 +588,5 @@ extern "C" __global__ void attention_combine_q1_f32(const float* part_o, const f
 extern "C" __global__ void attention_combine_seg_f32(const AttnSeg* segs, int nh, int hd, int keys, int out_bf16) {
     const AttnSeg sg = segs[blockIdx.z];
     if ((int)blockIdx.x >= sg.rows * nh) return;
-    attention_combine(sg.part_o, sg.part_ml, sg.out, sg.rows, nh, hd, sg.lens, keys, sg.splits, blockIdx.x, out_bf16);
+    attention_combine<false>(sg.part_o, sg.part_ml, sg.out, sg.rows, nh, hd, sg.lens, keys, sg.splits, blockIdx.x, out_bf16);
 }
