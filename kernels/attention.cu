@@ -475,10 +475,10 @@ SPLIT_ROPE_KERNEL(4, __nv_bfloat16, attention_split_rope_q1_hd128_f32_kvbf16)
 // requests its group's first COMBINE_EARLY slices of partials while warp 0 requests the (m, l).
 // 20 a group covers 80 slices (a decode launch on 132 SMs has up to 66) in 60 registers (sm_90;
 // 32 took 94, which would keep o's first blocks off an SM the combine holds); slices past them
-// follow one at a time. Measured (H100, one call, two rounds): decode −1.0% bf16 / −0.6% FP8 at
-// 4,096 keys, ±0.5% at 512; the same form in the verify's combine cost FP8 verify +0.7% (its
-// partials' requests compete with the tensor-core kernel's tail), so it keeps the batched loop.
-// Both add the same products slice by slice in the same order: the same bits.
+// follow one at a time. Measured (H100, one call, two rounds, docs/perf.md): decode −1.0% bf16 /
+// −0.6% FP8 at 4,096 keys, ±0.5% at 512; the same form in every combine also gave FP8 verify
+// +0.7% (bf16 verify −0.3%), so the verify's, the draft block's and the segmented combines keep
+// the batched loop. Both add the same products slice by slice in the same order: the same bits.
 // The body is a device function shared by the kernels below (`attention_combine_f32`, its
 // twin `attention_combine_q1_f32`, which the decode launches with PDL, and the segmented one).
 // out_bf16: out holds bf16 rows for an `_x1h` consumer (o_proj with bf16 activations), each
