@@ -574,9 +574,10 @@ extern "C" __global__ void attention_combine_f32(const float* part_o, const floa
                                                  int out_bf16) {
     attention_combine<false>(part_o, part_ml, out, rows, nh, hd, lens, keys, max_splits, blockIdx.x, out_bf16);
 }
-// The same after the decode kernel (one query row), under its own name so the host launches it
-// with PDL: that measured decode −0.7% at 512 keys and ±0 at 4096, while the combine after the
-// tensor-core kernel (verify, draft block) stays without it (cuda/mod.rs NO_PDL).
+// The same merge in its EARLY form (above), after the decode kernel (one query row), under its own
+// name so the host launches it with PDL: that measured decode −0.7% at 512 keys and ±0 at 4096,
+// while the combine after the tensor-core kernel (verify, draft block) stays without it
+// (cuda/mod.rs NO_PDL).
 extern "C" __global__ void attention_combine_q1_f32(const float* part_o, const float* part_ml, float* out, int rows,
                                                     int nh, int hd, const int* lens, int keys, int max_splits,
                                                     int out_bf16) {
