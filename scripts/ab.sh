@@ -21,6 +21,7 @@ bins="${AB_BINS:-dspark-base dspark}"
 # The extra `|` keeps a trailing empty setting ("X|"), which read would drop.
 IFS='|' read -r -a envs <<<"${AB_ENVS:-}|"
 runs=$(mktemp)
+trap 'rm -f "$runs"' EXIT  # also when a bench fails and set -e ends the script
 for r in $(seq "$rounds"); do
     for b in $bins; do
         for e in "${envs[@]}"; do
@@ -52,4 +53,3 @@ awk -F'\t' '{
         print line
     }
 }' "$runs"
-rm -f "$runs"
